@@ -1,0 +1,23 @@
+"""Entry point: `python run.py [group=option ...] [key=value ...]`, `-m` for sweeps."""
+from __future__ import annotations
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from glmc.config import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    from glmc.pipeline.run import run_pipeline  # heavy imports after Hydra has validated the config
+
+    results = run_pipeline(cfg, HydraConfig.get().runtime.output_dir)
+    # The value a sweeper would minimise: the barrier of the last method listed.
+    return results["methods"][cfg.matcher.methods[-1]]["barrier"]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""Structured config schema.
+
+Every YAML file under conf/ is merged into these dataclasses, so a misspelled key or a value of the
+wrong type fails while the config is composed, before any training starts, and the error names the
+key (OmegaConf's ConfigKeyError / ValidationError).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class ModelConfig:
+    name: str = "vit_digits"
+    family: str = "vit"  # vit | gpt2
+    hidden_size: int = 64
+    num_layers: int = 4
+    num_heads: int = 4
+    mlp_size: int = 128
+    hidden_act: str = "gelu"
+    dropout: float = 0.0
+    layer_norm_eps: float = 1e-6
+    # ViT only
+    image_size: int = 8
+    patch_size: int = 2
+    num_channels: int = 1
+    num_labels: int = 10
+    qkv_bias: bool = True
+    # GPT-2 only
+    vocab_size: int = 256
+    max_positions: int = 128
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"  # digits | cifar10 | cifar100 | tiny_imagenet
+    root: str = "data"  # where real datasets live on disk (ignored by the embedded ones)
+    task: str = "classification"  # classification | causal_lm
+    batch_size: int = 64
+    eval_batch_size: int = 512
+    test_fraction: float = 0.2  # digits: held-out share, stratified
+    split_seed: int = 0  # the train/test split is fixed independently of the endpoint seeds
+    augment: bool = False
+    download: bool = False  # real datasets only; the default run never touches the network
+    num_workers: int = 0
+    limit_train: Optional[int] = None  # keep the first N training examples (debugging)
+    limit_test: Optional[int] = None
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings of the endpoints; part of the endpoint cache key."""
+
+    max_epochs: int = 40
+    lr: float = 3e-3
+    weight_decay: float = 0.05
+    warmup_fraction: float = 0.05
+    label_smoothing: float = 0.0
+    gradient_clip_val: float = 1.0
+
+
+@dataclass
+class TrainerConfig:
+    """Where and how Lightning runs; not part of the cache key."""
+
+    accelerator: str = "cpu"
+    devices: Any = 1
+    strategy: str = "auto"
+    num_nodes: int = 1
+    precision: str = "32-true"
+    enable_progress_bar: bool = True
+    deterministic: bool = True
+    log_every_n_steps: int = 10
+    limit_train_batches: Optional[float] = None
+
+
+@dataclass
+class LoggerConfig:
+    kind: str = "csv"  # csv | wandb | none
+    project: str = "glmc"
+    entity: Optional[str] = None
+    mode: str = "offline"  # W&B stays offline unless the user sets online
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class SymmetryConfig:
+    """Which symmetry spaces are used, and in which class (paper 001 Table 1)."""
+
+    name: str = "orthogonal"
+    residual: str = "orthogonal"  # orthogonal | permutation | none
+    heads: str = "permutation"  # permutation | none
+    qk: str = "circuit"  # circuit (invertible, absorbed) | none
+    vo: str = "circuit"
+    mlp: str = "permutation"  # permutation | none
+
+
+@dataclass
+class WeightMatchingConfig:
+    max_iter: int = 15
+    tol: float = 1e-6
+
+
+@dataclass
+class LearnedMatchingConfig:
+    max_steps: int = 300
+    lr: float = 3e-4
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.05
+    lambda_scheme: str = "uniform_mid"  # fixed | uniform_mid | uniform | gaussian
+    init: str = "weight"  # weight | identity
+    init_noise: float = 1e-3
+    sinkhorn_iters: int = 20
+    sinkhorn_temperature: float = 1.0
+    checkpoint_every: int = 50
+
+
+@dataclass
+class MatcherConfig:
+    """The methods a run evaluates (in plot order) and each method's settings."""
+
+    name: str = "vanilla"
+    methods: List[str] = field(default_factory=lambda: ["vanilla"])
+    weight: WeightMatchingConfig = field(default_factory=WeightMatchingConfig)
+    learned: LearnedMatchingConfig = field(default_factory=LearnedMatchingConfig)
+
+
+@dataclass
+class EvalConfig:
+    num_lambdas: int = 11
+    split: str = "test"
+
+
+@dataclass
+class Config:
+    experiment: str = "demo"
+    seeds: List[int] = field(default_factory=lambda: [0, 1])
+    pairing: str = "disjoint"  # disjoint: (s0,s1),(s2,s3),...; all: every pair
+    cache_dir: str = "outputs/endpoints"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    symmetry: SymmetryConfig = field(default_factory=SymmetryConfig)
+    matcher: MatcherConfig = field(default_factory=MatcherConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def register_configs() -> None:
+    """Register the schema; conf/config.yaml lists `config_schema` first in its defaults."""
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)

@@ -1,0 +1,41 @@
+"""Barrier curves as a picture: loss and accuracy against lambda, one curve per method."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display needed
+import matplotlib.pyplot as plt
+
+
+def plot_barrier_curves(methods: dict[str, dict[str, Any]], path: Path, title: str = "") -> Path:
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, m in methods.items():
+        lam = m["lambdas"]
+        label = f"{name} (barrier {m['barrier']:.3f})"
+        line, = ax_loss.plot(lam, m["test_loss"], marker=".", label=label)
+        if any(a is not None for a in m["test_accuracy"]):
+            ax_acc.plot(lam, m["test_accuracy"], marker=".", color=line.get_color(), label=name)
+    # The endpoints are the trained models themselves: mark them once, from the first method.
+    first = next(iter(methods.values()))
+    lam, loss, acc = first["lambdas"], first["test_loss"], first["test_accuracy"]
+    for ax, ys in ((ax_loss, loss), (ax_acc, acc)):
+        if ys[0] is None:
+            continue
+        ax.scatter([lam[0], lam[-1]], [ys[0], ys[-1]], s=80, color="black", zorder=5, label="endpoints")
+        ax.annotate("B", (lam[0], ys[0]), textcoords="offset points", xytext=(6, 6))
+        ax.annotate("A", (lam[-1], ys[-1]), textcoords="offset points", xytext=(-12, 6))
+        ax.set_xlabel("λ   (θ = λ·θ_A + (1−λ)·θ_B)")
+        ax.grid(alpha=0.3)
+    ax_loss.set_ylabel("test loss (nats)")
+    ax_acc.set_ylabel("test accuracy")
+    ax_loss.legend(fontsize=8)
+    ax_acc.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,41 @@
+"""Stage 4: results.json, barrier.csv, barrier.png and a printed table."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from glmc.eval.plots import plot_barrier_curves
+
+
+def write_results(results: dict[str, Any], run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+    with open(run_dir / "barrier.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["method", "lambda", "split", "loss", "accuracy"])
+        for name, m in results["methods"].items():
+            for lam, loss, acc in zip(m["lambdas"], m["test_loss"], m["test_accuracy"]):
+                writer.writerow([name, lam, "test", loss, acc])
+    title = f"{results['model']} on {results['dataset']}, seeds {[e['seed'] for e in results['endpoints']]}"
+    plot_barrier_curves(results["methods"], run_dir / "barrier.png", title=title)
+
+
+def format_table(results: dict[str, Any]) -> str:
+    lines = ["endpoints:"]
+    for e in results["endpoints"]:
+        acc = "-" if e["test_accuracy"] is None else f"{100 * e['test_accuracy']:.2f}%"
+        lines.append(f"  seed {e['seed']:>3}  test loss {e['test_loss']:.4f}  accuracy {acc}" + ("  (cached)" if e.get("cached") else ""))
+    header = f"{'method':<18}{'barrier':>16}{'vs mean':>10}{'mid loss':>10}{'mid acc':>9}{'seconds':>9}"
+    lines += ["", header, "-" * len(header)]
+    for name, m in results["methods"].items():
+        mid = len(m["lambdas"]) // 2
+        spread = f" ± {m['barrier_se']:.3f}" if m.get("barrier_se") is not None else ""
+        b = f"{m['barrier']:.4f}{spread}"
+        acc = m["test_accuracy"][mid]
+        lines.append(
+            f"{name:<18}{b:>16}{m['barrier_vs_mean']:>10.4f}{m['test_loss'][mid]:>10.4f}"
+            f"{'-' if acc is None else f'{100 * acc:.1f}%':>9}{m['seconds']:>9.2f}"
+        )
+    return "\n".join(lines)

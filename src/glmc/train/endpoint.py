@@ -1,0 +1,53 @@
+"""LightningModule that trains one endpoint model (a HF ViT or GPT-2)."""
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from glmc.config import TrainConfig
+from glmc.eval.metrics import logits_of, loss_and_correct
+from glmc.train.schedule import warmup_cosine
+
+
+# Biases, norms, position embeddings and the class token are not decayed (ViT/GPT-2 practice).
+NO_DECAY = ("position_embeddings", "cls_token", "wpe")
+
+
+class EndpointModule(L.LightningModule):
+    def __init__(self, model: torch.nn.Module, train_cfg: TrainConfig, task: str):
+        super().__init__()
+        self.model = model
+        self.train_cfg = train_cfg
+        self.task = task
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return logits_of(self.model, inputs)
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        logits = self(inputs)
+        if self.task == "causal_lm":
+            logits, targets = logits[:, :-1].flatten(0, 1), targets[:, 1:].flatten()
+        loss = F.cross_entropy(logits, targets, label_smoothing=self.train_cfg.label_smoothing)
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        inputs, targets = batch
+        loss, correct, count = loss_and_correct(self(inputs), targets, self.task)
+        self.log("val_loss", loss / count, prog_bar=True, batch_size=count)
+        self.log("val_acc", correct.float() / count, prog_bar=True, batch_size=count)
+
+    def configure_optimizers(self):
+        cfg = self.train_cfg
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            exempt = p.ndim < 2 or any(k in name for k in NO_DECAY)
+            (no_decay if exempt else decay).append(p)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr,
+        )
+        scheduler = warmup_cosine(optimizer, self.trainer.estimated_stepping_batches, cfg.warmup_fraction)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
