@@ -1,0 +1,242 @@
+"""The canonical pre-norm Transformer: plain tensors and one functional forward.
+
+Every supported model converts to this form. The stream is normalised by a parameter-free RMS norm
+before every reader, so orthogonal maps of the residual stream are exact symmetries. Parameter
+names (the state_dict keys) and shapes, with D width, H heads, dh/dv head dims, F MLP width:
+
+  embed.patch_w (D, Cin, p, p), embed.patch_b (D), embed.cls (D)    ViT
+  embed.tokens (V, D)                                                GPT-2
+  embed.pos (T, D)
+  blocks.{l}.q_w, k_w (H, dh, D), q_b, k_b (H, dh)                   factored attention
+  blocks.{l}.v_w (H, dv, D), v_b (H, dv), o_w (H, D, dv)
+  blocks.{l}.qk (H, D+1, D+1), ov (H, D, D+1)                        circuit attention
+  blocks.{l}.o_b (D), in_w (F, D), in_b (F), out_w (D, F), out_b (D)
+  head.w (C, D), head.b (C)
+
+The 1/sqrt(dh) attention scale is folded into q_w and q_b. Sizes are read from the tensors, so
+layers may differ in H and F and a model may be widened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# Hugging Face activation names -> canonical names.
+_ACTIVATION_ALIASES = {
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_python_tanh": "gelu_tanh",
+    "gelu_accurate": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+    "quick_gelu": "quick_gelu",
+    "relu": "relu",
+    "leaky_relu": "leaky_relu",
+    "silu": "silu",
+    "swish": "silu",
+    "mish": "mish",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+}
+
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "relu": F.relu,
+    "leaky_relu": F.leaky_relu,  # slope 0.01, as torch.nn.LeakyReLU in HF's ACT2FN
+    "silu": F.silu,
+    "mish": F.mish,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+}
+
+# Positively homogeneous, f(a x) = a f(x) for a > 0: the MLP admits semi-permutations.
+RELU_FAMILY = frozenset({"relu", "leaky_relu"})
+
+
+def canonical_activation(name: str) -> str:
+    """Map a Hugging Face activation name to the canonical one."""
+    if name not in _ACTIVATION_ALIASES:
+        raise ValueError(f"unsupported activation {name!r}; known: {sorted(_ACTIVATION_ALIASES)}")
+    return _ACTIVATION_ALIASES[name]
+
+
+@dataclass
+class CanonicalConfig:
+    family: str  # "vit" | "gpt2"
+    activation: str  # canonical name, see canonical_activation
+    norm_eps: float
+    norm_dim: int  # RMS reference width: the width at conversion, kept when the model is widened
+    causal: bool
+    pooling: str  # "cls": logits from position 0; "none": logits at every position
+    form: str = "factored"  # "factored" | "circuit"
+    patch_size: int | None = None
+    num_channels: int | None = None
+
+    def __post_init__(self):
+        self.activation = canonical_activation(self.activation)
+        if self.family not in ("vit", "gpt2"):
+            raise ValueError(f"unknown family {self.family!r}")
+        if self.pooling not in ("cls", "none"):
+            raise ValueError(f"unknown pooling {self.pooling!r}")
+        if self.form not in ("factored", "circuit"):
+            raise ValueError(f"unknown form {self.form!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CanonicalConfig:
+        return cls(**d)
+
+
+def rms_norm(x: Tensor, norm_dim: int, eps: float) -> Tensor:
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) / norm_dim + eps)
+
+
+def relative_deviation(a: Tensor, b: Tensor) -> float:
+    """max|a - b| / max|b|: the worst logit error relative to the logit scale of b."""
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def num_layers(params: dict[str, Tensor]) -> int:
+    layers = {int(m.group(1)) for k in params if (m := re.match(r"blocks\.(\d+)\.", k))}
+    return len(layers)
+
+
+def _embed(config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
+    if config.family == "vit":
+        x = F.conv2d(inputs, p["embed.patch_w"], p["embed.patch_b"], stride=config.patch_size)
+        x = x.flatten(2).transpose(1, 2)  # (B, patches, D)
+        cls = p["embed.cls"].expand(x.shape[0], 1, -1)
+        x = torch.cat([cls, x], dim=1)
+    else:
+        x = p["embed.tokens"][inputs]
+    return x + p["embed.pos"][: x.shape[1]]
+
+
+def _attention_factored(config, p, pre, h):
+    q = torch.einsum("btd,hed->bhte", h, p[pre + "q_w"]) + p[pre + "q_b"][:, None]
+    k = torch.einsum("btd,hed->bhte", h, p[pre + "k_w"]) + p[pre + "k_b"][:, None]
+    v = torch.einsum("btd,hed->bhte", h, p[pre + "v_w"]) + p[pre + "v_b"][:, None]
+    z = F.scaled_dot_product_attention(q, k, v, is_causal=config.causal, scale=1.0)
+    return torch.einsum("bhte,hde->btd", z, p[pre + "o_w"])
+
+
+def _attention_circuit(config, p, pre, h):
+    ht = torch.cat([h, h.new_ones(*h.shape[:-1], 1)], dim=-1)  # x~ = [x; 1]
+    scores = torch.einsum("bid,hde,bje->bhij", ht, p[pre + "qk"], ht)
+    if config.causal:
+        t = scores.shape[-1]
+        mask = torch.ones(t, t, dtype=torch.bool, device=h.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    att = scores.softmax(-1)
+    values = torch.einsum("bjd,hed->bhje", ht, p[pre + "ov"])  # (B, H, T, D)
+    return torch.einsum("bhij,bhjd->bid", att, values)
+
+
+def canonical_forward(config: CanonicalConfig, params: dict[str, Tensor], inputs: Tensor) -> Tensor:
+    """Logits of the canonical model; differentiable with respect to every tensor in params."""
+    p = params
+    act = _ACTIVATIONS[config.activation]
+    norm = lambda x: rms_norm(x, config.norm_dim, config.norm_eps)  # noqa: E731
+    attention = _attention_circuit if config.form == "circuit" else _attention_factored
+
+    x = _embed(config, p, inputs)
+    for layer in range(num_layers(p)):
+        pre = f"blocks.{layer}."
+        x = x + attention(config, p, pre, norm(x)) + p[pre + "o_b"]
+        a = act(F.linear(norm(x), p[pre + "in_w"], p[pre + "in_b"]))
+        x = x + F.linear(a, p[pre + "out_w"], p[pre + "out_b"])
+    x = norm(x)
+    if config.pooling == "cls":
+        x = x[:, 0]
+    return F.linear(x, p["head.w"], p["head.b"])
+
+
+def circuit_params(params: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Factored -> circuit form: QK = [W_q|b_q]^T [W_k|b_k], OV = W_o [W_v|b_v] per head."""
+    out = {}
+    for name, t in params.items():
+        m = re.match(r"(blocks\.\d+\.)(q_w|q_b|k_w|k_b|v_w|v_b|o_w)$", name)
+        if not m:
+            out[name] = t
+            continue
+        pre = m.group(1)
+        if pre + "qk" in out:
+            continue
+        # products in float64 so the circuit form matches the factored one to float32 precision
+        get = lambda n: params[pre + n].double()  # noqa: E731
+        aug = lambda n: torch.cat([get(n + "_w"), get(n + "_b")[..., None]], -1)  # noqa: E731
+        out[pre + "qk"] = (aug("q").transpose(1, 2) @ aug("k")).to(t.dtype)
+        out[pre + "ov"] = (get("o_w") @ aug("v")).to(t.dtype)
+    return out
+
+
+class CanonicalTransformer(nn.Module):
+    """Module wrapper around canonical_forward; its state_dict holds exactly the canonical params."""
+
+    def __init__(self, config: CanonicalConfig, params: dict[str, Tensor]):
+        super().__init__()
+        self.config = config
+        self._check(params)
+        groups = {"embed": {}, "head": {}}
+        blocks: dict[int, dict] = {}
+        for name, t in params.items():
+            parts = name.split(".")
+            t = nn.Parameter(t.detach().clone())
+            if parts[0] == "blocks":
+                blocks.setdefault(int(parts[1]), {})[parts[2]] = t
+            else:
+                groups[parts[0]][parts[1]] = t
+        # lists of pairs keep the given order (ParameterDict sorts plain dicts)
+        self.embed = nn.ParameterDict(list(groups["embed"].items()))
+        self.blocks = nn.ModuleList(nn.ParameterDict(list(blocks[i].items())) for i in range(len(blocks)))
+        self.head = nn.ParameterDict(list(groups["head"].items()))
+
+    def _check(self, params):
+        attn = ("qk", "ov") if self.config.form == "circuit" else ("q_w", "q_b", "k_w", "k_b", "v_w", "v_b", "o_w")
+        block = attn + ("o_b", "in_w", "in_b", "out_w", "out_b")
+        embed = ("patch_w", "patch_b", "cls") if self.config.family == "vit" else ("tokens",)
+        expected = {f"embed.{n}" for n in embed + ("pos",)} | {"head.w", "head.b"}
+        expected |= {f"blocks.{i}.{n}" for i in range(num_layers(params)) for n in block}
+        if set(params) != expected:
+            raise ValueError(
+                f"canonical params do not match the {self.config.form} {self.config.family} layout: "
+                f"missing {sorted(expected - set(params))}, unexpected {sorted(set(params) - expected)}"
+            )
+
+    def params(self) -> dict[str, Tensor]:
+        """The canonical tensors keyed by state_dict name (shared with the module, not copies)."""
+        return dict(self.named_parameters())
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def width(self) -> int:
+        return self.head["w"].shape[1]
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        return canonical_forward(self.config, self.params(), inputs)
+
+    def clone(self) -> CanonicalTransformer:
+        return CanonicalTransformer(dataclasses.replace(self.config), self.params())
+
+    @torch.no_grad()
+    def to_circuit(self) -> CanonicalTransformer:
+        if self.config.form == "circuit":
+            return self.clone()
+        config = dataclasses.replace(self.config, form="circuit")
+        return CanonicalTransformer(config, circuit_params(self.params()))

@@ -1,0 +1,58 @@
+"""Tiny random Hugging Face models and inputs for tests; nothing is downloaded."""
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, ViTConfig, ViTForImageClassification
+
+
+def randomize_layernorms(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """LayerNorms initialise to gain 1, offset 0, which would hide folding bugs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=g))
+                m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=g))
+    return model
+
+
+def tiny_vit(seed=0, hidden=32, heads=4, mlp=64, act="gelu", qkv_bias=True, channels=1, image=8, patch=2, layers=2):
+    torch.manual_seed(seed)
+    config = ViTConfig(
+        image_size=image,
+        patch_size=patch,
+        num_channels=channels,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=mlp,
+        hidden_act=act,
+        qkv_bias=qkv_bias,
+        num_labels=10,
+        attn_implementation="eager",
+    )
+    return randomize_layernorms(ViTForImageClassification(config), seed).eval()
+
+
+def tiny_gpt2(seed=0, hidden=32, heads=4, mlp=None, act="gelu_new", layers=2, **extra):
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=heads,
+        n_inner=mlp,
+        vocab_size=97,
+        n_positions=16,
+        activation_function=act,
+        bos_token_id=0,
+        eos_token_id=0,
+        **extra,
+    )
+    return randomize_layernorms(GPT2LMHeadModel(config), seed).eval()
+
+
+def inputs_for(model, batch=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    if isinstance(model, ViTForImageClassification):
+        return torch.randn(batch, cfg.num_channels, cfg.image_size, cfg.image_size, generator=g)
+    return torch.randint(0, cfg.vocab_size, (batch, 11), generator=g)  # shorter than n_positions
