@@ -1,4 +1,8 @@
-"""Tiny random Hugging Face models and inputs for tests; nothing is downloaded."""
+"""Tiny random Hugging Face models and inputs for tests; nothing is downloaded.
+
+Weights are drawn 10x larger than the HF default (std 0.2) so attention is far from uniform and
+activations leave GELU's near-linear range: otherwise non-symmetries barely change the logits.
+"""
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, ViTConfig, ViTForImageClassification
@@ -29,6 +33,7 @@ def tiny_vit(seed=0, hidden=32, heads=4, mlp=64, act="gelu", qkv_bias=True, chan
         qkv_bias=qkv_bias,
         num_labels=10,
         attn_implementation="eager",
+        initializer_range=0.2,
     )
     return randomize_layernorms(ViTForImageClassification(config), seed).eval()
 
@@ -45,6 +50,7 @@ def tiny_gpt2(seed=0, hidden=32, heads=4, mlp=None, act="gelu_new", layers=2, **
         activation_function=act,
         bos_token_id=0,
         eos_token_id=0,
+        initializer_range=0.2,
         **extra,
     )
     return randomize_layernorms(GPT2LMHeadModel(config), seed).eval()

@@ -120,6 +120,8 @@ def _embed(config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Ten
         x = x.flatten(2).transpose(1, 2)  # (B, patches, D)
         cls = p["embed.cls"].expand(x.shape[0], 1, -1)
         x = torch.cat([cls, x], dim=1)
+        if x.shape[1] != p["embed.pos"].shape[0]:
+            raise ValueError(f"{x.shape[1]} tokens for {p['embed.pos'].shape[0]} positions: wrong image size")
     else:
         x = p["embed.tokens"][inputs]
     return x + p["embed.pos"][: x.shape[1]]

@@ -44,7 +44,8 @@ def vit_to_canonical(model: ViTForImageClassification) -> CanonicalTransformer:
         p[pre + "out_w"] = center(g(layer.mlp.fc2.weight), 0)
         p[pre + "out_b"] = center(g(layer.mlp.fc2.bias), 0)
     final = vit.layernorm
-    p["head.w"], p["head.b"] = fold_norm(g(model.classifier.weight), g(model.classifier.bias), g(final.weight), g(final.bias))
+    head = model.classifier
+    p["head.w"], p["head.b"] = fold_norm(g(head.weight), g(head.bias), g(final.weight), g(final.bias))
 
     norms = [final] + [n for layer in vit.layers for n in (layer.layernorm_before, layer.layernorm_after)]
     config = CanonicalConfig(

@@ -1,0 +1,98 @@
+"""apply(transform, model): the only code that moves weights between parameterisations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from glmc.models.canonical import CanonicalTransformer
+from glmc.symmetry.groups import Element, Permutation, SemiPermutation
+from glmc.symmetry.spec import Axis, Space, SymmetrySpec
+from glmc.symmetry.transform import Transform
+
+
+def _gather(t: Tensor, ax: Axis, index: Tensor, scale: Tensor | None) -> Tensor:
+    n = t.shape[ax.axis] - ax.extra
+    if ax.extra:  # the constant-1 coordinate stays where it is
+        index = torch.cat([index, torch.arange(n, n + ax.extra, device=index.device)])
+    out = t.index_select(ax.axis, index)
+    if scale is not None:
+        shape = [1] * t.dim()
+        shape[ax.axis] = len(scale)
+        out = out * scale.reshape(shape)
+    return out
+
+
+def _contract(t: Tensor, m: Tensor, ax: Axis) -> Tensor:
+    """new[..., i, ...] = sum_j m[i, j] t[..., j, ...] along ax.axis (per head if ax.head_axis)."""
+    src = (ax.axis,) if ax.head_axis is None else (ax.head_axis, ax.axis)
+    dst = (-1,) if ax.head_axis is None else (0, -1)
+    x = t.movedim(src, dst)
+    n = m.shape[-1]
+    main, rest = x[..., :n], x[..., n:]
+    if ax.head_axis is None:
+        y = main @ m.T
+    else:  # batched per head: flatten the axes in between
+        y = (main.reshape(len(m), -1, n) @ m.transpose(-1, -2)).reshape(*main.shape[:-1], m.shape[-2])
+    return torch.cat([y, rest], -1).movedim(dst, src)
+
+
+def _check_size(t: Tensor, g: Element, ax: Axis, space: Space) -> None:
+    n = t.shape[ax.axis] - ax.extra
+    if g.size != n:
+        raise ValueError(f"{space.name}: {g.kind} of size {g.size} acts on {ax.param} axis {ax.axis} of size {n}")
+    if ax.head_axis is not None and getattr(g, "heads", None) != t.shape[ax.head_axis]:
+        heads = getattr(g, "heads", "no")
+        raise ValueError(f"{space.name}: {g.kind} with {heads} per-head elements for {t.shape[ax.head_axis]} heads")
+
+
+def _act(g: Element, t: Tensor, ax: Axis, space: Space) -> Tensor:
+    _check_size(t, g, ax, space)
+    if isinstance(g, Permutation):
+        return _gather(t, ax, g.perm, None)
+    if isinstance(g, SemiPermutation):
+        return _gather(t, ax, g.src, g.weight if ax.side == space.shares_on else None)
+    return _contract(t, g.forward() if ax.side == "out" else g.contra(), ax)
+
+
+def apply_params(
+    transform: Transform, spec: SymmetrySpec, params: dict[str, Tensor], strict: bool = True
+) -> dict[str, Tensor]:
+    """Functional apply on canonical params (differentiable; new tensors, inputs untouched).
+
+    Spaces act in spec order, so a widening of heads.{l} comes before qk.{l} and vo.{l}, whose
+    elements are indexed by the new heads. strict: each element's class must be one the spec
+    lists for its space (strict=False lets tests show that other classes break the function).
+    """
+    unknown = set(transform) - set(spec.spaces)
+    if unknown:
+        hint = " (absorbed in circuit form)" if unknown & set(spec.absorbed) else ""
+        raise KeyError(f"transform names spaces the model does not have: {sorted(unknown)}{hint}")
+    out = dict(params)
+    for space in spec:
+        g = transform.get(space.name)
+        if g is None:
+            continue
+        if strict and g.kind not in space.classes:
+            raise ValueError(f"{g.kind} is not a symmetry of {space.name}; allowed: {space.classes}")
+        ref = out[space.acts_on[0].param]
+        g = g.to(ref.device, ref.dtype)
+        for ax in space.acts_on:
+            out[ax.param] = _act(g, out[ax.param], ax, space)
+    return out
+
+
+@torch.no_grad()
+def apply(transform: Transform, model: CanonicalTransformer, strict: bool = True) -> CanonicalTransformer:
+    """A new model computing the same function (for valid transforms); the input is not modified.
+
+    Runs in float64 and casts back, so the result matches the input to the precision of its dtype.
+    The RMS reference width (config.norm_dim) is kept, which keeps rectangular residual maps exact.
+    """
+    spec = SymmetrySpec.from_model(model)
+    params = {k: v.double() for k, v in model.params().items()}
+    new = apply_params(transform, spec, params, strict)
+    dtypes = model.params()
+    return CanonicalTransformer(dataclasses.replace(model.config), {k: v.to(dtypes[k].dtype) for k, v in new.items()})

@@ -1,0 +1,209 @@
+"""Group elements, one small dataclass of tensors per symmetry class (paper 001 Table 1).
+
+Each element acts on a space of units. `forward()` is the matrix applied where a parameter writes
+into the space and `contra()` the one applied where a parameter reads from it (its inverse
+transpose), so that every read of a written vector is unchanged. Permutations and
+semi-permutations act by gathering instead of dense matrices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+
+class Element:
+    kind: ClassVar[str]
+
+    def to(self, device=None, dtype=None) -> Element:
+        """Moved copy; index tensors keep their integer dtype."""
+
+        def move(t: Tensor) -> Tensor:
+            return t.to(device=device, dtype=dtype if t.is_floating_point() else None)
+
+        return dataclasses.replace(self, **{f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)})
+
+
+def random_orthogonal(m: int, n: int, generator=None, batch: tuple = (), dtype=torch.float32) -> Tensor:
+    """Haar-random (..., m, n) matrices with orthonormal columns, m >= n."""
+    if m < n:
+        raise ValueError(f"orthonormal columns need m >= n, got {m} x {n}")
+    g = torch.randn(*batch, m, n, generator=generator, dtype=torch.float64)
+    q, r = torch.linalg.qr(g)
+    # sign fix makes the distribution Haar rather than biased by the QR convention
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    return q.to(dtype)
+
+
+@dataclass
+class Permutation(Element):
+    """New unit i is old unit perm[i] (matrix P with P[i, perm[i]] = 1)."""
+
+    perm: Tensor
+    kind: ClassVar[str] = "permutation"
+
+    @property
+    def size(self) -> int:
+        return len(self.perm)
+
+    @classmethod
+    def identity(cls, n: int) -> Permutation:
+        return cls(torch.arange(n))
+
+    @classmethod
+    def sample(cls, n: int, generator=None) -> Permutation:
+        return cls(torch.randperm(n, generator=generator))
+
+    def dense(self, dtype=torch.float32) -> Tensor:
+        return torch.eye(self.size, dtype=dtype, device=self.perm.device)[self.perm]
+
+    def inverse(self) -> Permutation:
+        return Permutation(torch.argsort(self.perm))
+
+
+@dataclass
+class SemiPermutation(Element):
+    """n old units -> m >= n new units: new unit k copies old unit src[k] with share weight[k].
+
+    The dense matrix S (m x n) has S[k, src[k]] = weight[k]: column-stochastic (every old unit's
+    shares are positive and sum to 1) with at most one positive entry per row (paper 001 §3.1).
+    """
+
+    src: Tensor
+    weight: Tensor
+    kind: ClassVar[str] = "semi_permutation"
+
+    def __post_init__(self):
+        n = int(self.src.max()) + 1 if len(self.src) else 0
+        totals = torch.zeros(n, dtype=torch.float64, device=self.src.device)
+        totals.index_add_(0, self.src, self.weight.double())
+        if (self.weight <= 0).any() or not torch.allclose(totals, torch.ones_like(totals), atol=1e-5):
+            raise ValueError("semi-permutation shares must be positive and sum to 1 for every old unit")
+
+    @property
+    def size(self) -> int:
+        return int(self.src.max()) + 1
+
+    @property
+    def out_size(self) -> int:
+        return len(self.src)
+
+    @classmethod
+    def identity(cls, n: int) -> SemiPermutation:
+        return cls(torch.arange(n), torch.ones(n))
+
+    @classmethod
+    def sample(cls, n: int, m: int, generator=None, dtype=torch.float32) -> SemiPermutation:
+        if m < n:
+            raise ValueError(f"a semi-permutation maps n to m >= n units, got {n} -> {m}")
+        src = torch.cat([torch.arange(n), torch.randint(0, n, (m - n,), generator=generator)])
+        src = src[torch.randperm(m, generator=generator)]
+        raw = torch.rand(m, generator=generator, dtype=torch.float64) + 0.5
+        totals = torch.zeros(n, dtype=torch.float64).index_add_(0, src, raw)
+        return cls(src, (raw / totals[src]).to(dtype))
+
+    def dense(self) -> Tensor:
+        s = torch.zeros(self.out_size, self.size, dtype=self.weight.dtype, device=self.weight.device)
+        s[torch.arange(self.out_size), self.src] = self.weight
+        return s
+
+
+@dataclass
+class Orthogonal(Element):
+    """m x n matrix with orthonormal columns (m >= n; m > n widens the space)."""
+
+    matrix: Tensor
+    kind: ClassVar[str] = "orthogonal"
+
+    @property
+    def size(self) -> int:
+        return self.matrix.shape[1]
+
+    @classmethod
+    def identity(cls, n: int) -> Orthogonal:
+        return cls(torch.eye(n))
+
+    @classmethod
+    def sample(cls, n: int, generator=None, m: int | None = None, dtype=torch.float32) -> Orthogonal:
+        return cls(random_orthogonal(m or n, n, generator, dtype=dtype))
+
+    def forward(self) -> Tensor:
+        return self.matrix
+
+    def contra(self) -> Tensor:
+        # O^T O = I, so readers W -> W O^T undo writers x -> O x even when O is rectangular
+        return self.matrix
+
+
+@dataclass
+class Invertible(Element):
+    """One invertible d x d matrix per head, (H, d, d)."""
+
+    matrices: Tensor
+    kind: ClassVar[str] = "invertible"
+
+    @property
+    def heads(self) -> int:
+        return self.matrices.shape[0]
+
+    @property
+    def size(self) -> int:
+        return self.matrices.shape[-1]
+
+    @classmethod
+    def identity(cls, heads: int, d: int) -> Invertible:
+        return cls(torch.eye(d).expand(heads, d, d).clone())
+
+    @classmethod
+    def sample(cls, heads: int, d: int, generator=None, dtype=torch.float32) -> Invertible:
+        # U diag(s) V with singular values in [e^-1, e]: random but well conditioned
+        u = random_orthogonal(d, d, generator, (heads,), torch.float64)
+        v = random_orthogonal(d, d, generator, (heads,), torch.float64)
+        s = torch.exp(2 * torch.rand(heads, 1, d, generator=generator, dtype=torch.float64) - 1)
+        return cls(((u * s) @ v).to(dtype))
+
+    def forward(self) -> Tensor:
+        return self.matrices
+
+    def contra(self) -> Tensor:
+        return torch.linalg.inv(self.matrices).transpose(-1, -2)
+
+
+@dataclass
+class OrthogonalScale(Element):
+    """Per head an orthogonal matrix times a positive scalar, s R (rotation + rescaling, paper 002)."""
+
+    rotations: Tensor
+    scales: Tensor
+    kind: ClassVar[str] = "orthogonal_scale"
+
+    @property
+    def heads(self) -> int:
+        return self.rotations.shape[0]
+
+    @property
+    def size(self) -> int:
+        return self.rotations.shape[-1]
+
+    @classmethod
+    def identity(cls, heads: int, d: int) -> OrthogonalScale:
+        return cls(torch.eye(d).expand(heads, d, d).clone(), torch.ones(heads))
+
+    @classmethod
+    def sample(cls, heads: int, d: int, generator=None, dtype=torch.float32) -> OrthogonalScale:
+        rotations = random_orthogonal(d, d, generator, (heads,), dtype)
+        scales = torch.exp(2 * torch.rand(heads, generator=generator, dtype=torch.float64) - 1)
+        return cls(rotations, scales.to(dtype))
+
+    def forward(self) -> Tensor:
+        return self.scales[:, None, None] * self.rotations
+
+    def contra(self) -> Tensor:
+        return self.rotations / self.scales[:, None, None]
+
+
+CLASSES = {c.kind: c for c in (Permutation, SemiPermutation, Orthogonal, Invertible, OrthogonalScale)}

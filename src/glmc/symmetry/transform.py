@@ -1,0 +1,46 @@
+"""Transform: one group element per symmetry space, keyed by space name."""
+
+from __future__ import annotations
+
+import torch
+
+from glmc.symmetry.groups import Element, Invertible, Orthogonal, OrthogonalScale, Permutation, SemiPermutation
+from glmc.symmetry.spec import SymmetrySpec
+
+
+class Transform(dict[str, Element]):
+    """Mapping space name -> group element; spaces left out are untouched by apply."""
+
+    def to(self, device=None, dtype=None) -> Transform:
+        return Transform({name: g.to(device, dtype) for name, g in self.items()})
+
+    @classmethod
+    def sample(
+        cls, spec: SymmetrySpec, classes: dict[str, str], generator=None, grow: int = 0, dtype=torch.float32
+    ) -> Transform:
+        """Random elements for every space whose kind is in `classes` (kind -> class name).
+
+        `grow` extra units for widening classes (rectangular orthogonal, semi-permutation). The heads
+        count of qk/vo follows a widening of heads in the same layer, as apply runs heads first.
+        """
+        out, heads_after = cls(), {}
+        for space in spec:
+            kind = classes.get(space.kind)
+            if kind is None:
+                continue
+            n = space.size
+            if kind == "permutation":
+                g = Permutation.sample(n, generator)
+            elif kind == "semi_permutation":
+                g = SemiPermutation.sample(n, n + grow, generator, dtype)
+            elif kind == "orthogonal":
+                g = Orthogonal.sample(n, generator, n + grow, dtype)
+            elif kind in ("invertible", "orthogonal_scale"):
+                heads = heads_after.get(space.layer, space.heads)
+                g = (Invertible if kind == "invertible" else OrthogonalScale).sample(heads, n, generator, dtype)
+            else:
+                raise ValueError(f"unknown class {kind!r} for space {space.name}")
+            if space.kind == "heads":
+                heads_after[space.layer] = len(g.src) if kind == "semi_permutation" else n
+            out[space.name] = g
+        return out
