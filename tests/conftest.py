@@ -1,0 +1,24 @@
+"""Shared fixtures: compose the real Hydra config the way run.py does, with overrides."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from glmc.config import register_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+register_configs()
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.fixture
+def tiny_overrides(tmp_path):
+    """A seconds-long run whose endpoint cache lives in the test's own folder."""
+    return ["debug=fast", f"cache_dir={tmp_path / 'endpoints'}", "logger=none"]
