@@ -65,13 +65,13 @@ def test_symmetry_preserves_function(family, case):
     assert deviation(f"{fam} {case}", model, new, x) < TOL
 
 
-@pytest.mark.parametrize("grow", [0, 8])
-def test_circuit_form_residual_orthogonal_and_head_permutation(family, grow):
+@pytest.mark.parametrize("residual,grow", [("orthogonal", 0), ("orthogonal", 8), ("permutation", 0)])
+def test_circuit_form_residual_and_head_permutation(family, residual, grow):
     fam, model, x = family
     circuit = model.to_circuit()
-    new = apply(sample(circuit, {"residual": "orthogonal", "heads": "permutation"}, grow=grow), circuit)
+    new = apply(sample(circuit, {"residual": residual, "heads": "permutation"}, grow=grow), circuit)
     assert new.params()["blocks.0.qk"].shape[-1] == model.width + grow + 1
-    assert deviation(f"{fam} circuit residual orthogonal (+{grow}) + heads permutation", model, new, x) < TOL
+    assert deviation(f"{fam} circuit residual {residual} (+{grow}) + heads permutation", model, new, x) < TOL
 
 
 def test_circuit_heads_semi_permutation(family):
@@ -222,3 +222,13 @@ def test_group_elements():
     assert torch.allclose(rs.forward().transpose(-1, -2) @ rs.contra(), torch.eye(4).expand(3, 4, 4), atol=1e-5)
     with pytest.raises(ValueError, match="sum to 1"):
         SemiPermutation(torch.tensor([0, 0, 1]), torch.tensor([0.5, 0.6, 1.0]))
+
+
+def test_projections_onto_groups():
+    g = torch.Generator().manual_seed(0)
+    p = Permutation.sample(9, g)
+    noisy = p.dense() + 0.3 * torch.rand(9, 9, generator=g)
+    assert torch.equal(Permutation.project(noisy).perm, p.perm)
+    o = Orthogonal.sample(6, g, m=8).matrix
+    q = Orthogonal.project(o + 0.01 * torch.randn(8, 6, generator=g)).matrix
+    assert torch.allclose(q.T @ q, torch.eye(6), atol=1e-5) and (q - o).abs().max() < 0.05

@@ -92,7 +92,7 @@ def apply(transform: Transform, model: CanonicalTransformer, strict: bool = True
     The RMS reference width (config.norm_dim) is kept, which keeps rectangular residual maps exact.
     """
     spec = SymmetrySpec.from_model(model)
-    params = {k: v.double() for k, v in model.params().items()}
-    new = apply_params(transform, spec, params, strict)
-    dtypes = model.params()
-    return CanonicalTransformer(dataclasses.replace(model.config), {k: v.to(dtypes[k].dtype) for k, v in new.items()})
+    original = model.params()
+    new = apply_params(transform, spec, {k: v.double() for k, v in original.items()}, strict)
+    new = {k: v.to(original[k].dtype) for k, v in new.items()}
+    return CanonicalTransformer(dataclasses.replace(model.config), new)

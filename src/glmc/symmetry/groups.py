@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 
@@ -57,6 +58,12 @@ class Permutation(Element):
     @classmethod
     def sample(cls, n: int, generator=None) -> Permutation:
         return cls(torch.randperm(n, generator=generator))
+
+    @classmethod
+    def project(cls, similarity: Tensor) -> Permutation:
+        """The permutation maximising sum_i similarity[i, perm[i]] (Hungarian algorithm)."""
+        _, cols = linear_sum_assignment(similarity.detach().cpu().double().numpy(), maximize=True)
+        return cls(torch.as_tensor(cols, device=similarity.device))
 
     def dense(self, dtype=torch.float32) -> Tensor:
         return torch.eye(self.size, dtype=dtype, device=self.perm.device)[self.perm]
@@ -130,6 +137,12 @@ class Orthogonal(Element):
     @classmethod
     def sample(cls, n: int, generator=None, m: int | None = None, dtype=torch.float32) -> Orthogonal:
         return cls(random_orthogonal(m or n, n, generator, dtype=dtype))
+
+    @classmethod
+    def project(cls, matrix: Tensor) -> Orthogonal:
+        """Nearest matrix with orthonormal columns in Frobenius norm (polar factor U V^T)."""
+        u, _, vh = torch.linalg.svd(matrix, full_matrices=False)
+        return cls(u @ vh)
 
     def forward(self) -> Tensor:
         return self.matrix
