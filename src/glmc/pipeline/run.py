@@ -14,7 +14,7 @@ from glmc.config import Config
 from glmc.data.module import DataModule
 from glmc.eval.barrier import barrier, barrier_vs_mean, lambda_grid
 from glmc.eval.path import evaluate_path
-from glmc.matching.registry import build_matcher
+from glmc.matching.registry import MatchContext, build_matcher
 from glmc.pipeline.endpoints import get_endpoints
 from glmc.pipeline.report import format_table, write_results
 from glmc.pipeline.tracking import Tracker
@@ -74,7 +74,7 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
         lambdas = lambda_grid(cfg.eval.num_lambdas)
         methods: dict[str, Any] = {}
         for name in cfg.matcher.methods:
-            matcher = build_matcher(name, cfg)
+            matcher = build_matcher(name, cfg, MatchContext(run_dir / name, tracker))
             pair_results = []
             for ia, ib in seed_pairs(list(cfg.seeds), cfg.pairing):
                 a, b = endpoints[ia], endpoints[ib]

@@ -1,0 +1,210 @@
+"""Weight matching (paper 001 §4.1): data-free alignment of model B to model A.
+
+Each iteration
+  1. solves the residual map by Procrustes (or, for `residual="permutation"`, by an assignment)
+     on the cross-covariance of every residual-side weight block of A and B, each block weighted
+     by 1/(its number of columns); the first iteration uses only the embeddings, positions and the
+     classifier/unembedding, later ones every block's attention and MLP weights too;
+  2. assigns heads per layer on ||QK_A,i - QK_B,j|| + ||OV_A,j - OV_B,j|| (circuits with the bias
+     column), computed from the factored weights without building any D x D circuit;
+  3. assigns MLP neurons per layer on the cosine of the rows [W_in | b_in | W_out^T].
+It stops when the objective, the relative distance between the circuit-form parameters of A and of
+transformed B, stops improving, and returns the best transform seen.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from glmc.matching.base import Alignment
+from glmc.models.canonical import CanonicalTransformer
+from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_params
+
+Params = dict[str, Tensor]
+ATTENTION = ("q_w", "q_b", "k_w", "k_b", "v_w", "v_b", "o_w")
+
+
+def as_canonical(model: torch.nn.Module) -> CanonicalTransformer:
+    if isinstance(model, CanonicalTransformer):
+        return model
+    from glmc.models.convert import to_canonical
+
+    return to_canonical(model)
+
+
+def _aug(p: Params, pre: str, n: str) -> Tensor:
+    """[W | b] per head: (H, d, D+1)."""
+    return torch.cat([p[pre + n + "_w"], p[pre + n + "_b"][..., None]], -1)
+
+
+def head_inner(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
+    """<xa_i^T ya_i, xb_j^T yb_j> for all head pairs (i, j), as <xa_i xb_j^T, ya_i yb_j^T>."""
+    gx = torch.einsum("ide,jfe->ijdf", xa, xb)
+    gy = torch.einsum("ide,jfe->ijdf", ya, yb)
+    return (gx * gy).sum((-1, -2))
+
+
+def circuit_factors(p: Params, layer: int) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """QK = Q~^T K~ and OV = W_o V~ = (W_o^T)^T V~, each as a pair (x, y) with circuit x^T y."""
+    pre = f"blocks.{layer}."
+    return (_aug(p, pre, "q"), _aug(p, pre, "k")), (p[pre + "o_w"].transpose(1, 2), _aug(p, pre, "v"))
+
+
+def circuit_cost(pa: Params, pb: Params, layer: int) -> Tensor:
+    """Paper 001's head cost ||QK_A,i - QK_B,j||_F + ||OV_A,i - OV_B,j||_F, shape (H_A, H_B)."""
+    cost = 0.0
+    for (xa, ya), (xb, yb) in zip(circuit_factors(pa, layer), circuit_factors(pb, layer)):
+        cross = head_inner(xa, ya, xb, yb)
+        na = head_inner(xa, ya, xa, ya).diagonal()
+        nb = head_inner(xb, yb, xb, yb).diagonal()
+        cost = cost + (na[:, None] + nb[None, :] - 2 * cross).clamp_min(0).sqrt()
+    return cost
+
+
+def relative_distance(pa: Params, pb: Params) -> float:
+    """||theta_A - theta_B|| / ||theta_A|| over the circuit-form parameters (heads compared in place)."""
+    diff = norm = 0.0
+    for name, a in pa.items():
+        if name.rsplit(".", 1)[-1] in ATTENTION:
+            continue
+        diff += float((a - pb[name]).pow(2).sum())
+        norm += float(a.pow(2).sum())
+    layers = {int(n.split(".")[1]) for n in pa if n.startswith("blocks.")}
+    for layer in layers:
+        for (xa, ya), (xb, yb) in zip(circuit_factors(pa, layer), circuit_factors(pb, layer)):
+            aa = head_inner(xa, ya, xa, ya).diagonal().sum()
+            bb = head_inner(xb, yb, xb, yb).diagonal().sum()
+            ab = head_inner(xa, ya, xb, yb).diagonal().sum()
+            diff += float(aa + bb - 2 * ab)
+            norm += float(aa)
+    return (max(diff, 0.0) / norm) ** 0.5
+
+
+def _embedding_blocks(pa: Params, pb: Params) -> list[tuple[Tensor, Tensor]]:
+    """Residual-side blocks as (D, n) matrices: writers as they are, readers transposed."""
+    blocks = []
+    for name in ("embed.patch_w", "embed.patch_b", "embed.cls"):
+        if name in pa:
+            blocks.append((pa[name].reshape(pa[name].shape[0], -1), pb[name].reshape(pb[name].shape[0], -1)))
+    for name in ("embed.tokens", "embed.pos", "head.w"):
+        if name in pa:
+            blocks.append((pa[name].T, pb[name].T))
+    return blocks
+
+
+def residual_cross_covariance(pa: Params, pb_perm: Params, pb_full: Params, with_blocks: bool) -> Tensor:
+    """C = sum_k M_A,k M_B,k^T / n_k, so that <O, C> = sum_k <M_A,k, O M_B,k> / n_k.
+
+    pb_perm has the head and MLP permutations applied (the residual side still free); pb_full also
+    has the current residual map, used for the other side of the two-sided circuits."""
+    c = sum(a @ b.T / a.shape[1] for a, b in _embedding_blocks(pa, pb_perm))
+    if not with_blocks:
+        return c
+    layers = sorted({int(n.split(".")[1]) for n in pa if n.startswith("blocks.")})
+    for layer in layers:
+        pre = f"blocks.{layer}."
+        for name in ("o_b", "out_b"):
+            c = c + torch.outer(pa[pre + name], pb_perm[pre + name])
+        c = c + pa[pre + "in_w"].T @ pb_perm[pre + "in_w"] / pa[pre + "in_w"].shape[0]
+        c = c + pa[pre + "out_w"] @ pb_perm[pre + "out_w"].T / pa[pre + "out_w"].shape[1]
+        n = pa[pre + "q_w"].shape[-1] + 1  # columns of a QK or OV circuit
+        # QK rows: q_w^T K~; QK columns: k_w^T Q~; OV rows: W_o V~ (heads already matched).
+        for solved, other in (("q", "k"), ("k", "q")):
+            inner = torch.einsum("hde,hfe->hdf", _aug(pa, pre, other), _aug(pb_full, pre, other))
+            c = c + torch.einsum("hdi,hdf,hfj->ij", pa[pre + solved + "_w"], inner, pb_perm[pre + solved + "_w"]) / n
+        inner = torch.einsum("hde,hfe->hdf", _aug(pa, pre, "v"), _aug(pb_full, pre, "v"))
+        c = c + torch.einsum("hid,hdf,hjf->ij", pa[pre + "o_w"], inner, pb_perm[pre + "o_w"]) / n
+    return c
+
+
+def mlp_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
+    pre = f"blocks.{layer}."
+    feats = lambda p: torch.cat([p[pre + "in_w"], p[pre + "in_b"][:, None], p[pre + "out_w"].T], 1)
+    fa, fb = feats(pa), feats(pb)
+    fa = fa / fa.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    fb = fb / fb.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return fa @ fb.T
+
+
+def weight_matching(
+    model_a: CanonicalTransformer,
+    model_b: CanonicalTransformer,
+    residual: str = "orthogonal",
+    heads: bool = True,
+    mlp: bool = True,
+    max_iter: int = 15,
+    tol: float = 1e-6,
+) -> tuple[Transform, dict[str, Any]]:
+    """Transform T with T(B) close to A in weight space; diagnostics hold the per-iteration objective."""
+    if residual not in ("orthogonal", "permutation", "none"):
+        raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
+    if model_a.config.form != "factored" or model_b.config.form != "factored":
+        raise ValueError("weight matching reads factored heads: pass models before .to_circuit()")
+    spec = SymmetrySpec.from_model(model_b)
+    pa = {k: v.detach().double() for k, v in model_a.params().items()}
+    pb = {k: v.detach().double() for k, v in model_b.params().items()}
+    layers = range(model_a.num_layers)
+    perms = Transform()
+    if heads:
+        perms.update({f"heads.{l}": Permutation.identity(spec[f"heads.{l}"].size) for l in layers})
+    if mlp:
+        perms.update({f"mlp.{l}": Permutation.identity(spec[f"mlp.{l}"].size) for l in layers})
+    res = {} if residual == "none" else {"residual": Orthogonal.identity(model_a.width).to(dtype=torch.float64)}
+    if residual == "permutation":
+        res = {"residual": Permutation.identity(model_a.width)}
+
+    seconds: dict[str, float] = defaultdict(float)
+    best_t = Transform({**res, **perms})
+    best = relative_distance(pa, apply_params(best_t, spec, pb))
+    objective = [best]
+    for it in range(max_iter):
+        if residual != "none":
+            tick = time.perf_counter()
+            pb_perm = apply_params(perms, spec, pb)
+            pb_full = apply_params(Transform({**res, **perms}), spec, pb)
+            c = residual_cross_covariance(pa, pb_perm, pb_full, with_blocks=it > 0)
+            res = {"residual": Orthogonal.project(c) if residual == "orthogonal" else Permutation.project(c)}
+            seconds["residual"] += time.perf_counter() - tick
+        pb_res = apply_params(Transform(res), spec, pb)
+        for l in layers:
+            if heads:
+                tick = time.perf_counter()
+                perms[f"heads.{l}"] = Permutation.project(-circuit_cost(pa, pb_res, l))
+                seconds["heads"] += time.perf_counter() - tick
+            if mlp:
+                tick = time.perf_counter()
+                perms[f"mlp.{l}"] = Permutation.project(mlp_similarity(pa, pb_res, l))
+                seconds["mlp"] += time.perf_counter() - tick
+        current = Transform({**res, **perms})
+        value = relative_distance(pa, apply_params(current, spec, pb))
+        objective.append(value)
+        improved = best - value
+        if value < best:
+            best, best_t = value, Transform(current)
+        # the first iteration sees only the embeddings: always let the full objective run once
+        if it > 0 and improved <= tol * max(best, 1e-12):
+            break
+    best_t = best_t.to(dtype=torch.float32)
+    return best_t, {"objective": objective, "iterations": len(objective) - 1,
+                    "seconds_by_step": dict(seconds), "final_distance": best}
+
+
+class WeightMatcher:
+    """`weight`: orthogonal residual + head and MLP permutations; `weight_perm`: all permutations."""
+
+    def __init__(self, name: str = "weight", residual: str = "orthogonal", heads: bool = True, mlp: bool = True,
+                 circuits: bool = True, max_iter: int = 15, tol: float = 1e-6):
+        self.name, self.residual, self.heads, self.mlp, self.circuits = name, residual, heads, mlp, circuits
+        self.max_iter, self.tol = max_iter, tol
+
+    def match(self, model_a, model_b, data=None) -> Alignment:
+        a, b = as_canonical(model_a), as_canonical(model_b)
+        transform, diagnostics = weight_matching(a, b, self.residual, self.heads, self.mlp, self.max_iter, self.tol)
+        aligned = apply(transform, b)
+        if self.circuits:  # interpolate circuits: the in-head invertible symmetries are quotiented out
+            a, aligned = a.to_circuit(), aligned.to_circuit()
+        return Alignment(reference=a, model=aligned, transform=transform, diagnostics=diagnostics)
