@@ -65,8 +65,8 @@ def circuit_cost(pa: Params, pb: Params, layer: int) -> Tensor:
     return cost
 
 
-def relative_distance(pa: Params, pb: Params) -> float:
-    """||theta_A - theta_B|| / ||theta_A|| over the circuit-form parameters (heads compared in place)."""
+def squared_distance(pa: Params, pb: Params) -> tuple[float, float]:
+    """(||theta_A - theta_B||^2, ||theta_A||^2) over circuit-form parameters, heads compared in place."""
     diff = norm = 0.0
     for name, a in pa.items():
         if name.rsplit(".", 1)[-1] in ATTENTION:
@@ -81,11 +81,20 @@ def relative_distance(pa: Params, pb: Params) -> float:
             ab = head_inner(xa, ya, xb, yb).diagonal().sum()
             diff += float(aa + bb - 2 * ab)
             norm += float(aa)
-    return (max(diff, 0.0) / norm) ** 0.5
+    return max(diff, 0.0), norm
+
+
+def relative_distance(pa: Params, pb: Params) -> float:
+    """||theta_A - theta_B|| / ||theta_A|| over the circuit-form parameters."""
+    diff, norm = squared_distance(pa, pb)
+    return (diff / norm) ** 0.5
+
+
+RESIDUAL_ONLY = ("embed.patch_w", "embed.patch_b", "embed.cls", "embed.tokens", "embed.pos", "head.w")
 
 
 def _embedding_blocks(pa: Params, pb: Params) -> list[tuple[Tensor, Tensor]]:
-    """Residual-side blocks as (D, n) matrices: writers as they are, readers transposed."""
+    """Residual-side blocks outside the layers as (D, n) matrices: writers as they are, readers transposed."""
     blocks = []
     for name in ("embed.patch_w", "embed.patch_b", "embed.cls"):
         if name in pa:
@@ -96,14 +105,13 @@ def _embedding_blocks(pa: Params, pb: Params) -> list[tuple[Tensor, Tensor]]:
     return blocks
 
 
-def residual_cross_covariance(pa: Params, pb_perm: Params, pb_full: Params, with_blocks: bool) -> Tensor:
-    """C = sum_k M_A,k M_B,k^T / n_k, so that <O, C> = sum_k <M_A,k, O M_B,k> / n_k.
+def block_cross_covariance(pa: Params, pb_perm: Params, pb_full: Params) -> Tensor:
+    """C = sum_k M_A,k M_B,k^T / n_k over the blocks' weights, so that <O, C> = sum_k <M_A,k, O M_B,k> / n_k.
 
     pb_perm has the head and MLP permutations applied (the residual side still free); pb_full also
-    has the current residual map, used for the other side of the two-sided circuits."""
-    c = sum(a @ b.T / a.shape[1] for a, b in _embedding_blocks(pa, pb_perm))
-    if not with_blocks:
-        return c
+    has the current residual map, used for the other side of the two-sided circuits. The embedding
+    blocks do not depend on the permutations and are added once by the caller."""
+    c = 0.0
     layers = sorted({int(n.split(".")[1]) for n in pa if n.startswith("blocks.")})
     for layer in layers:
         pre = f"blocks.{layer}."
@@ -147,29 +155,59 @@ def weight_matching(
     spec = SymmetrySpec.from_model(model_b)
     pa = {k: v.detach().double() for k, v in model_a.params().items()}
     pb = {k: v.detach().double() for k, v in model_b.params().items()}
+    # Embeddings and the classifier only see the residual map: their share of the Procrustes
+    # matrix and of the objective is computed once (a GPT-2 vocabulary makes them the costliest part).
+    emb = _embedding_blocks(pa, pb)
+    c_emb = sum(a @ b.T / a.shape[1] for a, b in emb)
+    c_emb_raw = sum(a @ b.T for a, b in emb)
+    emb_aa, emb_bb = sum(float(a.pow(2).sum()) for a, _ in emb), sum(float(b.pow(2).sum()) for _, b in emb)
+    fixed = [n for n in pa if not n.startswith("blocks.") and n not in RESIDUAL_ONLY]  # head.b: no symmetry acts
+    fixed_diff = sum(float((pa[n] - pb[n]).pow(2).sum()) for n in fixed)
+    fixed_norm = sum(float(pa[n].pow(2).sum()) for n in fixed)
+    pa = {k: v for k, v in pa.items() if k.startswith("blocks.")}
+    pb = {k: v for k, v in pb.items() if k.startswith("blocks.")}
+    spec_blocks = spec.restricted_to(set(pb))
+
     layers = range(model_a.num_layers)
     perms = Transform()
     if heads:
         perms.update({f"heads.{l}": Permutation.identity(spec[f"heads.{l}"].size) for l in layers})
     if mlp:
         perms.update({f"mlp.{l}": Permutation.identity(spec[f"mlp.{l}"].size) for l in layers})
-    res = {} if residual == "none" else {"residual": Orthogonal.identity(model_a.width).to(dtype=torch.float64)}
-    if residual == "permutation":
-        res = {"residual": Permutation.identity(model_a.width)}
+    width = model_a.width
+    res = {}
+    if residual == "orthogonal":
+        res = {"residual": Orthogonal(torch.eye(width, dtype=torch.float64))}
+    elif residual == "permutation":
+        res = {"residual": Permutation.identity(width)}
+
+    def distance(t: Transform) -> float:
+        diff, norm = squared_distance(pa, apply_params(t, spec_blocks, pb))
+        r = res_matrix(t)
+        diff += emb_aa + emb_bb - 2 * float((r * c_emb_raw).sum()) + fixed_diff
+        return (max(diff, 0.0) / (norm + emb_aa + fixed_norm)) ** 0.5
+
+    def res_matrix(t: Transform) -> Tensor:
+        g = t.get("residual")
+        if g is None:
+            return torch.eye(width, dtype=torch.float64)
+        return g.dense(torch.float64) if isinstance(g, Permutation) else g.matrix.double()
 
     seconds: dict[str, float] = defaultdict(float)
     best_t = Transform({**res, **perms})
-    best = relative_distance(pa, apply_params(best_t, spec, pb))
+    best = distance(best_t)
     objective = [best]
     for it in range(max_iter):
         if residual != "none":
             tick = time.perf_counter()
-            pb_perm = apply_params(perms, spec, pb)
-            pb_full = apply_params(Transform({**res, **perms}), spec, pb)
-            c = residual_cross_covariance(pa, pb_perm, pb_full, with_blocks=it > 0)
+            c = c_emb
+            if it > 0:  # the first iteration sees only the embeddings and the classifier
+                pb_perm = apply_params(perms, spec_blocks, pb)
+                pb_full = apply_params(Transform({**res, **perms}), spec_blocks, pb)
+                c = c + block_cross_covariance(pa, pb_perm, pb_full)
             res = {"residual": Orthogonal.project(c) if residual == "orthogonal" else Permutation.project(c)}
             seconds["residual"] += time.perf_counter() - tick
-        pb_res = apply_params(Transform(res), spec, pb)
+        pb_res = apply_params(Transform(res), spec_blocks, pb)
         for l in layers:
             if heads:
                 tick = time.perf_counter()
@@ -180,12 +218,14 @@ def weight_matching(
                 perms[f"mlp.{l}"] = Permutation.project(mlp_similarity(pa, pb_res, l))
                 seconds["mlp"] += time.perf_counter() - tick
         current = Transform({**res, **perms})
-        value = relative_distance(pa, apply_params(current, spec, pb))
+        tick = time.perf_counter()
+        value = distance(current)
+        seconds["objective"] += time.perf_counter() - tick
         objective.append(value)
         improved = best - value
         if value < best:
             best, best_t = value, Transform(current)
-        # the first iteration sees only the embeddings: always let the full objective run once
+        # the first iteration saw only the embeddings: always let the full objective run once
         if it > 0 and improved <= tol * max(best, 1e-12):
             break
     best_t = best_t.to(dtype=torch.float32)

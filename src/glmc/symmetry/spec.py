@@ -17,7 +17,7 @@ well defined: heads.{l} comes before qk.{l} and vo.{l}, which are indexed by the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from glmc.models.canonical import RELU_FAMILY, CanonicalConfig, CanonicalTransformer, num_layers
 
@@ -76,6 +76,15 @@ class SymmetrySpec:
 
     def classes_for(self, name: str) -> tuple[str, ...]:
         return self.spaces[name].classes
+
+    def restricted_to(self, params: set[str]) -> SymmetrySpec:
+        """The same spaces acting only on the named parameters (e.g. to skip a huge embedding)."""
+        spaces = {}
+        for name, space in self.spaces.items():
+            axes = tuple(ax for ax in space.acts_on if ax.param in params)
+            if axes:
+                spaces[name] = replace(space, acts_on=axes)
+        return SymmetrySpec(spaces, self.absorbed)
 
 
 def _residual(config, params, layers) -> Space:
