@@ -96,3 +96,32 @@ def apply(transform: Transform, model: CanonicalTransformer, strict: bool = True
     new = apply_params(transform, spec, {k: v.double() for k, v in original.items()}, strict)
     new = {k: v.to(original[k].dtype) for k, v in new.items()}
     return CanonicalTransformer(dataclasses.replace(model.config), new)
+
+
+def apply_dense(matrices: dict[str, Tensor], spec: SymmetrySpec, params: dict[str, Tensor]) -> dict[str, Tensor]:
+    """apply_params for elements given as dense (m, n) matrices M, differentiable in M.
+
+    Writers get M and readers get M too, which is M's inverse transpose exactly when M has
+    orthonormal columns (permutation and orthogonal matrices): so for hard elements this equals
+    apply_params with Permutation.dense() or Orthogonal.matrix. It exists for learned matching,
+    whose relaxed matrices (straight-through permutations, Sinkhorn's doubly stochastic ones) must
+    stay in the autograd graph, which gathering by index would cut. Per-head spaces (qk, vo) take
+    one matrix per head and are not supported here.
+    """
+    unknown = set(matrices) - set(spec.spaces)
+    if unknown:
+        raise KeyError(f"matrices name spaces the model does not have: {sorted(unknown)}")
+    out = dict(params)
+    for space in spec:
+        m = matrices.get(space.name)
+        if m is None:
+            continue
+        if space.heads is not None:
+            raise ValueError(f"{space.name}: per-head spaces are not supported by apply_dense")
+        for ax in space.acts_on:
+            t = out[ax.param]
+            if m.shape[-1] != t.shape[ax.axis] - ax.extra:
+                raise ValueError(f"{space.name}: a {tuple(m.shape)} matrix acts on {ax.param} axis {ax.axis} "
+                                 f"of size {t.shape[ax.axis] - ax.extra}")
+            out[ax.param] = _contract(t, m.to(t.dtype), ax)
+    return out
