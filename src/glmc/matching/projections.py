@@ -1,0 +1,77 @@
+"""Latent matrices -> group elements, inside the autograd graph (paper 001 §4.2 and Appendix D).
+
+  straight_through_permutation  forward: the Hungarian projection P; backward: as if P were the latent
+  polar                         forward: U V^T of the latent's SVD; backward: the exact polar derivative
+  sinkhorn                      exp(Z / tau) made doubly stochastic by alternating normalisations
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from glmc.symmetry import Permutation
+
+
+def straight_through_permutation(latent: Tensor) -> Tensor:
+    """Hard permutation matrix whose gradient flows to the latent unchanged (Bengio et al. 2013)."""
+    hard = Permutation.project(latent).dense(latent.dtype).to(latent.device)
+    # (latent - latent.detach()) is exactly zero, so the forward value is exactly the permutation
+    return hard + (latent - latent.detach())
+
+
+class _Polar(torch.autograd.Function):
+    """U V^T with the closed-form gradient.
+
+    Backpropagating through torch.linalg.svd divides by sigma_i^2 - sigma_j^2, which explodes for a
+    latent that starts at an orthogonal matrix (all singular values 1). The polar factor itself only
+    divides by sigma_i + sigma_j: with M = U^T G V, the gradient is
+    U [(M - M^T) / (sigma_i + sigma_j)] V^T + (I - U U^T) G V diag(1/sigma) V^T,
+    the last term for tall latents only.
+    """
+
+    @staticmethod
+    def forward(ctx, a: Tensor) -> Tensor:
+        u, s, vh = torch.linalg.svd(a, full_matrices=False)
+        ctx.save_for_backward(u, s, vh)
+        return u @ vh
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        u, s, vh = ctx.saved_tensors
+        m = u.mT @ grad @ vh.mT
+        out = u @ ((m - m.mT) / (s[:, None] + s[None, :])) @ vh
+        if u.shape[0] > u.shape[1]:
+            out = out + (grad - u @ (u.mT @ grad)) @ (vh.mT / s) @ vh
+        return out
+
+
+def polar(latent: Tensor) -> Tensor:
+    """Nearest matrix with orthonormal columns (as Orthogonal.project), differentiable."""
+    return _Polar.apply(latent)
+
+
+def sinkhorn(z: Tensor, iters: int, temperature: float = 1.0) -> Tensor:
+    """Doubly stochastic matrix from exp(z / temperature): rows, then columns, normalised `iters` times.
+
+    Runs in the log domain so that entries far below the maximum neither underflow nor give NaN
+    gradients. Columns sum to 1 exactly after the last step, rows to within the iteration's tolerance.
+    """
+    log_p = z / temperature
+    for _ in range(iters):
+        log_p = log_p - log_p.logsumexp(-1, keepdim=True)
+        log_p = log_p - log_p.logsumexp(-2, keepdim=True)
+    return log_p.exp()
+
+
+def sinkhorn_latent(p: Tensor, noise: float, temperature: float = 1.0, generator=None) -> Tensor:
+    """Z with exp(Z / tau) = P + noise: a permutation (or any non-negative matrix) perturbed.
+
+    The noise follows Appendix D: |N(0, 1)| scaled by the Xavier standard deviation sqrt(2 / (n + m))
+    and by `noise`, plus a floor that keeps the logarithm finite.
+    """
+    n, m = p.shape
+    eps = torch.randn(p.shape, generator=generator, dtype=torch.float64).abs()
+    target = p.double() + noise * math.sqrt(2.0 / (n + m)) * eps + 1e-12
+    return (temperature * target.log()).to(p.dtype)
