@@ -113,10 +113,12 @@ class LearnedMatchingConfig:
     warmup_fraction: float = 0.05
     lambda_scheme: str = "uniform_mid"  # fixed | uniform_mid | uniform | gaussian
     init: str = "weight"  # weight | identity
-    init_noise: float = 1e-3
+    init_noise: float = 1e-3  # std of the Gaussian added to the initial latents
     sinkhorn_iters: int = 20
     sinkhorn_temperature: float = 1.0
+    sinkhorn_noise: float = 0.1  # Appendix D: P_init = P_WM + noise * sqrt(2 / (n + m)) * |N(0, 1)|
     checkpoint_every: int = 50
+    seed: int = 0  # latent noise and the lambda sequence
 
 
 @dataclass

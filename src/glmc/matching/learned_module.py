@@ -1,0 +1,154 @@
+"""Learned matching as a LightningModule (paper 001 §4.2, Algorithm 1; Appendix D for Sinkhorn).
+
+The only parameters are one latent matrix per symmetry space, so DDP syncs their gradients and a
+checkpoint holds the latents and the optimizer, never the endpoints. Every step projects the
+latents (straight-through Hungarian, polar factor or Sinkhorn), applies the matrices to model B's
+canonical params, interpolates with model A at a sampled lambda and runs the functional forward.
+"""
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+
+from glmc.config import LearnedMatchingConfig
+from glmc.eval.metrics import loss_and_correct
+from glmc.matching.interpolate import interpolate_params
+from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
+from glmc.models.canonical import CanonicalTransformer, canonical_forward
+from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply_dense
+from glmc.train.schedule import warmup_cosine
+
+LAMBDA_SCHEMES = ("fixed", "uniform_mid", "uniform", "gaussian")
+KINDS = ("orthogonal", "permutation", "sinkhorn")
+
+
+def sample_lambda(scheme: str, generator: torch.Generator) -> float:
+    """Paper 001 Appendix C.1.1: 0.5; U[0.4, 0.6]; U[0, 1]; N(0.5, 0.1) clipped to [0, 1]."""
+    if scheme == "fixed":
+        return 0.5
+    if scheme == "uniform_mid":
+        return 0.4 + 0.2 * torch.rand((), generator=generator, dtype=torch.float64).item()
+    if scheme == "uniform":
+        return torch.rand((), generator=generator, dtype=torch.float64).item()
+    if scheme == "gaussian":
+        return min(1.0, max(0.0, 0.5 + 0.1 * torch.randn((), generator=generator, dtype=torch.float64).item()))
+    raise ValueError(f"lambda_scheme={scheme!r} is not one of {LAMBDA_SCHEMES}")
+
+
+def _key(space: str) -> str:
+    return space.replace(".", "_")  # ParameterDict keys cannot hold dots
+
+
+class LearnedMatchingModule(L.LightningModule):
+    """Latents for the spaces in `kinds` (space name -> orthogonal | permutation | sinkhorn).
+
+    `init` holds a dense starting matrix per space (the weight-matching element or the identity);
+    the latents start there plus noise. `circuits`: interpolate attention as circuits, as the
+    pipeline evaluates it, else the factored weights.
+    """
+
+    def __init__(self, model_a: CanonicalTransformer, model_b: CanonicalTransformer, init: dict[str, Tensor],
+                 kinds: dict[str, str], settings: LearnedMatchingConfig, task: str, circuits: bool):
+        super().__init__()
+        if model_a.config.form != "factored" or model_b.config.form != "factored":
+            raise ValueError("learned matching transforms factored heads: pass models before .to_circuit()")
+        if settings.lambda_scheme not in LAMBDA_SCHEMES:
+            raise ValueError(f"lambda_scheme={settings.lambda_scheme!r} is not one of {LAMBDA_SCHEMES}")
+        bad = {n: k for n, k in kinds.items() if k not in KINDS}
+        if bad:
+            raise ValueError(f"unknown latent kinds {bad}; known: {KINDS}")
+        self.config = model_a.config
+        self.spec = SymmetrySpec.from_model(model_b)
+        self.kinds = dict(kinds)
+        self.settings = settings
+        self.task = task
+        self.circuits = circuits
+        # Plain attributes, not buffers: outside the state dict (checkpoints hold latents only) and
+        # not broadcast by DDP every step (every rank unpickles the same tensors).
+        self._endpoints = {
+            "a": {k: v.detach().clone() for k, v in model_a.params().items()},
+            "b": {k: v.detach().clone() for k, v in model_b.params().items()},
+        }
+        generator = torch.Generator().manual_seed(settings.seed)
+        self.latents = nn.ParameterDict()
+        for name, kind in self.kinds.items():
+            start = init[name].detach().float()
+            if kind == "sinkhorn":
+                z = sinkhorn_latent(start, settings.sinkhorn_noise, settings.sinkhorn_temperature, generator)
+            else:
+                z = start + settings.init_noise * torch.randn(start.shape, generator=generator)
+            self.latents[_key(name)] = nn.Parameter(z)
+        # per optimisation step: training loss and lambda; a buffer so that checkpoints and the
+        # spawn launcher (which returns the state dict) carry it
+        self.register_buffer("history", torch.full((settings.max_steps, 2), math.nan))
+
+    def endpoint_params(self, which: str) -> dict[str, Tensor]:
+        params = self._endpoints[which]
+        if next(iter(params.values())).device != self.device:
+            params = self._endpoints[which] = {k: v.to(self.device) for k, v in params.items()}
+        return params
+
+    def matrices(self) -> dict[str, Tensor]:
+        """The projected latents, dense and differentiable."""
+        s, out = self.settings, {}
+        for name, kind in self.kinds.items():
+            z = self.latents[_key(name)]
+            if kind == "orthogonal":
+                out[name] = polar(z)
+            elif kind == "permutation":
+                out[name] = straight_through_permutation(z)
+            else:
+                out[name] = sinkhorn(z, s.sinkhorn_iters, s.sinkhorn_temperature)
+        return out
+
+    def aligned_params(self) -> dict[str, Tensor]:
+        """T(theta_B) in factored form, inside the graph."""
+        return apply_dense(self.matrices(), self.spec, self.endpoint_params("b"))
+
+    def loss(self, inputs: Tensor, targets: Tensor, lam: float) -> Tensor:
+        """Task loss of lam * theta_A + (1 - lam) * T(theta_B) on one batch."""
+        params = interpolate_params(self.endpoint_params("a"), self.aligned_params(), lam, self.circuits)
+        total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
+        return total / count
+
+    def training_step(self, batch, batch_idx):
+        # lambda depends on the step alone: equal on every rank and reproduced after a resume
+        generator = torch.Generator().manual_seed(self.settings.seed * 1_000_003 + self.global_step)
+        lam = sample_lambda(self.settings.lambda_scheme, generator)
+        loss = self.loss(*batch, lam)
+        self.log("match_loss", loss, prog_bar=True)
+        self.log("lambda", lam)
+        if self.global_step < len(self.history):
+            self.history[self.global_step] = torch.stack([loss.detach(), loss.new_tensor(lam)])
+        return loss
+
+    def configure_optimizers(self):
+        s = self.settings
+        optimizer = torch.optim.AdamW(self.latents.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+        scheduler = warmup_cosine(optimizer, self.trainer.estimated_stepping_batches, s.warmup_fraction)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # a resumed run may train for more steps than the interrupted one planned
+        saved = checkpoint["state_dict"].get("history")
+        if saved is not None and saved.shape != self.history.shape:
+            resized = torch.full_like(self.history, math.nan)
+            n = min(len(saved), len(resized))
+            resized[:n] = saved[:n]
+            checkpoint["state_dict"]["history"] = resized
+
+    @torch.no_grad()
+    def hard_transform(self) -> Transform:
+        """The final group elements: Hungarian for permutation and Sinkhorn latents, U V^T for orthogonal.
+
+        Hungarian on a Sinkhorn latent Z equals Hungarian on log Sinkhorn(Z), which differs from Z
+        by row and column constants only: the most likely permutation under the soft one.
+        """
+        out = Transform()
+        for name, kind in self.kinds.items():
+            z = self.latents[_key(name)].detach().cpu().double()
+            out[name] = Orthogonal.project(z) if kind == "orthogonal" else Permutation.project(z)
+        return out
