@@ -1,0 +1,112 @@
+"""Cost of one learned-matching step relative to one plain training step of an endpoint.
+
+Same model configuration, same batch, measured in the same run: the plain step is forward,
+backward, gradient clipping and AdamW on the Hugging Face endpoint; the learned step projects the
+latents, transforms model B, interpolates with A and runs forward, backward and AdamW on the latents.
+Prints the medians over repeats and their ratio (the issue's target is at most 2.5x).
+
+  .venv/bin/python benchmarks/learned_step_cost.py [hydra overrides, e.g. matcher.learned.lr=1e-2]
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from glmc.config import register_configs
+from glmc.data.module import DataModule
+from glmc.eval.metrics import logits_of
+from glmc.matching.learned_module import LearnedMatchingModule
+from glmc.matching.weight import as_canonical, weight_matching
+from glmc.models.build import build_model
+from glmc.pipeline.cache import EndpointCache
+from glmc.pipeline.endpoints import cache_key
+from glmc.symmetry import Orthogonal, SymmetrySpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def endpoints(cfg):
+    """Cached endpoints of the first two seeds when there are any, else fresh initialisations."""
+    cache, key, models = EndpointCache(ROOT / cfg.cache_dir), cache_key(cfg), []
+    for seed in list(cfg.seeds)[:2]:
+        torch.manual_seed(seed)
+        model = build_model(cfg.model)
+        if cache.has(key, seed):
+            cache.load(key, seed, model)
+        models.append(model.eval())
+    return models, all(cache.has(key, s) for s in list(cfg.seeds)[:2])
+
+
+def timed(step, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        step()
+    return (time.perf_counter() - start) / n
+
+
+def main(overrides: list[str], repeats: int = 7, steps: int = 10) -> None:
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    (model_a, model_b), cached = endpoints(cfg)
+    data = DataModule(cfg.data, seed=0)
+    data.setup()
+    inputs, targets = next(iter(data.train_dataloader()))
+
+    plain = build_model(cfg.model)
+    plain.load_state_dict(model_a.state_dict())
+    plain.train()
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+
+    def plain_step():
+        plain_opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(logits_of(plain, inputs), targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(plain.parameters(), cfg.train.gradient_clip_val)
+        plain_opt.step()
+
+    a, b = as_canonical(model_a), as_canonical(model_b)
+    transform, _ = weight_matching(a, b)
+    spec = SymmetrySpec.from_model(b)
+    kinds = {s.name: "orthogonal" if s.kind == "residual" else "permutation" for s in spec if s.kind in ("residual", "heads", "mlp")}
+    init = {n: g.matrix if isinstance(g, Orthogonal) else g.dense() for n, g in transform.items()}
+    settings = OmegaConf.to_object(cfg.matcher.learned)
+    module = LearnedMatchingModule(a, b, init, kinds, settings, cfg.data.task, circuits=cfg.symmetry.qk == "circuit")
+    learned_opt = torch.optim.AdamW(module.latents.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+
+    def learned_step():
+        learned_opt.zero_grad(set_to_none=True)
+        module.loss(inputs, targets, 0.5).backward()
+        learned_opt.step()
+
+    def projections():
+        with torch.no_grad():
+            module.matrices()
+
+    for step in (plain_step, learned_step):  # warm-up
+        timed(step, 3)
+    times = {"plain": [], "learned": [], "projections": []}
+    for _ in range(repeats):  # interleaved, so drifts in machine load hit both alike
+        times["plain"].append(timed(plain_step, steps))
+        times["learned"].append(timed(learned_step, steps))
+        times["projections"].append(timed(projections, steps))
+    med = {k: statistics.median(v) for k, v in times.items()}
+
+    print(f"model {cfg.model.name} ({'cached endpoints' if cached else 'untrained initialisations'}), "
+          f"batch {tuple(inputs.shape)}, {torch.get_num_threads()} threads, "
+          f"median of {repeats} repeats x {steps} steps")
+    print(f"  plain training step (HF endpoint)        {1e3 * med['plain']:8.2f} ms")
+    print(f"  learned matching step                    {1e3 * med['learned']:8.2f} ms")
+    print(f"    of which projections (Hungarian, SVD)  {1e3 * med['projections']:8.2f} ms")
+    print(f"  ratio learned / plain                    {med['learned'] / med['plain']:8.2f}x  (target <= 2.5x)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
