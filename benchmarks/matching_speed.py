@@ -1,0 +1,68 @@
+"""Weight matching speed at paper size: median seconds over repeats at a fixed 15 iterations.
+
+    .venv/bin/python benchmarks/matching_speed.py [--repeats 5] [--iterations 15]
+
+Pairs: two CIFAR ViTs (6 layers, width 256, MLP 512, 8 heads, patch 4) and two BookCorpus GPT-2s
+(6 layers, width 512, MLP 2048, 8 heads, vocabulary 50257). The models are randomly initialised:
+the cost of an iteration does not depend on the weights, and the tolerance is set so that every
+run does exactly the requested number of iterations. Prints the median and the breakdown by step,
+and the ViT time as a ratio to the 1 s target.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, ViTConfig, ViTForImageClassification
+
+from glmc.matching.weight import weight_matching
+from glmc.models import to_canonical
+
+
+def cifar_vit(seed: int):
+    torch.manual_seed(seed)
+    return ViTForImageClassification(ViTConfig(
+        image_size=32, patch_size=4, num_channels=3, hidden_size=256, num_hidden_layers=6,
+        num_attention_heads=8, intermediate_size=512, num_labels=10))
+
+
+def bookcorpus_gpt2(seed: int):
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(GPT2Config(n_embd=512, n_layer=6, n_head=8, n_inner=2048, vocab_size=50257,
+                                      n_positions=512))
+
+
+def measure(build, repeats: int, iterations: int) -> dict[str, float]:
+    a, b = to_canonical(build(0)), to_canonical(build(1))
+    totals, steps = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _, diag = weight_matching(a, b, "orthogonal", max_iter=iterations, tol=-float("inf"))
+        totals.append(time.perf_counter() - start)
+        assert diag["iterations"] == iterations
+        steps.append(diag["seconds_by_step"])
+    out = {"median_s": statistics.median(totals)}
+    for key in steps[0]:
+        out[key] = statistics.median(s[key] for s in steps)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=15)
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.iterations} iterations, "
+          f"median of {args.repeats}")
+    for name, build in (("ViT CIFAR 6/256/512/8", cifar_vit), ("GPT-2 BookCorpus 6/512/2048/8", bookcorpus_gpt2)):
+        r = measure(build, args.repeats, args.iterations)
+        parts = ", ".join(f"{k} {v:.3f} s" for k, v in r.items() if k != "median_s")
+        print(f"{name}: {r['median_s']:.3f} s per pair ({parts})")
+        if name.startswith("ViT"):
+            print(f"  ratio to the 1 s target: {r['median_s'] / 1.0:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
