@@ -1,6 +1,7 @@
 """The task function: train (or load) endpoints -> align -> evaluate the path -> report."""
 from __future__ import annotations
 
+import json
 import logging
 import time
 import warnings
@@ -83,6 +84,10 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
                 seconds = time.perf_counter() - start
                 curve = evaluate_path(alignment.reference, alignment.model, test_loader, lambdas, task,
                                       desc=f"{name} {a.seed}-{b.seed}", progress=cfg.trainer.enable_progress_bar)
+                if alignment.diagnostics:  # e.g. weight matching's objective per iteration
+                    diag_file = run_dir / name / f"diagnostics_{a.seed}-{b.seed}.json"
+                    diag_file.parent.mkdir(parents=True, exist_ok=True)
+                    diag_file.write_text(json.dumps(alignment.diagnostics, indent=2))
                 pair_results.append({
                     "seeds": [a.seed, b.seed],
                     "barrier": barrier(lambdas, curve["loss"]),
