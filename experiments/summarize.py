@@ -1,0 +1,80 @@
+"""Turn a run or multirun folder into a barrier table (markdown) and one figure.
+
+    .venv/bin/python experiments/summarize.py multirun/<experiment>/<time> [--out summary]
+
+Every results.json below the folder contributes its seed pairs; pairs are pooled per
+(experiment, model, dataset, method), so a sweep over seeds gives mean ± s.e. over all of them
+(the same seed pair evaluated by several runs counts once).
+Writes <out>.md and <out>.png next to the folder unless --out says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from glmc.eval.plots import plot_barrier_curves
+
+
+def collect(root: Path) -> dict[tuple[str, str, str, str], list[dict]]:
+    """Seed pairs per (experiment, model, dataset, method); a pair seen in several runs counts once."""
+    pooled: dict[tuple[str, str, str, str], dict] = defaultdict(dict)
+    files = sorted(root.rglob("results.json"))
+    if not files:
+        raise SystemExit(f"no results.json under {root}")
+    for path in files:
+        results = json.loads(path.read_text())
+        for method, m in results["methods"].items():
+            key = (results["experiment"], results["model"], results["dataset"], method)
+            for pair in m.get("pairs") or [m]:
+                pooled[key][tuple(pair.get("seeds", ()))] = pair
+    return {key: list(pairs.values()) for key, pairs in pooled.items()}
+
+
+def mean_se(values: list[float]) -> tuple[float, float | None]:
+    arr = np.asarray(values, float)
+    return float(arr.mean()), (float(arr.std(ddof=1) / np.sqrt(len(arr))) if len(arr) > 1 else None)
+
+
+def table(pooled) -> str:
+    vanilla = {k[:3]: mean_se([p["barrier"] for p in v])[0] for k, v in pooled.items() if k[3] == "vanilla"}
+    lines = ["| experiment | model | dataset | method | pairs | barrier | ratio to vanilla | barrier vs mean |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (exp, model, data, method), pairs in sorted(pooled.items()):
+        b, se = mean_se([p["barrier"] for p in pairs])
+        bm, _ = mean_se([p["barrier_vs_mean"] for p in pairs])
+        base = vanilla.get((exp, model, data))
+        ratio = f"{b / base:.3f}" if base else "-"
+        spread = f" ± {se:.3f}" if se is not None else ""
+        lines.append(f"| {exp} | {model} | {data} | {method} | {len(pairs)} | {b:.3f}{spread} | {ratio} | {bm:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    pooled = collect(args.folder)
+    out = args.out or args.folder / "summary"
+    text = table(pooled)
+    out.with_suffix(".md").write_text(text + "\n")
+    curves = {}
+    for (_, _, _, method), pairs in pooled.items():
+        curves[method] = {
+            "lambdas": pairs[0]["lambdas"],
+            "test_loss": list(np.mean([p["test_loss"] for p in pairs], axis=0)),
+            "test_accuracy": list(np.mean([p["test_accuracy"] for p in pairs], axis=0))
+            if all(None not in p["test_accuracy"] for p in pairs) else [None] * len(pairs[0]["lambdas"]),
+            "barrier": mean_se([p["barrier"] for p in pairs])[0],
+        }
+    plot_barrier_curves(curves, out.with_suffix(".png"), title=f"mean over pairs: {args.folder.name}")
+    print(text)
+    print(f"\nwrote {out.with_suffix('.md')} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
