@@ -59,3 +59,15 @@ def test_tiny_imagenet_folders(tmp_path):
     assert len(dm.train_set) == 6 and len(dm.test_set) == 2
     x, y = next(iter(dm.test_dataloader()))
     assert x.shape == (2, 3, 64, 64) and y.tolist() == [0, 1]
+
+
+def test_digits_augmentation_shifts_within_one_pixel():
+    import torch
+
+    cfg = compose_config("data.augment=true")
+    dm = DataModule(cfg.data, seed=0)
+    dm.setup()
+    x, y = dm.train_set[0]
+    assert x.shape == (1, 8, 8)
+    base = dm.train_set.images[0]  # padded to 10x10
+    assert any(torch.equal(x[0], base[0, dy:dy + 8, dx:dx + 8]) for dy in range(3) for dx in range(3))

@@ -3,14 +3,30 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from glmc.config import DataConfig
 
 
-def digits_splits(cfg: DataConfig) -> tuple[TensorDataset, TensorDataset]:
+class ShiftedDigits(Dataset):
+    """Training images shifted by up to one pixel in each direction (data.augment=true)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, background: float):
+        self.images = F.pad(images, (1, 1, 1, 1), value=background)
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        dy, dx = torch.randint(0, 3, (2,)).tolist()  # global RNG: seeded per endpoint
+        return self.images[i, :, dy:dy + 8, dx:dx + 8], self.labels[i]
+
+
+def digits_splits(cfg: DataConfig) -> tuple[Dataset, TensorDataset]:
     """Stratified train/test split fixed by `split_seed`, standardised with train statistics."""
     images, labels = load_digits(return_X_y=True)
     images = images.astype(np.float32).reshape(-1, 1, 8, 8)
@@ -19,4 +35,7 @@ def digits_splits(cfg: DataConfig) -> tuple[TensorDataset, TensorDataset]:
     )
     mean, std = x_train.mean(), x_train.std()
     to_set = lambda x, y: TensorDataset(torch.from_numpy((x - mean) / std), torch.from_numpy(y).long())
-    return to_set(x_train, y_train), to_set(x_test, y_test)
+    train, test = to_set(x_train, y_train), to_set(x_test, y_test)
+    if cfg.augment:
+        train = ShiftedDigits(*train.tensors, background=float(-mean / std))
+    return train, test
