@@ -68,3 +68,14 @@ def test_cli_rejects_bad_override_before_work(tmp_path):
     assert proc.returncode != 0
     assert "devicez" in proc.stderr
     assert not (tmp_path / "run" / "results.json").exists()
+
+
+@pytest.mark.parametrize("override,key", [("symmetry.residual=orthogonl", "residual"), ("logger=wandb", None),
+                                          ("data.task=regression", "task"), ("pairing=some", "pairing")])
+def test_misspelled_choice_names_the_key(override, key):
+    if key is None:  # a valid choice composes
+        assert compose_config(override).logger.kind == "wandb"
+        return
+    with pytest.raises((ConfigCompositionException, OmegaConfBaseException)) as err:
+        compose_config(override)
+    assert key in str(err.value) + str(err.value.__cause__)

@@ -7,15 +7,79 @@ key (OmegaConf's ConfigKeyError / ValidationError).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
 
+# String choices are enums, so a misspelled value fails at composition and names the key.
+class Family(StrEnum):
+    vit = "vit"
+    gpt2 = "gpt2"
+
+
+class Dataset(StrEnum):
+    digits = "digits"
+    cifar10 = "cifar10"
+    cifar100 = "cifar100"
+    tiny_imagenet = "tiny_imagenet"
+
+
+class Task(StrEnum):
+    classification = "classification"
+    causal_lm = "causal_lm"
+
+
+class LoggerKind(StrEnum):
+    csv = "csv"
+    wandb = "wandb"
+    none = "none"
+
+
+class LoggerMode(StrEnum):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+class ResidualClass(StrEnum):
+    orthogonal = "orthogonal"
+    permutation = "permutation"
+    none = "none"
+
+
+class UnitClass(StrEnum):
+    permutation = "permutation"
+    none = "none"
+
+
+class HeadForm(StrEnum):
+    circuit = "circuit"  # QK/OV circuits: the in-head invertible symmetries are absorbed
+    none = "none"  # factored weights interpolated as they are
+
+
+class LambdaScheme(StrEnum):
+    fixed = "fixed"
+    uniform_mid = "uniform_mid"
+    uniform = "uniform"
+    gaussian = "gaussian"
+
+
+class LearnedInit(StrEnum):
+    weight = "weight"
+    identity = "identity"
+
+
+class Pairing(StrEnum):
+    disjoint = "disjoint"
+    all = "all"
+
+
 @dataclass
 class ModelConfig:
     name: str = "vit_digits"
-    family: str = "vit"  # vit | gpt2
+    family: Family = Family.vit
     hidden_size: int = 64
     num_layers: int = 4
     num_heads: int = 4
@@ -36,9 +100,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # digits | cifar10 | cifar100 | tiny_imagenet
+    name: Dataset = Dataset.digits
     root: str = "data"  # where real datasets live on disk (ignored by the embedded ones)
-    task: str = "classification"  # classification | causal_lm
+    task: Task = Task.classification
     batch_size: int = 64
     eval_batch_size: int = 512
     test_fraction: float = 0.2  # digits: held-out share, stratified
@@ -79,10 +143,10 @@ class TrainerConfig:
 
 @dataclass
 class LoggerConfig:
-    kind: str = "csv"  # csv | wandb | none
+    kind: LoggerKind = LoggerKind.csv
     project: str = "glmc"
     entity: Optional[str] = None
-    mode: str = "offline"  # W&B stays offline unless the user sets online
+    mode: LoggerMode = LoggerMode.offline  # W&B stays offline unless the user sets online
     group: Optional[str] = None
     tags: List[str] = field(default_factory=list)
 
@@ -92,11 +156,11 @@ class SymmetryConfig:
     """Which symmetry spaces are used, and in which class (paper 001 Table 1)."""
 
     name: str = "orthogonal"
-    residual: str = "orthogonal"  # orthogonal | permutation | none
-    heads: str = "permutation"  # permutation | none
-    qk: str = "circuit"  # circuit (invertible, absorbed) | none
-    vo: str = "circuit"
-    mlp: str = "permutation"  # permutation | none
+    residual: ResidualClass = ResidualClass.orthogonal
+    heads: UnitClass = UnitClass.permutation
+    qk: HeadForm = HeadForm.circuit
+    vo: HeadForm = HeadForm.circuit
+    mlp: UnitClass = UnitClass.permutation
 
 
 @dataclass
@@ -111,8 +175,8 @@ class LearnedMatchingConfig:
     lr: float = 3e-4
     weight_decay: float = 0.01
     warmup_fraction: float = 0.05
-    lambda_scheme: str = "uniform_mid"  # fixed | uniform_mid | uniform | gaussian
-    init: str = "weight"  # weight | identity
+    lambda_scheme: LambdaScheme = LambdaScheme.uniform_mid
+    init: LearnedInit = LearnedInit.weight
     init_noise: float = 1e-3  # std of the Gaussian added to the initial latents
     sinkhorn_iters: int = 20
     sinkhorn_temperature: float = 1.0
@@ -141,7 +205,7 @@ class EvalConfig:
 class Config:
     experiment: str = "demo"
     seeds: List[int] = field(default_factory=lambda: [0, 1])
-    pairing: str = "disjoint"  # disjoint: (s0,s1),(s2,s3),...; all: every pair
+    pairing: Pairing = Pairing.disjoint  # disjoint: (s0,s1),(s2,s3),...; all: every pair
     cache_dir: str = "outputs/endpoints"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
