@@ -100,3 +100,12 @@ def test_cli_writes_into_hydra_run_dir(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert {"results.json", "barrier.csv", "barrier.png"} <= {p.name for p in run_dir.iterdir()}
     assert "vanilla" in proc.stdout
+
+
+def test_unknown_method_fails_before_training(tmp_path, tiny_overrides):
+    import pytest
+
+    cfg = compose_config(*tiny_overrides, "matcher.methods=[vanilla,wieght]")
+    with pytest.raises(ValueError, match="wieght"):
+        run_pipeline(cfg, tmp_path / "run")
+    assert not (tmp_path / "endpoints").exists()

@@ -67,17 +67,18 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     task = cfg.data.task
+    pairs = seed_pairs(list(cfg.seeds), cfg.pairing)  # bad seeds or methods fail before any training
+    lambdas = lambda_grid(cfg.eval.num_lambdas)
     with Tracker(cfg, run_dir) as tracker:
+        matchers = {name: build_matcher(name, cfg, MatchContext(run_dir / name, tracker)) for name in cfg.matcher.methods}
         data = DataModule(cfg.data, seed=0)
         data.setup()
         test_loader = data.test_dataloader()
         endpoints = get_endpoints(cfg, run_dir, tracker, test_loader)
-        lambdas = lambda_grid(cfg.eval.num_lambdas)
         methods: dict[str, Any] = {}
-        for name in cfg.matcher.methods:
-            matcher = build_matcher(name, cfg, MatchContext(run_dir / name, tracker))
+        for name, matcher in matchers.items():
             pair_results = []
-            for ia, ib in seed_pairs(list(cfg.seeds), cfg.pairing):
+            for ia, ib in pairs:
                 a, b = endpoints[ia], endpoints[ib]
                 start = time.perf_counter()
                 alignment = matcher.match(a.model, b.model, data=data)
