@@ -224,7 +224,9 @@ def weight_matching(
             res = {"residual": Orthogonal(Orthogonal.project(c.double()).matrix.to(dtype))
                    if residual == "orthogonal" else Permutation.project(c)}
             seconds["residual"] += time.perf_counter() - tick
+        tick = time.perf_counter()
         pb_res = apply_params(Transform(res), spec_blocks, pb)
+        seconds["apply"] += time.perf_counter() - tick
         for l in layers:
             if heads:
                 tick = time.perf_counter()
