@@ -127,11 +127,7 @@ class LearnedMatchingModule(L.LightningModule):
 
     def configure_optimizers(self):
         s = self.settings
-        import os
-        scale = float(os.environ.get("PERM_LR_SCALE", "1"))
-        groups = [{"params": [self.latents[_key(n)] for n, k in self.kinds.items() if k == "orthogonal"]},
-                  {"params": [self.latents[_key(n)] for n, k in self.kinds.items() if k != "orthogonal"], "lr": s.lr * scale}]
-        optimizer = torch.optim.AdamW(groups, lr=s.lr, weight_decay=s.weight_decay)
+        optimizer = torch.optim.AdamW(self.latents.parameters(), lr=s.lr, weight_decay=s.weight_decay)
         scheduler = warmup_cosine(optimizer, self.trainer.estimated_stepping_batches, s.warmup_fraction)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
