@@ -170,7 +170,7 @@ def crashing(make_trainer, at_step: int):
 
 def test_interrupted_run_resumes_from_last_checkpoint(tmp_path, pair):
     # one batch per epoch, so the data seen at a step does not depend on where the run restarted
-    cfg = config(tmp_path, "data.batch_size=256")
+    cfg = config(tmp_path, "data.limit_train=64")
     data = digits(cfg)
     straight = build_matcher("learned", cfg, MatchContext(tmp_path / "straight")).match(*pair, data=data)
 
