@@ -21,10 +21,11 @@ from omegaconf import OmegaConf
 
 from glmc.config import register_configs
 from glmc.data.module import DataModule
-from glmc.eval.metrics import logits_of
+from glmc.eval.metrics import logits_of, loss_and_correct
 from glmc.matching.learned_module import LearnedMatchingModule
 from glmc.matching.weight import as_canonical, weight_matching
 from glmc.models.build import build_model
+from glmc.models.canonical import canonical_forward, circuit_params
 from glmc.pipeline.cache import EndpointCache
 from glmc.pipeline.endpoints import cache_key
 from glmc.symmetry import Orthogonal, SymmetrySpec
@@ -86,17 +87,29 @@ def main(overrides: list[str], repeats: int = 7, steps: int = 10) -> None:
         module.loss(inputs, targets, 0.5).backward()
         learned_opt.step()
 
+    circuit_config = a.to_circuit().config
+    circuits_a = circuit_params(module.endpoint_params("a"))
+
+    def circuit_step():
+        learned_opt.zero_grad(set_to_none=True)
+        cb = circuit_params(module.aligned_params())
+        merged = {k: 0.5 * v + 0.5 * cb[k] for k, v in circuits_a.items()}
+        total, _, count = loss_and_correct(canonical_forward(circuit_config, merged, inputs), targets, cfg.data.task)
+        (total / count).backward()
+        learned_opt.step()
+
     def projections():
         with torch.no_grad():
             module.matrices()
 
-    for step in (plain_step, learned_step):  # warm-up
+    for step in (plain_step, learned_step, circuit_step):  # warm-up
         timed(step, 3)
-    times = {"plain": [], "learned": [], "projections": []}
+    times = {"plain": [], "learned": [], "projections": [], "circuit": []}
     for _ in range(repeats):  # interleaved, so drifts in machine load hit both alike
         times["plain"].append(timed(plain_step, steps))
         times["learned"].append(timed(learned_step, steps))
         times["projections"].append(timed(projections, steps))
+        times["circuit"].append(timed(circuit_step, steps))
     med = {k: statistics.median(v) for k, v in times.items()}
 
     print(f"model {cfg.model.name} ({'cached endpoints' if cached else 'untrained initialisations'}), "
@@ -106,6 +119,8 @@ def main(overrides: list[str], repeats: int = 7, steps: int = 10) -> None:
     print(f"  learned matching step                    {1e3 * med['learned']:8.2f} ms")
     print(f"    of which projections (Hungarian, SVD)  {1e3 * med['projections']:8.2f} ms")
     print(f"  ratio learned / plain                    {med['learned'] / med['plain']:8.2f}x  (target <= 2.5x)")
+    print(f"  learned step through explicit circuits   {1e3 * med['circuit']:8.2f} ms"
+          f"  ({med['circuit'] / med['plain']:.2f}x plain)")
 
 
 if __name__ == "__main__":
