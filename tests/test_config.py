@@ -10,7 +10,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from conftest import CONF, ROOT, compose_config
 from glmc.data.module import DataModule
-from glmc.matching.registry import build_matcher
+from glmc.matching.registry import build_matcher, method_config
 from glmc.models.build import build_model
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -30,7 +30,7 @@ def test_experiment_composes_and_instantiates(experiment):
     assert model.config.num_hidden_layers == cfg.model.num_layers
     DataModule(cfg.data, seed=0)  # built, not set up: real datasets are not on this machine
     for name in cfg.matcher.methods:
-        assert build_matcher(name, cfg).name == name
+        assert build_matcher(method_config(cfg, name)).name == name
 
 
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS)

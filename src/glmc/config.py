@@ -7,73 +7,13 @@ key (OmegaConf's ConfigKeyError / ValidationError).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
-
-# String choices are enums, so a misspelled value fails at composition and names the key.
-class Family(StrEnum):
-    vit = "vit"
-    gpt2 = "gpt2"
-
-
-class Dataset(StrEnum):
-    digits = "digits"
-    cifar10 = "cifar10"
-    cifar100 = "cifar100"
-    tiny_imagenet = "tiny_imagenet"
-
-
-class Task(StrEnum):
-    classification = "classification"
-    causal_lm = "causal_lm"
-
-
-class LoggerKind(StrEnum):
-    csv = "csv"
-    wandb = "wandb"
-    none = "none"
-
-
-class LoggerMode(StrEnum):
-    offline = "offline"
-    online = "online"
-    disabled = "disabled"
-
-
-class ResidualClass(StrEnum):
-    orthogonal = "orthogonal"
-    permutation = "permutation"
-    none = "none"
-
-
-class UnitClass(StrEnum):
-    permutation = "permutation"
-    none = "none"
-
-
-class HeadForm(StrEnum):
-    circuit = "circuit"  # QK/OV circuits: the in-head invertible symmetries are absorbed
-    none = "none"  # factored weights interpolated as they are
-
-
-class LambdaScheme(StrEnum):
-    fixed = "fixed"
-    uniform_mid = "uniform_mid"
-    uniform = "uniform"
-    gaussian = "gaussian"
-
-
-class LearnedInit(StrEnum):
-    weight = "weight"
-    identity = "identity"
-
-
-class Pairing(StrEnum):
-    disjoint = "disjoint"
-    all = "all"
+from glmc.choices import (Dataset, EvalPrecision, EvalSplit, Family, HeadForm, LoggerKind, LoggerMode, Pairing,
+                          ResidualClass, Task, UnitClass)
+from glmc.matching.registry import MatcherConfig
 
 
 @dataclass
@@ -128,8 +68,10 @@ class TrainConfig:
 
 @dataclass
 class TrainerConfig:
-    """Where and how Lightning runs; not part of the cache key."""
+    """Where and how Lightning runs; not part of the cache key. The fields are `lightning.Trainer`
+    arguments: glmc.train.trainer builds it with `instantiate`."""
 
+    _target_: str = "lightning.pytorch.Trainer"
     accelerator: str = "cpu"
     devices: Any = 1
     strategy: str = "auto"
@@ -147,7 +89,7 @@ class LoggerConfig:
     project: str = "glmc"
     entity: Optional[str] = None
     mode: LoggerMode = LoggerMode.offline  # W&B stays offline unless the user sets online
-    group: Optional[str] = None
+    group: Optional[str] = "${experiment}"  # runs of one experiment share a W&B group
     tags: List[str] = field(default_factory=list)
 
 
@@ -164,44 +106,13 @@ class SymmetryConfig:
 
 
 @dataclass
-class WeightMatchingConfig:
-    max_iter: int = 15
-    tol: float = 1e-6
-
-
-@dataclass
-class LearnedMatchingConfig:
-    """Defaults tuned on the digits demo (README, "Learned matching"); paper 001 trains CIFAR-10 with
-    lr 3e-4 and lambda_scheme uniform_mid for 5 epochs."""
-
-    max_steps: int = 1500
-    lr: float = 0.3
-    weight_decay: float = 0.01
-    warmup_fraction: float = 0.05
-    lambda_scheme: LambdaScheme = LambdaScheme.gaussian
-    init: LearnedInit = LearnedInit.weight
-    init_noise: float = 1e-3  # std of the Gaussian added to the initial latents
-    sinkhorn_iters: int = 20
-    sinkhorn_temperature: float = 1.0
-    sinkhorn_noise: float = 0.01  # Appendix D: P_init = P_WM + noise * sqrt(2 / (n + m)) * |N(0, 1)|
-    checkpoint_every: int = 50
-    seed: int = 0  # latent noise and the lambda sequence
-
-
-@dataclass
-class MatcherConfig:
-    """The methods a run evaluates (in plot order) and each method's settings."""
-
-    name: str = "vanilla"
-    methods: List[str] = field(default_factory=lambda: ["vanilla"])
-    weight: WeightMatchingConfig = field(default_factory=WeightMatchingConfig)
-    learned: LearnedMatchingConfig = field(default_factory=LearnedMatchingConfig)
-
-
-@dataclass
 class EvalConfig:
+    """How every path is evaluated (glmc.eval.evaluator): on the trainer's accelerator, batched."""
+
     num_lambdas: int = 11
-    split: str = "test"
+    split: EvalSplit = EvalSplit.test
+    precision: EvalPrecision = EvalPrecision.full  # autocast for the path's forward passes
+    cache_batches_mb: int = 2048  # batches kept on the device across lambdas while they fit in this
 
 
 @dataclass

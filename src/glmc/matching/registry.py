@@ -1,66 +1,158 @@
-"""Method name -> matcher, built from the run's config."""
+"""The one registry of alignment methods: a structured config per method, built by `instantiate`.
+
+Each entry is a dataclass whose `_target_` names the matcher class and whose other fields are that
+class's constructor arguments. `run.py` composes them under `matcher.<name>` (so every option is
+type-checked at composition and overridable, e.g. `matcher.weight.max_iter=5`), and `glmc.align`
+builds the same nodes from Python. Symmetry classes default to the run's `symmetry` group by
+interpolation; outside Hydra they resolve against the schema's defaults.
+
+This module imports no matcher: the classes are loaded by `instantiate` when a method is built.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
-from typing import Any, Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from glmc.config import Config
-from glmc.eval.barrier import lambda_grid
-from glmc.matching.base import Matcher
-from glmc.matching.canonical import CanonicalMatcher
-from glmc.matching.learned import LearnedMatcher
-from glmc.matching.vanilla import VanillaMatcher
-from glmc.matching.weight import WeightMatcher
+from glmc.choices import HeadForm, LambdaScheme, LearnedInit, ResidualClass, UnitClass, UnitLatent
 
 
 @dataclass
-class MatchContext:
-    """What a matcher may need beyond its settings: where to write, and how to log."""
+class VanillaMatcherConfig:
+    """Plain averaging of the original (HF) parameters."""
 
-    run_dir: Path
-    tracker: Any = None  # glmc.pipeline.tracking.Tracker (Lightning loggers for learned matching)
-
-
-def _weight(name: str, residual: str | None = None):
-    def build(cfg: Config, ctx: MatchContext) -> WeightMatcher:
-        sym, wm = cfg.symmetry, cfg.matcher.weight
-        return WeightMatcher(name, residual or sym.residual, heads=sym.heads != "none", mlp=sym.mlp != "none",
-                             circuits=sym.qk == "circuit", max_iter=wm.max_iter, tol=wm.tol)
-    return build
+    _target_: str = "glmc.matching.vanilla.VanillaMatcher"
+    name: str = "vanilla"
 
 
-def _learned(name: str, residual: str | None = None, units: str = "permutation"):
-    def build(cfg: Config, ctx: MatchContext) -> LearnedMatcher:
-        from glmc.pipeline.endpoints import make_trainer  # the endpoints' Trainer settings (late: no cycle)
+@dataclass
+class CanonicalMatcherConfig:
+    """The canonical form without alignment: what the reparameterisation alone does."""
 
-        sym = cfg.symmetry
-        kinds = {"residual": residual or sym.residual,
-                 "heads": units if sym.heads != "none" else "none", "mlp": units if sym.mlp != "none" else "none"}
-        settings = OmegaConf.to_object(cfg.matcher.learned)  # the LearnedMatchingConfig dataclass
-        return LearnedMatcher(name, kinds, settings, cfg.data.task, circuits=sym.qk == "circuit",
-                              make_trainer=partial(make_trainer, cfg), run_dir=ctx.run_dir,
-                              logger_for=ctx.tracker.lightning_logger if ctx.tracker else None,
-                              weight_iters=cfg.matcher.weight.max_iter, weight_tol=cfg.matcher.weight.tol,
-                              lambdas=lambda_grid(cfg.eval.num_lambdas))
-    return build
+    _target_: str = "glmc.matching.canonical.CanonicalMatcher"
+    name: str = "canonical"
+    qk: HeadForm = "${symmetry.qk}"  # type: ignore[assignment]
+    vo: HeadForm = "${symmetry.vo}"  # type: ignore[assignment]
 
 
-MATCHERS: dict[str, Callable[[Config, MatchContext], Matcher]] = {
-    "vanilla": lambda cfg, ctx: VanillaMatcher(),
-    "canonical": lambda cfg, ctx: CanonicalMatcher(circuits=cfg.symmetry.qk == "circuit"),
-    "weight": _weight("weight"),
-    "weight_perm": _weight("weight_perm", residual="permutation"),
-    "learned": _learned("learned"),
-    "learned_perm": _learned("learned_perm", residual="permutation"),
-    "learned_sinkhorn": _learned("learned_sinkhorn", units="sinkhorn"),
+@dataclass
+class WeightMatcherConfig:
+    """Paper 001 §4.1 weight matching."""
+
+    _target_: str = "glmc.matching.weight.WeightMatcher"
+    name: str = "weight"
+    residual: ResidualClass = "${symmetry.residual}"  # type: ignore[assignment]
+    heads: UnitClass = "${symmetry.heads}"  # type: ignore[assignment]
+    mlp: UnitClass = "${symmetry.mlp}"  # type: ignore[assignment]
+    qk: HeadForm = "${symmetry.qk}"  # type: ignore[assignment]
+    vo: HeadForm = "${symmetry.vo}"  # type: ignore[assignment]
+    max_iter: int = 15
+    tol: float = 1e-6
+
+
+@dataclass
+class LearnedMatcherConfig:
+    """Paper 001 §4.2 learned matching. Defaults tuned on the digits demo (README, "Learned
+    matching"); paper 001 trains CIFAR-10 with lr 3e-4 and lambda_scheme uniform_mid for 5 epochs."""
+
+    _target_: str = "glmc.matching.learned.LearnedMatcher"
+    name: str = "learned"
+    residual: ResidualClass = "${symmetry.residual}"  # type: ignore[assignment]
+    heads: UnitClass = "${symmetry.heads}"  # type: ignore[assignment]
+    mlp: UnitClass = "${symmetry.mlp}"  # type: ignore[assignment]
+    units: UnitLatent = UnitLatent.permutation  # latents of heads and MLP: straight-through or Sinkhorn
+    qk: HeadForm = "${symmetry.qk}"  # type: ignore[assignment]
+    vo: HeadForm = "${symmetry.vo}"  # type: ignore[assignment]
+    init: LearnedInit = LearnedInit.weight
+    weight_max_iter: int = "${matcher.weight.max_iter}"  # type: ignore[assignment]
+    weight_tol: float = "${matcher.weight.tol}"  # type: ignore[assignment]
+    max_steps: int = 1500
+    lr: float = 0.3
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.05
+    lambda_scheme: LambdaScheme = LambdaScheme.gaussian
+    init_noise: float = 1e-3  # std of the Gaussian added to the initial latents
+    sinkhorn_iters: int = 20
+    sinkhorn_temperature: float = 1.0
+    sinkhorn_noise: float = 0.01  # Appendix D: P_init = P_WM + noise * sqrt(2 / (n + m)) * |N(0, 1)|
+    checkpoint_every: int = 50
+    seed: int = 0  # latent noise and the lambda sequence
+
+
+def _variant(base: str, cls: type, **own) -> Any:
+    """A method that shares `matcher.<base>`'s settings (by interpolation) except `own`."""
+    skip = {"_target_", "residual", "heads", "mlp", "units", "qk", "vo", *own}
+    shared = {f.name: f"${{matcher.{base}.{f.name}}}" for f in fields(cls) if f.name not in skip}
+    return lambda: cls(**shared, **own)
+
+
+# name -> the config of that method with its defaults; the order is the plot order of `compare`.
+METHODS: dict[str, Any] = {
+    "vanilla": VanillaMatcherConfig,
+    "canonical": CanonicalMatcherConfig,
+    "weight_perm": _variant("weight", WeightMatcherConfig, name="weight_perm", residual=ResidualClass.permutation),
+    "weight": WeightMatcherConfig,
+    "learned": LearnedMatcherConfig,
+    "learned_perm": _variant("learned", LearnedMatcherConfig, name="learned_perm",
+                             residual=ResidualClass.permutation),
+    "learned_sinkhorn": _variant("learned", LearnedMatcherConfig, name="learned_sinkhorn", units=UnitLatent.sinkhorn),
 }
 
 
-def build_matcher(name: str, cfg: Config, context: MatchContext | None = None) -> Matcher:
-    if name not in MATCHERS:
-        raise ValueError(f"matcher.methods contains {name!r}, which is not one of {sorted(MATCHERS)}")
-    return MATCHERS[name](cfg, context or MatchContext(run_dir=Path(".")))
+@dataclass
+class MatcherConfig:
+    """Which methods a run evaluates (`methods`, in plot order) and every method's settings."""
+
+    name: str = "compare"
+    methods: list[str] = field(default_factory=lambda: ["vanilla"])
+    vanilla: VanillaMatcherConfig = field(default_factory=METHODS["vanilla"])
+    canonical: CanonicalMatcherConfig = field(default_factory=METHODS["canonical"])
+    weight_perm: WeightMatcherConfig = field(default_factory=METHODS["weight_perm"])
+    weight: WeightMatcherConfig = field(default_factory=METHODS["weight"])
+    learned: LearnedMatcherConfig = field(default_factory=METHODS["learned"])
+    learned_perm: LearnedMatcherConfig = field(default_factory=METHODS["learned_perm"])
+    learned_sinkhorn: LearnedMatcherConfig = field(default_factory=METHODS["learned_sinkhorn"])
+
+
+assert set(METHODS) == {f.name for f in fields(MatcherConfig)} - {"name", "methods"}, "register every method twice"
+
+
+def check_methods(names: list[str]) -> None:
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ValueError(f"matcher.methods contains {unknown}, which is not one of {list(METHODS)}")
+    if not names:
+        raise ValueError("matcher.methods is empty: name at least one of " + ", ".join(METHODS))
+
+
+def method_config(cfg: DictConfig, name: str) -> DictConfig:
+    """The node of method `name` inside a composed run config (interpolations resolve there)."""
+    check_methods([name])
+    return cfg.matcher[name]
+
+
+def build_matcher(node: DictConfig) -> Any:
+    """Instantiate one method's config node (`_target_` + constructor arguments)."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(node, _convert_="all")
+    except InstantiationException as err:  # a bad setting: the constructor's own message names the key
+        if isinstance(err.__cause__, (ValueError, TypeError)):
+            raise err.__cause__ from None
+        raise
+
+
+def default_method_config(name: str, **options) -> DictConfig:
+    """Method `name` with the schema defaults and `options` merged in, type-checked (a misspelled
+    option fails naming it). Used by `glmc.align`, where no Hydra config exists."""
+    from glmc.config import Config
+
+    root = OmegaConf.structured(Config)
+    node = method_config(root, name)
+    if options:
+        OmegaConf.set_struct(root, True)
+        node.merge_with(options)
+    return node

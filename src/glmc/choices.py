@@ -1,0 +1,82 @@
+"""String choices as enums, so a misspelled value fails at composition and names the key."""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Family(StrEnum):
+    vit = "vit"
+    gpt2 = "gpt2"
+
+
+class Dataset(StrEnum):
+    digits = "digits"
+    cifar10 = "cifar10"
+    cifar100 = "cifar100"
+    tiny_imagenet = "tiny_imagenet"
+
+
+class Task(StrEnum):
+    classification = "classification"
+    causal_lm = "causal_lm"
+
+
+class LoggerKind(StrEnum):
+    csv = "csv"
+    wandb = "wandb"
+    none = "none"
+
+
+class LoggerMode(StrEnum):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+class ResidualClass(StrEnum):
+    orthogonal = "orthogonal"
+    permutation = "permutation"
+    none = "none"
+
+
+class UnitClass(StrEnum):
+    permutation = "permutation"
+    none = "none"
+
+
+class HeadForm(StrEnum):
+    circuit = "circuit"  # QK/OV circuits: the in-head invertible symmetries are absorbed
+    none = "none"  # factored weights interpolated as they are
+
+
+class LambdaScheme(StrEnum):
+    fixed = "fixed"
+    uniform_mid = "uniform_mid"
+    uniform = "uniform"
+    gaussian = "gaussian"
+
+
+class LearnedInit(StrEnum):
+    weight = "weight"
+    identity = "identity"
+
+
+class Pairing(StrEnum):
+    disjoint = "disjoint"
+    all = "all"
+
+
+class UnitLatent(StrEnum):
+    permutation = "permutation"  # hard permutations with a straight-through gradient
+    sinkhorn = "sinkhorn"  # soft permutations (paper 001 Appendix D)
+
+
+class EvalPrecision(StrEnum):
+    full = "32"
+    bf16 = "bf16"
+    fp16 = "16"
+
+
+class EvalSplit(StrEnum):
+    test = "test"
+    train = "train"  # the training split in a fixed order, no augmentation
