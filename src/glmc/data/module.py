@@ -1,6 +1,8 @@
 """One LightningDataModule for every dataset; the dataset name picks the loader."""
 from __future__ import annotations
 
+import copy
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
@@ -59,3 +61,17 @@ class DataModule(L.LightningDataModule):
         return DataLoader(self.test_set, batch_size=self.cfg.eval_batch_size, num_workers=self.cfg.num_workers)
 
     val_dataloader = test_dataloader
+
+    def eval_dataloader(self, split: str) -> DataLoader:
+        """A fixed-order loader of `split` (test or train) for evaluation: the training split
+        without augmentation, in its stored order."""
+        if split == "test":
+            return self.test_dataloader()
+        if split != "train":
+            raise ValueError(f"eval.split={split!r} is not one of test, train")
+        train = self.train_set
+        if self.cfg.augment:
+            plain = copy.deepcopy(self.cfg)
+            plain.augment = False
+            train = _limit(load_splits(plain)[0], self.cfg.limit_train)
+        return DataLoader(train, batch_size=self.cfg.eval_batch_size, num_workers=self.cfg.num_workers)

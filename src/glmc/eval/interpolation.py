@@ -1,13 +1,65 @@
-"""Weighted averages of models with identical parameter shapes."""
+"""Weighted averages of models: sum_i w_i theta_i, in the parameterisation of the models given.
+
+Canonical models may interpolate attention as circuits: QK = sum_i w_i Q~_i^T K~_i and
+OV = sum_i w_i W_O,i V~_i (Q~ = [W_q | b_q], with the bias column). That sum is exactly a factored
+head whose dimension is the sum of the models' head dimensions,
+  Q~ = [sqrt(w_1) Q~_1; ...],  K~ = [sqrt(w_1) K~_1; ...],  V~ = [V~_1; ...],  W_O = [w_1 W_O,1 | ...],
+so the merged model is a valid canonical model (head rank up to N d_head, no HF equivalent) whose
+forward costs about N times the attention of one model instead of D / d_head times for explicit
+(D+1) x (D+1) circuits. Models with weight 0 are left out, so the endpoints of a path cost one
+plain forward. Everything here is differentiable (learned matching builds its path with it).
+"""
 from __future__ import annotations
 
 import copy
+import math
+import re
 from typing import Sequence
 
 import torch
+from torch import Tensor
+
+from glmc.models.canonical import CanonicalTransformer
+
+_ATTENTION = re.compile(r"blocks\.\d+\.(q_w|q_b|k_w|k_b|v_w|v_b|o_w)$")  # o_b is a plain vector
+_PAIR = {"q": "qk", "k": "qk", "v": "vo", "o": "vo"}
 
 
-def interpolate_state_dicts(state_dicts: Sequence[dict[str, torch.Tensor]], weights: Sequence[float]) -> dict[str, torch.Tensor]:
+def _check_weights(weights: Sequence[float], circuits: Sequence[str]) -> None:
+    if circuits and any(w < 0 for w in weights):
+        raise ValueError(f"weights {list(weights)}: circuit interpolation needs non-negative weights")
+
+
+def merge_params(params: Sequence[dict[str, Tensor]], weights: Sequence[float],
+                 circuits: Sequence[str] = ()) -> dict[str, Tensor]:
+    """sum_i weights[i] * params[i] of factored canonical params; attention pairs named in
+    `circuits` ("qk", "vo") are merged as circuits by stacking heads (module docstring)."""
+    if len(params) != len(weights):
+        raise ValueError(f"{len(params)} models but {len(weights)} weights")
+    bad = set(circuits) - {"qk", "vo"}
+    if bad:
+        raise ValueError(f"circuits={list(circuits)}: only 'qk' and 'vo' pairs can be interpolated as circuits")
+    _check_weights(weights, circuits)
+    kept = [(float(w), p) for w, p in zip(weights, params) if w != 0] or [(0.0, params[0])]
+    if len(kept) == 1 and kept[0][0] == 1.0:  # an endpoint: its own tensors
+        return dict(kept[0][1])
+    out = {}
+    for name in kept[0][1]:
+        m = _ATTENTION.search(name)
+        letter = m.group(1)[0] if m else None
+        if letter is None or _PAIR[letter] not in circuits:
+            out[name] = sum(w * p[name] for w, p in kept)
+        elif letter in "qk":  # (H, dh, D) and (H, dh): stack along the head dimension
+            out[name] = torch.cat([math.sqrt(w) * p[name] for w, p in kept], dim=1)
+        elif letter == "v":
+            out[name] = torch.cat([p[name] for _, p in kept], dim=1)
+        else:  # o_w (H, D, dv): the heads' value dims are its last axis
+            out[name] = torch.cat([w * p[name] for w, p in kept], dim=2)
+    return out
+
+
+def interpolate_state_dicts(state_dicts: Sequence[dict[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
+    """sum_i weights[i] * state_dicts[i] for floating tensors; integer buffers are taken from the first."""
     if len(state_dicts) != len(weights):
         raise ValueError(f"{len(state_dicts)} models but {len(weights)} weights")
     first = state_dicts[0]
@@ -20,14 +72,26 @@ def interpolate_state_dicts(state_dicts: Sequence[dict[str, torch.Tensor]], weig
     out = {}
     for name, t in first.items():
         if not torch.is_floating_point(t):  # integer buffers (ids, masks) are not averaged
-            out[name] = t.clone()
+            out[name] = t
             continue
         out[name] = sum(w * sd[name] for w, sd in zip(weights, state_dicts))
     return out
 
 
-def interpolate(models: Sequence[torch.nn.Module], weights: Sequence[float]) -> torch.nn.Module:
-    """A new model whose parameters are sum_i weights[i] * models[i] (same module type as models[0])."""
-    merged = copy.deepcopy(models[0])
-    merged.load_state_dict(interpolate_state_dicts([m.state_dict() for m in models], weights))
-    return merged
+def interpolate(models: Sequence[torch.nn.Module], weights: Sequence[float],
+                circuits: Sequence[str] = ()) -> torch.nn.Module:
+    """A new model whose parameters are sum_i weights[i] * models[i].
+
+    Canonical models in factored form are merged by `merge_params` (attention as circuits for the
+    pairs named in `circuits`); any other models (HF, or canonical ones in circuit form) by their
+    state dicts, into a copy of models[0]."""
+    if all(isinstance(m, CanonicalTransformer) and m.config.form == "factored" for m in models):
+        with torch.no_grad():
+            merged = merge_params([m.params() for m in models], weights, circuits)
+        return CanonicalTransformer(models[0].config, merged)
+    if circuits:
+        raise ValueError("circuits= applies to factored canonical models (glmc.to_canonical)")
+    merged_model = copy.deepcopy(models[0])
+    with torch.no_grad():
+        merged_model.load_state_dict(interpolate_state_dicts([m.state_dict() for m in models], weights))
+    return merged_model

@@ -1,0 +1,156 @@
+"""The one evaluator: loss and accuracy of models and of the paths between them, on a fixed split.
+
+Everything runs on one device (the trainer's accelerator), in inference mode, with optional
+autocast. The split's batches are moved to the device once and reused for every model and every
+lambda while they fit in `cache_mb`. Paths are evaluated functionally: the interpolated parameters
+are built per lambda and fed to the forward (canonical_forward, or torch.func.functional_call for
+HF models), with no module copies. Under torch.distributed each rank evaluates every world_size-th
+batch and the sums are all-reduced, so every rank gets the metric of the whole split.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from glmc.eval.interpolation import interpolate_state_dicts, merge_params
+from glmc.eval.metrics import loss_and_correct
+from glmc.matching.base import Alignment
+from glmc.models.canonical import CanonicalTransformer, canonical_forward
+
+AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class _Functional:
+    """A model as (forward(params, inputs) -> logits, its tensors on the device)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device):
+        self.canonical = isinstance(model, CanonicalTransformer)
+        if self.canonical:
+            self.config = model.config
+            tensors = model.params()
+        else:
+            model.eval()  # dropout off; the module itself is only a template for functional_call
+            self.module = model
+            tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        self.tensors = {k: v.detach().to(device) for k, v in tensors.items()}
+
+    def forward(self, params: dict[str, Tensor], inputs: Tensor) -> Tensor:
+        if self.canonical:
+            return canonical_forward(self.config, params, inputs)
+        out = torch.func.functional_call(self.module, params, (inputs,))
+        return out.logits if hasattr(out, "logits") else out
+
+
+class Evaluator:
+    """Mean loss and accuracy over `loader` (batches of (inputs, targets)) for a `task`
+    ("classification" or "causal_lm")."""
+
+    def __init__(self, loader: Iterable, task: str = "classification", device: str | torch.device = "cpu",
+                 precision: str = "32", cache_mb: float = 2048, progress: bool = True):
+        if str(precision) not in AUTOCAST:
+            raise ValueError(f"eval.precision={precision!r} is not one of {list(AUTOCAST)}")
+        self.loader, self.task, self.device = loader, task, torch.device(device)
+        self.precision, self.cache_bytes, self.progress = str(precision), cache_mb * 2**20, progress
+        self._cache: list[tuple[Tensor, Tensor]] | None = None
+        self._streaming = False
+
+    # -- batches ---------------------------------------------------------------------------
+    def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """This rank's share of the split, on the device; cached after the first full pass."""
+        if self._cache is not None:
+            yield from self._cache
+            return
+        rank, world = _world()
+        kept, size = [], 0
+        for i, (inputs, targets) in enumerate(self.loader):
+            if i % world != rank:
+                continue
+            batch = (inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True))
+            if not self._streaming:
+                size += sum(t.numel() * t.element_size() for t in batch)
+                if size <= self.cache_bytes:
+                    kept.append(batch)
+                else:
+                    self._streaming, kept = True, []
+            yield batch
+        if not self._streaming:
+            self._cache = kept
+
+    # -- metrics ---------------------------------------------------------------------------
+    def _autocast(self):
+        dtype = AUTOCAST[self.precision]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    @torch.inference_mode()
+    def _metrics(self, forward: Callable[[Tensor], Tensor]) -> tuple[float, float]:
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
+        for inputs, targets in self.batches():
+            with self._autocast():
+                logits = forward(inputs)
+            loss, correct, count = loss_and_correct(logits.float(), targets, self.task)
+            totals += torch.stack([loss.double(), correct.double(), loss.new_tensor(count, dtype=torch.float64)])
+        if _world()[1] > 1:
+            dist.all_reduce(totals)
+        loss_sum, correct, count = totals.tolist()  # one device sync per model
+        if count == 0:
+            raise ValueError("the evaluation split is empty: check data.limit_test and the split's files")
+        return loss_sum / count, correct / count
+
+    def evaluate(self, model: torch.nn.Module) -> tuple[float, float]:
+        """Mean loss and accuracy of one model."""
+        f = _Functional(model, self.device)
+        return self._metrics(lambda x: f.forward(f.tensors, x))
+
+    def path(self, alignment: Alignment, lambdas: Sequence[float], desc: str = "path") -> dict[str, list[float]]:
+        """Loss and accuracy of lam * reference + (1 - lam) * model for every lam (lam = 1 is A)."""
+        fa, fb = _Functional(alignment.reference, self.device), _Functional(alignment.model, self.device)
+        if fa.canonical != fb.canonical:
+            raise TypeError("the two ends of a path must both be canonical or both be the original models")
+        curve: dict[str, Any] = {"lambdas": [float(x) for x in lambdas], "loss": [], "accuracy": []}
+        for lam in tqdm(curve["lambdas"], desc=desc, disable=not self.progress, leave=False):
+            if not 0.0 <= lam <= 1.0:
+                raise ValueError(f"lambda={lam} is outside [0, 1]")
+            with torch.inference_mode():
+                if fa.canonical:
+                    params = merge_params([fa.tensors, fb.tensors], [lam, 1.0 - lam], alignment.circuits)
+                else:
+                    params = interpolate_state_dicts([fa.tensors, fb.tensors], [lam, 1.0 - lam])
+            loss, acc = self._metrics(lambda x: fa.forward(params, x))
+            curve["loss"].append(loss)
+            curve["accuracy"].append(acc)
+        return curve
+
+    @torch.inference_mode()
+    def logits(self, model: torch.nn.Module) -> Tensor:
+        """Logits of the first batch (for comparing functions)."""
+        f = _Functional(model, self.device)
+        inputs, _ = next(iter(self.batches()))
+        with self._autocast():
+            return f.forward(f.tensors, inputs).float()
+
+
+def evaluate(model: torch.nn.Module, loader: Iterable, task: str = "classification", **options) -> tuple[float, float]:
+    """Mean loss and accuracy of `model` over `loader` (options: device, precision)."""
+    return Evaluator(loader, task, progress=False, **options).evaluate(model)
+
+
+def evaluate_path(model_a: torch.nn.Module | Alignment, model_b: torch.nn.Module | None, loader: Iterable,
+                  lambdas: Sequence[float], task: str = "classification", circuits: Sequence[str] = (),
+                  progress: bool = True, **options) -> dict[str, list[float]]:
+    """Loss and accuracy along lam * A + (1 - lam) * B. Pass an Alignment as the first argument
+    (and None for B) to use its parameterisation and circuit setting."""
+    alignment = model_a if isinstance(model_a, Alignment) else Alignment(model_a, model_b, circuits=tuple(circuits))
+    return Evaluator(loader, task, progress=progress, **options).path(alignment, lambdas)
