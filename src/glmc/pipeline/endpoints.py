@@ -12,10 +12,13 @@ from omegaconf import OmegaConf
 
 from glmc.config import Config
 from glmc.data.module import DataModule
-from glmc.eval.path import evaluate
+from glmc.eval.evaluator import Evaluator
 from glmc.models.build import build_model
+from glmc.models.canonical import CanonicalTransformer
+from glmc.models.convert import to_canonical
 from glmc.pipeline.cache import EndpointCache, endpoint_key
 from glmc.train.endpoint import EndpointModule
+from glmc.train.trainer import trainer_factory
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +26,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class Endpoint:
     seed: int
-    model: torch.nn.Module
+    model: torch.nn.Module  # as trained (HF)
+    canonical: CanonicalTransformer  # the same function in canonical factored form
     test_loss: float
     test_accuracy: float | None
     cached: bool
@@ -34,33 +38,13 @@ def cache_key(cfg: Config) -> dict[str, Any]:
     return endpoint_key(as_dict(cfg.model), as_dict(cfg.data), as_dict(cfg.train))
 
 
-def make_trainer(cfg: Config, run_dir: Path, logger: Any, **overrides) -> L.Trainer:
-    """The Lightning Trainer shared by endpoint training and learned matching."""
-    t = cfg.trainer
-    kwargs = dict(
-        accelerator=t.accelerator,
-        devices=t.devices,
-        strategy=t.strategy,
-        num_nodes=t.num_nodes,
-        precision=t.precision,
-        deterministic=t.deterministic,
-        enable_progress_bar=t.enable_progress_bar,
-        log_every_n_steps=t.log_every_n_steps,
-        limit_train_batches=t.limit_train_batches,
-        default_root_dir=str(run_dir),
-        logger=logger,
-        enable_model_summary=False,
-    )
-    kwargs.update(overrides)
-    return L.Trainer(**kwargs)
-
-
 def train_endpoint(cfg: Config, seed: int, run_dir: Path, logger: Any) -> torch.nn.Module:
     L.seed_everything(seed, workers=True, verbose=False)  # seed 0 is a seed like any other
     model = build_model(cfg.model)
     module = EndpointModule(model, cfg.train, cfg.data.task)
-    trainer = make_trainer(
-        cfg, run_dir, logger,
+    trainer = trainer_factory(cfg.trainer)(
+        default_root_dir=str(run_dir),
+        logger=logger,
         max_epochs=cfg.train.max_epochs,
         gradient_clip_val=cfg.train.gradient_clip_val,
         enable_checkpointing=False,
@@ -71,7 +55,8 @@ def train_endpoint(cfg: Config, seed: int, run_dir: Path, logger: Any) -> torch.
     return module.model.cpu().eval()
 
 
-def get_endpoints(cfg: Config, run_dir: Path, tracker, test_loader) -> list[Endpoint]:
+def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> list[Endpoint]:
+    """Every seed's endpoint, from the cache or trained now; each converted to canonical form once."""
     cache = EndpointCache(Path(cfg.cache_dir))
     key = cache_key(cfg)
     endpoints = []
@@ -83,9 +68,10 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, test_loader) -> list[Endp
             metrics, cached = meta["metrics"], True
         else:
             log.info("seed %d: training (cache entry %s)", seed, cache.entry(key, seed))
-            model = train_endpoint(cfg, seed, run_dir, tracker.lightning_logger(f"seed_{seed}"))
-            loss, acc = evaluate(model, test_loader, cfg.data.task)
+            model = train_endpoint(cfg, seed, run_dir, tracker.lightning_logger(f"seed_{seed}", "train"))
+            loss, acc = evaluator.evaluate(model)
             metrics, cached = {"test_loss": loss, "test_accuracy": acc}, False
             cache.save(key, seed, model, metrics)
-        endpoints.append(Endpoint(seed, model.eval(), metrics["test_loss"], metrics["test_accuracy"], cached))
+        model.eval()
+        endpoints.append(Endpoint(seed, model, to_canonical(model), metrics["test_loss"], metrics["test_accuracy"], cached))
     return endpoints

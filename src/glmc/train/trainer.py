@@ -1,0 +1,38 @@
+"""The `trainer` config group -> Lightning Trainers (built by `instantiate`) and the evaluation device."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import lightning as L
+import torch
+from omegaconf import DictConfig
+
+
+def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
+    """A factory of Trainers with the group's settings; callers add their own arguments
+    (default_root_dir, logger, callbacks, max_steps, ...), which take precedence."""
+    from hydra.utils import instantiate
+
+    build = instantiate(trainer_cfg, _partial_=True)
+
+    def make(**overrides) -> L.Trainer:
+        return build(**{"enable_model_summary": False, **overrides})
+
+    return make
+
+
+def resolve_device(accelerator: str) -> torch.device:
+    """The device the pipeline's own tensor work (evaluation) runs on, from trainer.accelerator."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if accelerator in ("gpu", "cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"trainer.accelerator={accelerator} but no CUDA device is visible: use trainer=cpu")
+        return torch.device("cuda", local_rank)
+    if accelerator == "auto":
+        return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if accelerator == "mps":
+        return torch.device("mps")
+    if accelerator == "cpu":
+        return torch.device("cpu")
+    raise ValueError(f"trainer.accelerator={accelerator!r} is not one of cpu, gpu, cuda, mps, auto")
