@@ -1,7 +1,15 @@
-"""W&B logging runs offline without network and finishes even when the run fails."""
+"""W&B logging runs offline without network, one run per stage in the experiment's group, with
+stable metric keys, and finishes even when the run fails.
+
+wandb has no reader for offline runs, so besides the run objects in-process the tests read the
+`run-<id>.wandb` files on disk (a LevelDB-style log of protobuf records, the data `wandb sync` uploads).
+"""
 from __future__ import annotations
 
-import os
+import json
+import struct
+import time
+from pathlib import Path
 
 import pytest
 
@@ -11,11 +19,125 @@ from glmc.pipeline.tracking import Tracker
 
 
 @pytest.fixture(autouse=True)
-def no_wandb_network(monkeypatch):
+def no_wandb_network(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("WANDB_MODE", raising=False)
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_RUN_GROUP", "WANDB_JOB_TYPE",
+                "WANDB_NAME", "WANDB_TAGS", "WANDB_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    # artifact staging and caches in the test's folder, not in the home directory
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb_home"))
 
+
+# -- reading offline runs ------------------------------------------------------------------------------
+
+_BLOCK, _HEADER = 32768, 7  # LevelDB log: 32 KiB blocks, 7-byte record headers (crc32, length, kind)
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def _records(wandb_file: Path) -> list:
+    """The protobuf records of one `run-<id>.wandb` file, in order."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = wandb_file.read_bytes()
+    ident, magic, _version = struct.unpack("<4sHB", data[:_HEADER])
+    assert ident == b":W&B" and magic == 0xBEE1, f"{wandb_file} is not a W&B transaction log"
+    records, chunks, pos = [], [], _HEADER
+    while pos + _HEADER <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _HEADER:  # the tail of a block too short for a header is padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
+        if kind == 0:  # zero padding up to the end of the block
+            pos += left
+            continue
+        if pos + _HEADER + length > len(data):  # still being written
+            break
+        chunk = data[pos + _HEADER:pos + _HEADER + length]
+        pos += _HEADER + length
+        if kind in (_FULL, _FIRST):
+            chunks = [chunk]
+        else:
+            chunks.append(chunk)
+        if kind in (_FULL, _LAST):
+            record = pb.Record()
+            record.ParseFromString(b"".join(chunks))
+            records.append(record)
+            chunks = []
+    return records
+
+
+def _key(item) -> str:
+    """The top-level metric key of a history or summary item (tables and images are nested under it)."""
+    return item.nested_key[0] if item.nested_key else item.key
+
+
+def _offline_run(folder: Path, wait_s: float = 20.0) -> dict:
+    """What one offline run folder holds: its run record, metric keys, artifacts and exit code.
+
+    `run.finish()` can return before wandb's service has written the transaction log out, so this
+    waits (up to wait_s) for the run's exit record.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        run = _parse_run(folder)
+        if run["exit_code"] is not None:
+            return run
+        assert time.monotonic() < deadline, f"{folder}: no exit record after {wait_s} s"
+        time.sleep(0.05)
+
+
+def _parse_run(folder: Path) -> dict:
+    (wandb_file,) = folder.glob("run-*.wandb")
+    run = {"history": set(), "summary": {}, "artifacts": {}, "exit_code": None, "folder": folder}
+    for r in _records(wandb_file):
+        kind = r.WhichOneof("record_type")
+        if kind == "run":
+            run.update(group=r.run.run_group, job_type=r.run.job_type, name=r.run.display_name,
+                       start=(r.run.start_time.seconds, r.run.start_time.nanos))
+        elif kind == "history":
+            run["history"] |= {_key(i) for i in r.history.item}
+        elif kind == "summary":  # plain values only; media and tables are dicts spread over nested keys
+            for i in r.summary.update:
+                if len(i.nested_key) <= 1:
+                    run["summary"][_key(i)] = json.loads(i.value_json)
+        elif kind == "artifact":
+            a = r.artifact
+            run["artifacts"][a.name] = (a.type, sorted(e.path for e in a.manifest.contents))
+        elif kind == "exit":
+            run["exit_code"] = r.exit.exit_code
+    return run
+
+
+def _offline_runs(run_dir: Path) -> list[dict]:
+    """The offline runs under run_dir/wandb in the order they started (folder names only have seconds)."""
+    runs = [_offline_run(f) for f in (Path(run_dir) / "wandb").glob("offline-run-*")]
+    return sorted(runs, key=lambda r: r["start"])
+
+
+def _results_files(run_dir: Path) -> None:
+    """results.json and a small barrier.png, as the pipeline writes them before log_results."""
+    from PIL import Image
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "results.json").write_text(json.dumps({"experiment": "debug"}))
+    Image.new("RGB", (8, 6), (200, 30, 30)).save(run_dir / "barrier.png")
+
+
+RESULTS = {
+    "endpoints": [{"seed": 0, "test_loss": 0.1, "test_accuracy": 0.9},
+                  {"seed": 1, "test_loss": 0.12, "test_accuracy": 0.88}],
+    "methods": {
+        "vanilla": {"lambdas": [0.0, 0.5, 1.0], "test_loss": [0.1, 0.9, 0.12], "test_accuracy": [0.9, 0.3, 0.88],
+                    "barrier": 0.79, "barrier_vs_mean": 0.79, "barrier_se": None},
+        "weight": {"lambdas": [0.0, 0.5, 1.0], "test_loss": [0.1, 0.2, 0.12], "test_accuracy": [0.9, 0.8, 0.88],
+                   "barrier": 0.09, "barrier_vs_mean": 0.09, "barrier_se": 0.01},
+    },
+}
+
+
+# -- tests -------------------------------------------------------------------------------------------
 
 def test_offline_run_is_written(tmp_path):
     cfg = compose_config("debug=fast", f"cache_dir={tmp_path / 'endpoints'}", "logger=wandb")
@@ -25,20 +147,124 @@ def test_offline_run_is_written(tmp_path):
     assert len(runs) == 1
     logs = list(runs[0].glob("run-*.wandb"))
     assert logs and logs[0].stat().st_size > 0
+    # one run per stage, all in the experiment's group, with unprefixed metric keys
+    stages = _offline_runs(tmp_path / "run")
+    assert {s["group"] for s in stages} == {cfg.experiment}
+    assert all(s["exit_code"] == 0 for s in stages)
+    jobs = [s["job_type"] for s in stages]
+    assert jobs.count("train") == len(cfg.seeds) and jobs.count("evaluate") == 1
+    assert all("train_loss" in s["history"] for s in stages if s["job_type"] == "train")
+    if "learned" in cfg.matcher.methods:
+        assert "match" in jobs
+        assert all("match_loss" in s["history"] for s in stages if s["job_type"] == "match")
+    for s in stages:
+        assert not [k for k in s["history"] if k.startswith(("seed_", "learned/")) or "pair_" in k], s["name"]
+    (evaluate,) = [s for s in stages if s["job_type"] == "evaluate"]
+    assert {"results.json", "barrier.png"} <= set(evaluate["artifacts"][f"results-{cfg.experiment}"][1])
 
 
-def test_curves_and_summary_are_logged(tmp_path):
+def test_stage_runs_share_the_group_and_have_job_types(tmp_path):
     cfg = compose_config("debug=fast", "logger=wandb")
+    assert cfg.logger.group == cfg.experiment == "debug"
+    with Tracker(cfg, tmp_path) as tracker:
+        tracker.lightning_logger("seed_0", "train")
+        first = tracker.run
+        assert (first.group, first.job_type, first.name) == ("debug", "train", "debug/seed_0")
+        tracker.lightning_logger("vanilla_0-1", "match")
+        second = tracker.run
+        assert second is not first and second.id != first.id
+        assert (second.group, second.job_type, second.name) == ("debug", "match", "debug/vanilla_0-1")
+        import wandb
+
+        with pytest.raises(wandb.errors.UsageError, match="finished"):
+            first.log({"late": 1.0})  # the first stage was finished when the second started
+        second.log({"still_open": 1.0})
+    assert tracker.run is None
+    assert tracker.runs == [first, second]
+    stages = _offline_runs(tmp_path)
+    assert [(s["group"], s["job_type"], s["exit_code"]) for s in stages] == [("debug", "train", 0),
+                                                                           ("debug", "match", 0)]
+
+
+def test_group_falls_back_to_the_experiment(tmp_path):
+    cfg = compose_config("debug=fast", "logger=wandb", "logger.group=null")
+    assert cfg.logger.group is None
+    with Tracker(cfg, tmp_path) as tracker:
+        tracker.lightning_logger("seed_3", "train")
+        assert tracker.run.group == cfg.experiment == "debug"
+    cfg = compose_config("debug=fast", "logger=wandb", "logger.group=sweep_a")
+    with Tracker(cfg, tmp_path / "other") as tracker:
+        tracker.lightning_logger("seed_3", "train")
+        assert (tracker.run.group, tracker.run.name) == ("sweep_a", "debug/seed_3")
+
+
+def test_match_logger_keys_have_no_prefix(tmp_path):
+    from lightning.pytorch.loggers import WandbLogger
+
+    cfg = compose_config("debug=fast", "logger=wandb")
+    with Tracker(cfg, tmp_path) as tracker:
+        logger = tracker.lightning_logger("learned_0-1", "match")
+        assert isinstance(logger, WandbLogger) and logger.experiment is tracker.run
+        logger.log_metrics({"match_loss": 0.5, "lambda": 0.25}, step=3)
+        summary = dict(tracker.run.summary)
+    assert summary["match_loss"] == 0.5 and summary["lambda"] == 0.25
+    assert [k for k in summary if "match_loss" in k] == ["match_loss"]
+    (stage,) = _offline_runs(tmp_path)
+    assert {"match_loss", "lambda"} <= stage["history"]
+    assert not [k for k in stage["history"] if "/" in k and not k.startswith(("trainer/", "_"))]
+
+
+def test_csv_and_none_loggers(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    with Tracker(compose_config("debug=fast", "logger=csv"), tmp_path) as tracker:
+        logger = tracker.lightning_logger("seed_0", "train")
+        assert isinstance(logger, CSVLogger) and Path(logger.log_dir) == tmp_path / "logs" / "seed_0"
+        assert tracker.log_results(RESULTS) is None and tracker.run is None
+    with Tracker(compose_config("debug=fast", "logger=none"), tmp_path) as tracker:
+        assert tracker.lightning_logger("seed_0", "train") is False
+    assert not (tmp_path / "wandb").exists()
+
+
+def test_results_are_logged_with_an_artifact(tmp_path):
+    cfg = compose_config("debug=fast", "logger=wandb")
+    _results_files(tmp_path)
+    with Tracker(cfg, tmp_path) as tracker:
+        tracker.lightning_logger("seed_0", "train")
+        stage = tracker.run
+        artifact = tracker.log_results(RESULTS)
+        assert tracker.run is not stage and (tracker.run.job_type, tracker.run.group) == ("evaluate", "debug")
+        summary = dict(tracker.run.summary)
+    assert summary["vanilla/barrier"] == 0.79 and summary["weight/barrier_vs_mean"] == 0.09
+    assert summary["weight/barrier_se"] == 0.01 and "vanilla/barrier_se" not in summary
+    assert summary["seed_0/test_accuracy"] == 0.9 and summary["seed_1/test_loss"] == 0.12
+    assert (artifact.name.split(":")[0], artifact.type) == ("results-debug", "results")
+    assert {"results.json", "barrier.png"} <= set(artifact.manifest.entries)
+    train, evaluate = _offline_runs(tmp_path)
+    assert train["job_type"] == "train" and not train["artifacts"]
+    assert evaluate["job_type"] == "evaluate" and evaluate["exit_code"] == 0
+    assert {"barrier_curves", "barrier_curve/loss", "barrier_curve/accuracy", "barrier_png"} <= {
+        k.removesuffix("_table") for k in evaluate["history"]}
+    kind, files = evaluate["artifacts"]["results-debug"]
+    assert kind == "results" and {"results.json", "barrier.png"} <= set(files)
+    assert evaluate["summary"]["vanilla/barrier"] == 0.79
+
+
+def test_language_model_results_skip_accuracy(tmp_path):
+    cfg = compose_config("debug=fast", "logger=wandb")
+    _results_files(tmp_path)
     results = {
-        "endpoints": [{"seed": 0, "test_loss": 0.1, "test_accuracy": 0.9}],
-        "methods": {"vanilla": {"lambdas": [0.0, 1.0], "test_loss": [0.2, 0.1], "test_accuracy": [0.8, 0.9],
-                                "barrier": 0.0, "barrier_vs_mean": 0.05}},
+        "endpoints": [{"seed": 0, "test_loss": 3.1, "test_accuracy": None}],
+        "methods": {"vanilla": {"lambdas": [0.0, 1.0], "test_loss": [3.1, 3.2], "test_accuracy": [None, None],
+                                "barrier": 0.3, "barrier_vs_mean": 0.2, "barrier_se": None}},
     }
     with Tracker(cfg, tmp_path) as tracker:
         tracker.log_results(results)
         summary = dict(tracker.run.summary)
-    assert summary["vanilla/barrier"] == 0.0 and summary["seed_0/test_accuracy"] == 0.9
-    assert tracker.run is None  # finished on exit
+    assert summary["seed_0/test_loss"] == 3.1 and "seed_0/test_accuracy" not in summary
+    (evaluate,) = _offline_runs(tmp_path)
+    keys = {k.removesuffix("_table") for k in evaluate["history"]}
+    assert "barrier_curve/loss" in keys and "barrier_curve/accuracy" not in keys
 
 
 def test_failed_run_still_finishes(tmp_path):
@@ -46,6 +272,13 @@ def test_failed_run_still_finishes(tmp_path):
 
     cfg = compose_config("debug=fast", "logger=wandb")
     with pytest.raises(RuntimeError, match="boom"):
-        with Tracker(cfg, tmp_path):
+        with Tracker(cfg, tmp_path) as tracker:
+            tracker.lightning_logger("seed_0", "train")
+            run = tracker.run
+            assert wandb.run is run
             raise RuntimeError("boom")
-    assert wandb.run is None
+    assert wandb.run is None and tracker.run is None
+    with pytest.raises(wandb.errors.UsageError, match="finished"):
+        run.log({"late": 1.0})
+    (stage,) = _offline_runs(tmp_path)
+    assert stage["exit_code"] == 1

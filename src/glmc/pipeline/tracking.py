@@ -1,13 +1,25 @@
 """Experiment tracking: CSV logs by default, Weights & Biases (offline unless opted in) on request.
 
-`Tracker` is a context manager so that `wandb.finish()` runs whether the run succeeds or fails,
-and the next job of a multirun starts a fresh W&B run instead of logging into a dead one.
+With W&B every stage of a pipeline run is its own W&B run, and all of them share one group (the
+experiment name unless `logger.group` says otherwise):
+
+    job_type "train"     one run per endpoint seed          (name "<experiment>/seed_<n>")
+    job_type "match"     one run per learned-matching pair  (name "<experiment>/<method>_<a>-<b>")
+    job_type "evaluate"  barrier curves, summary, results   (name "<experiment>/evaluate")
+
+Metric keys never carry a stage name or a parameter fingerprint (`train_loss`, `val_loss`,
+`val_acc`, `match_loss`, `lambda`, `barrier_curve/loss`, ...), so runs of different experiments line
+up on one dashboard; the group, job type and run name say where a run belongs.
+
+`Tracker` is a context manager: on exit the open W&B run is finished (exit code 1 when an exception
+is propagating), so the next job of a multirun starts a fresh run instead of logging into a dead one.
 """
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import OmegaConf
@@ -16,83 +28,167 @@ from glmc.config import Config
 
 log = logging.getLogger(__name__)
 
+KINDS = ("csv", "wandb", "none")
+MODES = ("offline", "online", "disabled")
+EVALUATE = "evaluate"
+RESULT_FILES = ("results.json", "barrier.csv", "barrier.png")
+
+
+def _artifact_name(text: str) -> str:
+    """W&B artifact names may hold letters, digits, '-', '_' and '.' only."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
+
 
 class Tracker:
+    """Hands out one Lightning logger per training stage and logs the final results.
+
+    `run` is the W&B run opened last (None before the first stage, with csv/none, and after exit);
+    `runs` keeps every W&B run this tracker started, in order.
+    """
+
     def __init__(self, cfg: Config, run_dir: Path):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.kind = cfg.logger.kind
-        if self.kind not in ("csv", "wandb", "none"):
-            raise ValueError(f"logger.kind={self.kind!r} is not one of csv, wandb, none")
-        self.run = None
+        self.kind = str(cfg.logger.kind)
+        if self.kind not in KINDS:
+            raise ValueError(f"logger.kind={self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.kind == "wandb" and str(cfg.logger.mode) not in MODES:
+            raise ValueError(f"logger.mode={cfg.logger.mode!r} is not one of {', '.join(MODES)}")
+        self.run: Any = None
+        self.runs: list[Any] = []
+
+    # -- context manager -------------------------------------------------------------------------
 
     def __enter__(self) -> "Tracker":
-        if self.kind == "wandb":
-            import wandb
-
-            lcfg = self.cfg.logger
-            if lcfg.mode not in ("offline", "online", "disabled"):
-                raise ValueError(f"logger.mode={lcfg.mode!r} is not one of offline, online, disabled")
-            self.run = wandb.init(
-                project=lcfg.project,
-                entity=lcfg.entity,
-                group=lcfg.group,
-                tags=list(lcfg.tags),
-                mode=lcfg.mode,
-                dir=str(self.run_dir),
-                name=f"{self.cfg.experiment}-{self.run_dir.name}",
-                config=OmegaConf.to_container(self.cfg, resolve=True),
-                reinit="finish_previous",
-            )
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self.run is not None:
-            import wandb
-
-            wandb.finish(exit_code=1 if exc_type is not None else 0)
+        try:
+            self._finish(exit_code=1 if exc_type is not None else 0)
+        except Exception:
+            if exc_type is None:
+                raise
+            # never hide the exception that is already on its way out
+            log.exception("could not finish the W&B run while handling another error")
+        finally:
             self.run = None
 
-    def lightning_logger(self, name: str) -> Any:
-        """A Lightning logger for one training stage (endpoint seed or learned matching)."""
+    # -- W&B runs ----------------------------------------------------------------------------------
+
+    @property
+    def group(self) -> str:
+        group = self.cfg.logger.group
+        return str(group) if group else str(self.cfg.experiment)
+
+    def _finish(self, exit_code: int = 0) -> None:
+        run, self.run = self.run, None
+        if run is not None:
+            run.finish(exit_code=exit_code)
+
+    def _start(self, name: str, job_type: str) -> Any:
+        """Finish the open stage run, if any, and start the run of the next stage."""
+        import wandb
+
+        self._finish()
+        lcfg = self.cfg.logger
+        self.run = wandb.init(
+            project=lcfg.project,
+            entity=lcfg.entity,
+            group=self.group,
+            job_type=job_type,
+            name=f"{self.cfg.experiment}/{name}",
+            tags=[str(t) for t in (lcfg.tags or [])],
+            mode=str(lcfg.mode),
+            dir=str(self.run_dir),
+            config=OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True),
+            reinit="finish_previous",  # also closes a run some other code left open
+        )
+        self.runs.append(self.run)
+        return self.run
+
+    # -- public interface ----------------------------------------------------------------------------
+
+    def lightning_logger(self, name: str, job_type: str) -> Any:
+        """A Lightning logger for one training stage.
+
+        name: `seed_<n>` for an endpoint (job_type "train"), `<method>_<a>-<b>` for a learned-matching
+        pair (job_type "match"). csv: `<run_dir>/logs/<name>/metrics.csv`; wandb: a new run in the
+        experiment's group, whose metric keys are the ones the LightningModule logs, unprefixed;
+        none: False (Lightning's "no logger").
+        """
         if self.kind == "csv":
             return CSVLogger(save_dir=str(self.run_dir), name="logs", version=name)
         if self.kind == "wandb":
             from lightning.pytorch.loggers import WandbLogger
 
-            return WandbLogger(experiment=self.run, prefix=name)
+            run = self._start(name, job_type)
+            # what WandbLogger sets up itself when it creates the run: plot against Lightning's step
+            run.define_metric("trainer/global_step")
+            run.define_metric("*", step_metric="trainer/global_step", step_sync=True)
+            return WandbLogger(experiment=run, save_dir=str(self.run_dir), project=self.cfg.logger.project)
         return False
 
-    def log_results(self, results: dict[str, Any]) -> None:
-        """Barrier curves as a table and line plots; barriers and endpoint metrics in the summary."""
-        if self.run is None:
-            return
+    def log_results(self, results: dict[str, Any]) -> Optional[Any]:
+        """The evaluate run: barrier curves (table and line plots), barriers and endpoint metrics in
+        the summary, barrier.png, and results.json/barrier.csv/barrier.png as a "results" artifact.
+
+        Called after those files were written into run_dir. Returns the artifact (None for csv/none).
+        """
+        if self.kind != "wandb":
+            return None
         import wandb
 
-        methods = results["methods"]
-        rows = []
-        for name, m in methods.items():
-            for lam, loss, acc in zip(m["lambdas"], m["test_loss"], m["test_accuracy"]):
-                rows.append([name, lam, "test", loss, acc])
-        table = wandb.Table(columns=["method", "lambda", "split", "loss", "accuracy"], data=rows)
+        run = self._start(EVALUATE, EVALUATE)
+        methods: dict[str, Any] = results.get("methods", {})
         names = list(methods)
-        lambdas = methods[names[0]]["lambdas"]
-        plots = {
-            f"barrier_curve/{metric}": wandb.plot.line_series(
-                xs=lambdas,
-                ys=[methods[n][key] for n in names],
-                keys=names,
-                title=f"test {metric} along the path",
-                xname="lambda",
-            )
-            for metric, key in (("loss", "test_loss"), ("accuracy", "test_accuracy"))
+
+        rows = []
+        for name in names:
+            m = methods[name]
+            accuracy = m.get("test_accuracy") or [None] * len(m["lambdas"])
+            for lam, loss, acc in zip(m["lambdas"], m["test_loss"], accuracy):
+                rows.append([name, lam, "test", loss, acc])
+        logged: dict[str, Any] = {
+            "barrier_curves": wandb.Table(columns=["method", "lambda", "split", "loss", "accuracy"], data=rows)
         }
-        self.run.log({"barrier_curves": table, **plots})
-        for name, m in methods.items():
-            self.run.summary[f"{name}/barrier"] = m["barrier"]
-            self.run.summary[f"{name}/barrier_vs_mean"] = m["barrier_vs_mean"]
-        for e in results["endpoints"]:
-            self.run.summary[f"seed_{e['seed']}/test_loss"] = e["test_loss"]
-            self.run.summary[f"seed_{e['seed']}/test_accuracy"] = e["test_accuracy"]
-        if (self.run_dir / "barrier.png").exists():
-            self.run.log({"barrier_png": wandb.Image(str(self.run_dir / "barrier.png"))})
+        for metric, key in (("loss", "test_loss"), ("accuracy", "test_accuracy")):
+            # a method whose curve has no values (accuracy of a language model) gets no line
+            lines = [n for n in names if methods[n].get(key) and all(v is not None for v in methods[n][key])]
+            if lines:
+                logged[f"barrier_curve/{metric}"] = wandb.plot.line_series(
+                    xs=[list(methods[n]["lambdas"]) for n in lines],
+                    ys=[list(methods[n][key]) for n in lines],
+                    keys=lines,
+                    title=f"test {metric} along the path",
+                    xname="lambda",
+                )
+        png = self.run_dir / "barrier.png"
+        if png.exists():
+            logged["barrier_png"] = wandb.Image(str(png))
+        run.log(logged)
+
+        summary: dict[str, Any] = {}
+        for name in names:
+            for key in ("barrier", "barrier_vs_mean", "barrier_se"):
+                if methods[name].get(key) is not None:
+                    summary[f"{name}/{key}"] = methods[name][key]
+        for e in results.get("endpoints", []):
+            for key in ("test_loss", "test_accuracy"):
+                if e.get(key) is not None:
+                    summary[f"seed_{e['seed']}/{key}"] = e[key]
+        run.summary.update(summary)
+
+        artifact = wandb.Artifact(
+            name=_artifact_name(f"results-{self.cfg.experiment}"),
+            type="results",
+            description=f"results of experiment {self.cfg.experiment}",
+            metadata={"experiment": str(self.cfg.experiment), "methods": names},
+        )
+        files = [self.run_dir / f for f in RESULT_FILES if (self.run_dir / f).exists()]
+        if not files:
+            log.warning("no result files in %s: the results artifact is not logged", self.run_dir)
+            return None
+        for f in files:
+            artifact.add_file(str(f), name=f.name)
+        run.log_artifact(artifact)
+        return artifact
