@@ -1,28 +1,96 @@
-"""The matcher interface: every alignment method, pairwise or multi-model, sits behind it."""
+"""The matcher interface: every alignment method, pairwise or multi-model, sits behind it.
+
+A matcher maps (canonical A, canonical B, context) to an Alignment. It never evaluates a path:
+barriers, curves and result files are the pipeline's (glmc.eval.evaluator).
+"""
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 import torch
+
+from glmc.models.canonical import CanonicalTransformer
 
 
 @dataclass
 class Alignment:
     """Result of aligning model B to reference model A.
 
-    `reference` is model A in the parameterisation the method interpolates in (the original HF
-    model for vanilla, the canonical model for symmetry-aware methods); `model` is model B in the
-    same parameterisation, transformed, and computes the same function as B. `transform` holds the
-    group elements found (None for methods without one)."""
+    `reference` is A and `model` is B transformed, both in the parameterisation the method
+    interpolates: the original (HF) models for vanilla, factored canonical models otherwise.
+    `circuits` names the attention pairs ("qk", "vo") that are interpolated as circuits
+    QK = Q~^T K~ and OV = W_O V~ rather than as factored weights (glmc.eval.interpolation).
+    `function_preserving` is False where `model` no longer computes exactly what B computes
+    (soft permutations). `variants` are further paths the pipeline evaluates beside this one
+    (e.g. the hard projection of a Sinkhorn run)."""
 
     reference: torch.nn.Module
     model: torch.nn.Module
     transform: Optional[Any] = None
+    circuits: tuple[str, ...] = ()
     diagnostics: dict[str, Any] = field(default_factory=dict)
+    function_preserving: bool = True
+    variants: dict[str, Alignment] = field(default_factory=dict)
+
+    def interpolate(self, lam: float) -> torch.nn.Module:
+        """The model at lam * reference + (1 - lam) * model, in this alignment's parameterisation."""
+        from glmc.eval.interpolation import interpolate
+
+        return interpolate([self.reference, self.model], [lam, 1.0 - lam], circuits=self.circuits)
+
+
+@dataclass
+class MatchContext:
+    """What a data-driven matcher may need beyond its settings, never the whole run config.
+
+    data     training batches (inputs, targets): a DataLoader or a LightningDataModule
+    trainer  factory of Lightning Trainers: trainer(default_root_dir=..., logger=..., **overrides)
+    logger   stage name -> Lightning logger (or False), e.g. glmc.pipeline.tracking.Tracker
+    run_dir  the folder this method may write into (checkpoints)
+    device   where the method's own tensor work runs
+    """
+
+    data: Any = None
+    trainer: Optional[Callable[..., Any]] = None
+    logger: Optional[Callable[[str], Any]] = None
+    run_dir: Path = Path("outputs/match")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def train_batches(self, method: str) -> Iterable:
+        if self.data is None:
+            raise ValueError(f"{method} learns from data: pass data=<training DataLoader> (context.data is None)")
+        return self.data.train_dataloader() if hasattr(self.data, "train_dataloader") else self.data
 
 
 class Matcher(Protocol):
     name: str
 
-    def match(self, model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any = None) -> Alignment: ...
+    def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext) -> Alignment: ...
+
+
+def require_factored(method: str, *models: torch.nn.Module) -> None:
+    for m in models:
+        if not isinstance(m, CanonicalTransformer):
+            raise TypeError(f"{method} takes canonical models: convert with glmc.to_canonical, got {type(m).__name__}")
+        if m.config.form != "factored":
+            raise ValueError(f"{method} transforms factored heads: pass models before .to_circuit()")
+
+
+def circuit_pairs(qk: str, vo: str) -> tuple[str, ...]:
+    """The symmetry config's head forms -> the pairs interpolated as circuits."""
+    return tuple(name for name, form in (("qk", qk), ("vo", vo)) if form == "circuit")
+
+
+def settings_hash(settings: dict[str, Any], *models: torch.nn.Module) -> str:
+    """Short hash of a method's settings and its endpoints' parameters: names a checkpoint folder, so
+    a rerun with other settings or other endpoints never resumes from a stale one."""
+    h = hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode())
+    for model in models:
+        for name, t in sorted(model.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:12]

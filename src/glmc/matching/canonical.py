@@ -1,18 +1,14 @@
 """Canonical form without alignment: shows what the reparameterisation alone does to the path."""
 from __future__ import annotations
 
-from glmc.matching.base import Alignment
-from glmc.matching.weight import as_canonical
+from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored
+from glmc.models.canonical import CanonicalTransformer
 
 
 class CanonicalMatcher:
-    name = "canonical"
+    def __init__(self, name: str = "canonical", qk: str = "circuit", vo: str = "circuit"):
+        self.name, self.circuits = name, circuit_pairs(qk, vo)
 
-    def __init__(self, circuits: bool = True):
-        self.circuits = circuits
-
-    def match(self, model_a, model_b, data=None) -> Alignment:
-        a, b = as_canonical(model_a), as_canonical(model_b)
-        if self.circuits:
-            a, b = a.to_circuit(), b.to_circuit()
-        return Alignment(reference=a, model=b)
+    def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
+        require_factored(self.name, a, b)
+        return Alignment(reference=a, model=b, circuits=self.circuits)

@@ -6,42 +6,27 @@
 
 The latents start at the weight-matching solution (init="weight") or the identity. Training runs
 through the same Lightning Trainer settings as the endpoints, with checkpoints under
-<run_dir>/pair_<fingerprint>/checkpoints: a run started again in the same folder resumes from
-last.ckpt. The returned transform is the hard projection of the latents, so the aligned model B
-computes B's function; the Sinkhorn matcher returns the soft-aligned B instead (the path it trained)
-and reports how far that endpoint drifts from B.
+<context.run_dir>/pair_<hash>/checkpoints, the hash covering the endpoints and every setting: a run
+started again with the same endpoints and settings resumes from last.ckpt, any other starts afresh.
+The returned transform is the hard projection of the latents, so the aligned model B computes B's function; the Sinkhorn matcher returns the soft-aligned B instead (the path it trained),
+marked as not function-preserving, with the hard projection as a variant path.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
-from glmc.config import LearnedMatchingConfig
-from glmc.eval.barrier import barrier
-from glmc.eval.metrics import loss_and_correct
-from glmc.eval.path import evaluate_path
-from glmc.matching.base import Alignment
-from glmc.matching.learned_module import LearnedMatchingModule
-from glmc.matching.weight import as_canonical, weight_matching
+from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored, settings_hash
+from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
+from glmc.matching.weight import weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
-
-
-def fingerprint(*models: torch.nn.Module) -> str:
-    """Short hash of the models' parameters: names a pair's checkpoint folder."""
-    h = hashlib.sha1()
-    for model in models:
-        for name, t in sorted(model.state_dict().items()):
-            h.update(name.encode())
-            h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:12]
 
 
 class _SaveLast(Callback):
@@ -58,46 +43,50 @@ def _dense(g) -> Tensor:
     return g.matrix if isinstance(g, Orthogonal) else g.dense()
 
 
-@torch.no_grad()
-def _test_logits(model: CanonicalTransformer, loader, task: str) -> tuple[Tensor, float]:
-    """All logits on the loader and the mean loss."""
-    logits, total, count = [], 0.0, 0
-    for inputs, targets in loader:
-        out = model(inputs)
-        loss, _, n = loss_and_correct(out, targets, task)
-        logits.append(out)
-        total, count = total + float(loss), count + n
-    return torch.cat(logits), total / count
+def _default_trainer(**kwargs):
+    from omegaconf import OmegaConf
+
+    from glmc.config import TrainerConfig
+    from glmc.train.trainer import trainer_factory
+
+    return trainer_factory(OmegaConf.structured(TrainerConfig(accelerator="auto")))(**kwargs)
 
 
 class LearnedMatcher:
-    """`kinds` maps a space kind (residual, heads, mlp) to orthogonal | permutation | sinkhorn | none."""
+    """Latents per space kind: residual orthogonal | permutation | none; heads and MLP `units`
+    (permutation: straight-through Hungarian; sinkhorn: soft) unless they are "none"."""
 
-    def __init__(self, name: str, kinds: dict[str, str], settings: LearnedMatchingConfig, task: str,
-                 circuits: bool, make_trainer: Callable[..., Any], run_dir: Path, logger_for=None,
-                 weight_iters: int = 15, weight_tol: float = 1e-6, lambdas: list[float] | None = None):
-        if settings.init not in ("weight", "identity"):
-            raise ValueError(f"matcher.learned.init={settings.init!r} is not one of weight, identity")
-        self.name, self.kinds, self.settings, self.task, self.circuits = name, kinds, settings, task, circuits
-        self.make_trainer, self.run_dir, self.logger_for = make_trainer, Path(run_dir), logger_for
-        self.weight_iters, self.weight_tol = weight_iters, weight_tol
-        self.lambdas = lambdas or [i / 10 for i in range(11)]
+    def __init__(self, name: str = "learned", residual: str = "orthogonal", heads: str = "permutation",
+                 mlp: str = "permutation", units: str = "permutation", qk: str = "circuit", vo: str = "circuit",
+                 init: str = "weight", weight_max_iter: int = 15, weight_tol: float = 1e-6, **settings):
+        if init not in ("weight", "identity"):
+            raise ValueError(f"matcher.{name}.init={init!r} is not one of weight, identity")
+        if units not in ("permutation", "sinkhorn"):
+            raise ValueError(f"matcher.{name}.units={units!r} is not one of permutation, sinkhorn")
+        self.name, self.init, self.circuits = name, init, circuit_pairs(qk, vo)
+        self.kinds = {"residual": str(residual), "heads": units if heads != "none" else "none",
+                      "mlp": units if mlp != "none" else "none"}
+        self.weight_max_iter, self.weight_tol = weight_max_iter, weight_tol
+        self.settings = LearnedSettings(**settings, where=f"matcher.{name}")
 
     def initial_transform(self, a: CanonicalTransformer, b: CanonicalTransformer, spec: SymmetrySpec):
         spaces = [s for s in spec if self.kinds.get(s.kind, "none") != "none"]
-        if self.settings.init == "identity":
+        if self.init == "identity":
             return Transform({s.name: Permutation.identity(s.size) for s in spaces}), {}
-        residual = {"orthogonal": "orthogonal", "permutation": "permutation", "sinkhorn": "permutation"}
+        residual = {"orthogonal": "orthogonal", "permutation": "permutation"}.get(self.kinds["residual"], "none")
         transform, diagnostics = weight_matching(
-            a, b, residual=residual.get(self.kinds.get("residual", "none"), "none"),
-            heads=self.kinds.get("heads", "none") != "none", mlp=self.kinds.get("mlp", "none") != "none",
-            max_iter=self.weight_iters, tol=self.weight_tol)
+            a, b, residual=residual, heads=self.kinds["heads"] != "none", mlp=self.kinds["mlp"] != "none",
+            max_iter=self.weight_max_iter, tol=self.weight_tol)
         return transform, {"iterations": diagnostics["iterations"], "final_distance": diagnostics["final_distance"]}
 
-    def match(self, model_a, model_b, data=None) -> Alignment:
-        if data is None:
-            raise ValueError(f"{self.name} trains on the task loss: it needs the DataModule")
-        a, b = as_canonical(model_a), as_canonical(model_b)
+    def checkpoint_key(self, a: CanonicalTransformer, b: CanonicalTransformer) -> str:
+        settings = {"kinds": self.kinds, "init": self.init, "circuits": self.circuits,
+                    "weight": [self.weight_max_iter, self.weight_tol], **dataclasses.asdict(self.settings)}
+        return settings_hash(settings, a, b)
+
+    def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext) -> Alignment:
+        require_factored(self.name, a, b)
+        loader = context.train_batches(self.name)
         spec = SymmetrySpec.from_model(b)
         kinds = {s.name: self.kinds[s.kind] for s in spec if self.kinds.get(s.kind, "none") != "none"}
 
@@ -105,31 +94,33 @@ class LearnedMatcher:
         start, wm = self.initial_transform(a, b, spec)
         seconds_init = time.perf_counter() - tick
         module = LearnedMatchingModule(a, b, {n: _dense(g) for n, g in start.items()}, kinds, self.settings,
-                                       self.task, self.circuits)
+                                       b.task, self.circuits)
 
-        pair_dir = self.run_dir / f"pair_{fingerprint(a, b)}"
+        pair_dir = context.run_dir / f"pair_{self.checkpoint_key(a, b)}"
         last = pair_dir / "checkpoints" / "last.ckpt"
         resume = last if last.exists() else None
         checkpoints = ModelCheckpoint(dirpath=pair_dir / "checkpoints", save_last=True, save_top_k=0,
                                       every_n_train_steps=self.settings.checkpoint_every, save_on_exception=True,
                                       enable_version_counter=False)
-        logger = self.logger_for(f"{self.name}/{pair_dir.name}") if self.logger_for else False
-        trainer = self.make_trainer(pair_dir, logger, max_steps=self.settings.max_steps, max_epochs=-1,
-                                    callbacks=[checkpoints, _SaveLast(last)], num_sanity_val_steps=0,
-                                    limit_val_batches=0)
+        logger = context.logger(self.name) if context.logger else False
+        make_trainer = context.trainer or _default_trainer
+        trainer = make_trainer(default_root_dir=str(pair_dir), logger=logger, max_steps=self.settings.max_steps,
+                               max_epochs=-1, callbacks=[checkpoints, _SaveLast(last)], num_sanity_val_steps=0,
+                               limit_val_batches=0)
         tick = time.perf_counter()
-        trainer.fit(module, datamodule=data, ckpt_path=resume)
+        trainer.fit(module, train_dataloaders=loader, ckpt_path=resume)
         seconds_train = time.perf_counter() - tick
         module = module.cpu()
 
         hard = module.hard_transform()
         aligned = apply(hard, b)
-        test_loader = data.test_dataloader()
-        logits_b, loss_b = _test_logits(b, test_loader, self.task)
-        logits_hard, _ = _test_logits(aligned, test_loader, self.task)
+        inputs = next(iter(loader))[0]
+        with torch.no_grad():
+            logits_b = b(inputs)
+            deviation = relative_deviation(aligned(inputs), logits_b)
         history = module.history[~module.history[:, 0].isnan()]
         diagnostics: dict[str, Any] = {
-            "init": self.settings.init,
+            "init": self.init,
             "weight_matching": wm,
             "steps": len(history),
             "world_size": trainer.world_size,
@@ -138,35 +129,21 @@ class LearnedMatcher:
             "loss_history": [float(x) for x in history[:, 0]],
             "lambda_history": [float(x) for x in history[:, 1]],
             "changed_from_init": _changes(start, hard),
-            "endpoint_deviation": relative_deviation(logits_hard, logits_b),
+            "endpoint_deviation": deviation,  # on one training batch; the pipeline reports the test split's
             "seconds_init": seconds_init,
             "seconds_train": seconds_train,
         }
-
-        reference, model = a, aligned
-        if "sinkhorn" in kinds.values():
-            with torch.no_grad():
-                soft = {n: m.double() for n, m in module.matrices().items()}
-                params = apply_dense(soft, spec, {k: v.double() for k, v in b.params().items()})
+        hard_alignment = Alignment(reference=a, model=aligned, transform=hard, circuits=self.circuits)
+        if "sinkhorn" not in kinds.values():
+            hard_alignment.diagnostics = diagnostics
+            return hard_alignment
+        with torch.no_grad():
+            soft = {n: m.double() for n, m in module.matrices().items()}
+            params = apply_dense(soft, spec, {k: v.double() for k, v in b.params().items()})
             soft_b = CanonicalTransformer(dataclasses.replace(b.config), {k: v.float() for k, v in params.items()})
-            logits_soft, loss_soft = _test_logits(soft_b, test_loader, self.task)
-            diagnostics.update({
-                "endpoint_deviation": relative_deviation(logits_soft, logits_b),
-                "endpoint_test_loss": loss_soft,
-                "model_b_test_loss": loss_b,
-                "hard_projection": self._hard_path(a, aligned, test_loader, relative_deviation(logits_hard, logits_b)),
-            })
-            model = soft_b
-        if self.circuits:  # the path the module trained on: attention interpolated as circuits
-            reference, model = reference.to_circuit(), model.to_circuit()
-        return Alignment(reference=reference, model=model, transform=hard, diagnostics=diagnostics)
-
-    def _hard_path(self, a, aligned, loader, deviation: float) -> dict[str, Any]:
-        """The barrier had the Sinkhorn latents been rounded to permutations."""
-        ref, model = (a.to_circuit(), aligned.to_circuit()) if self.circuits else (a, aligned)
-        curve = evaluate_path(ref, model, loader, self.lambdas, self.task, progress=False)
-        return {"barrier": barrier(self.lambdas, curve["loss"]), "test_loss": curve["loss"],
-                "endpoint_deviation": deviation}
+            diagnostics["endpoint_deviation"] = relative_deviation(soft_b(inputs), logits_b)
+        return Alignment(reference=a, model=soft_b, transform=hard, circuits=self.circuits, diagnostics=diagnostics,
+                         function_preserving=False, variants={"hard_projection": hard_alignment})
 
 
 def _changes(start: Transform, final: Transform) -> dict[str, float]:

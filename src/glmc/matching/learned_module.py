@@ -8,14 +8,14 @@ canonical params, interpolates with model A at a sampled lambda and runs the fun
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import lightning as L
 import torch
 from torch import Tensor, nn
 
-from glmc.config import LearnedMatchingConfig
+from glmc.eval.interpolation import merge_params
 from glmc.eval.metrics import loss_and_correct
-from glmc.matching.interpolate import interpolate_params
 from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply_dense
@@ -23,6 +23,36 @@ from glmc.train.schedule import warmup_cosine
 
 LAMBDA_SCHEMES = ("fixed", "uniform_mid", "uniform", "gaussian")
 KINDS = ("orthogonal", "permutation", "sinkhorn")
+
+
+@dataclass
+class LearnedSettings:
+    """Training settings of learned matching (the registry's LearnedMatcherConfig documents them);
+    `where` names the config node in error messages."""
+
+    max_steps: int = 1500
+    lr: float = 0.3
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.05
+    lambda_scheme: str = "gaussian"
+    init_noise: float = 1e-3
+    sinkhorn_iters: int = 20
+    sinkhorn_temperature: float = 1.0
+    sinkhorn_noise: float = 0.01
+    checkpoint_every: int = 50
+    seed: int = 0
+    where: str = "matcher.learned"
+
+    def __post_init__(self):
+        self.lambda_scheme = str(self.lambda_scheme)
+        checks = [("max_steps", self.max_steps >= 1), ("lr", self.lr > 0), ("weight_decay", self.weight_decay >= 0),
+                  ("warmup_fraction", 0 <= self.warmup_fraction < 1), ("init_noise", self.init_noise >= 0),
+                  ("sinkhorn_iters", self.sinkhorn_iters >= 1), ("sinkhorn_temperature", self.sinkhorn_temperature > 0),
+                  ("sinkhorn_noise", self.sinkhorn_noise >= 0), ("checkpoint_every", self.checkpoint_every >= 1),
+                  ("lambda_scheme", self.lambda_scheme in LAMBDA_SCHEMES)]
+        for key, ok in checks:
+            if not ok:
+                raise ValueError(f"{self.where}.{key}={getattr(self, key)!r} is out of range")
 
 
 def sample_lambda(scheme: str, generator: torch.Generator) -> float:
@@ -46,17 +76,15 @@ class LearnedMatchingModule(L.LightningModule):
     """Latents for the spaces in `kinds` (space name -> orthogonal | permutation | sinkhorn).
 
     `init` holds a dense starting matrix per space (the weight-matching element or the identity);
-    the latents start there plus noise. `circuits`: interpolate attention as circuits, as the
-    pipeline evaluates it, else the factored weights.
+    the latents start there plus noise. `circuits`: the attention pairs ("qk", "vo") interpolated as
+    circuits, as the pipeline evaluates the path.
     """
 
     def __init__(self, model_a: CanonicalTransformer, model_b: CanonicalTransformer, init: dict[str, Tensor],
-                 kinds: dict[str, str], settings: LearnedMatchingConfig, task: str, circuits: bool):
+                 kinds: dict[str, str], settings: LearnedSettings, task: str, circuits: tuple[str, ...] = ("qk", "vo")):
         super().__init__()
         if model_a.config.form != "factored" or model_b.config.form != "factored":
             raise ValueError("learned matching transforms factored heads: pass models before .to_circuit()")
-        if settings.lambda_scheme not in LAMBDA_SCHEMES:
-            raise ValueError(f"lambda_scheme={settings.lambda_scheme!r} is not one of {LAMBDA_SCHEMES}")
         bad = {n: k for n, k in kinds.items() if k not in KINDS}
         if bad:
             raise ValueError(f"unknown latent kinds {bad}; known: {KINDS}")
@@ -65,7 +93,7 @@ class LearnedMatchingModule(L.LightningModule):
         self.kinds = dict(kinds)
         self.settings = settings
         self.task = task
-        self.circuits = circuits
+        self.circuits = tuple(circuits)
         # Plain attributes, not buffers: outside the state dict (checkpoints hold latents only) and
         # not broadcast by DDP every step (every rank unpickles the same tensors).
         self._endpoints = {
@@ -110,7 +138,7 @@ class LearnedMatchingModule(L.LightningModule):
 
     def loss(self, inputs: Tensor, targets: Tensor, lam: float) -> Tensor:
         """Task loss of lam * theta_A + (1 - lam) * T(theta_B) on one batch."""
-        params = interpolate_params(self.endpoint_params("a"), self.aligned_params(), lam, self.circuits)
+        params = merge_params([self.endpoint_params("a"), self.aligned_params()], [lam, 1.0 - lam], self.circuits)
         total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
         return total / count
 

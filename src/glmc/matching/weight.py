@@ -20,20 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from glmc.matching.base import Alignment
+from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored
 from glmc.models.canonical import CanonicalTransformer
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_params
 
 Params = dict[str, Tensor]
 ATTENTION = ("q_w", "q_b", "k_w", "k_b", "v_w", "v_b", "o_w")
-
-
-def as_canonical(model: torch.nn.Module) -> CanonicalTransformer:
-    if isinstance(model, CanonicalTransformer):
-        return model
-    from glmc.models.convert import to_canonical
-
-    return to_canonical(model)
 
 
 def _aug(p: Params, pre: str, n: str) -> Tensor:
@@ -254,17 +246,21 @@ def weight_matching(
 
 
 class WeightMatcher:
-    """`weight`: orthogonal residual + head and MLP permutations; `weight_perm`: all permutations."""
+    """`weight`: orthogonal residual + head and MLP permutations; `weight_perm`: all permutations.
 
-    def __init__(self, name: str = "weight", residual: str = "orthogonal", heads: bool = True, mlp: bool = True,
-                 circuits: bool = True, max_iter: int = 15, tol: float = 1e-6):
-        self.name, self.residual, self.heads, self.mlp, self.circuits = name, residual, heads, mlp, circuits
-        self.max_iter, self.tol = max_iter, tol
+    heads / mlp: "permutation" or "none"; qk / vo: "circuit" interpolates those attention pairs as
+    circuits (the in-head invertible symmetries are quotiented out), "none" as factored weights."""
 
-    def match(self, model_a, model_b, data=None) -> Alignment:
-        a, b = as_canonical(model_a), as_canonical(model_b)
+    def __init__(self, name: str = "weight", residual: str = "orthogonal", heads: str = "permutation",
+                 mlp: str = "permutation", qk: str = "circuit", vo: str = "circuit", max_iter: int = 15,
+                 tol: float = 1e-6):
+        if max_iter < 1:
+            raise ValueError(f"matcher.{name}.max_iter={max_iter}: at least one iteration")
+        self.name, self.residual, self.heads, self.mlp = name, residual, heads != "none", mlp != "none"
+        self.circuits, self.max_iter, self.tol = circuit_pairs(qk, vo), max_iter, tol
+
+    def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
+        require_factored(self.name, a, b)
         transform, diagnostics = weight_matching(a, b, self.residual, self.heads, self.mlp, self.max_iter, self.tol)
-        aligned = apply(transform, b)
-        if self.circuits:  # interpolate circuits: the in-head invertible symmetries are quotiented out
-            a, aligned = a.to_circuit(), aligned.to_circuit()
-        return Alignment(reference=a, model=aligned, transform=transform, diagnostics=diagnostics)
+        return Alignment(reference=a, model=apply(transform, b), transform=transform, circuits=self.circuits,
+                         diagnostics=diagnostics)

@@ -186,7 +186,12 @@ def circuit_params(params: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 class CanonicalTransformer(nn.Module):
-    """Module wrapper around canonical_forward; its state_dict holds exactly the canonical params."""
+    """Module wrapper around canonical_forward; its state_dict holds exactly the canonical params.
+
+    `source` is the original model it was converted from (glmc.to_canonical), kept so that
+    vanilla averaging can interpolate the original parameters; None for derived models."""
+
+    source: nn.Module | None = None
 
     def __init__(self, config: CanonicalConfig, params: dict[str, Tensor]):
         super().__init__()
@@ -221,6 +226,15 @@ class CanonicalTransformer(nn.Module):
     def params(self) -> dict[str, Tensor]:
         """The canonical tensors keyed by state_dict name (shared with the module, not copies)."""
         return dict(self.named_parameters())
+
+    def with_source(self, model: nn.Module) -> CanonicalTransformer:
+        self.__dict__["source"] = model  # a plain attribute, not a submodule: outside the state_dict
+        return self
+
+    @property
+    def task(self) -> str:
+        """classification (logits of the class token) or causal_lm (logits at every position)."""
+        return "classification" if self.config.pooling == "cls" else "causal_lm"
 
     @property
     def num_layers(self) -> int:

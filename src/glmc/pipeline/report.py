@@ -17,7 +17,7 @@ def write_results(results: dict[str, Any], run_dir: Path) -> None:
         writer.writerow(["method", "lambda", "split", "loss", "accuracy"])
         for name, m in results["methods"].items():
             for lam, loss, acc in zip(m["lambdas"], m["test_loss"], m["test_accuracy"]):
-                writer.writerow([name, lam, "test", loss, acc])
+                writer.writerow([name, lam, results.get("split", "test"), loss, acc])
     title = f"{results['model']} on {results['dataset']}, seeds {[e['seed'] for e in results['endpoints']]}"
     plot_barrier_curves(results["methods"], run_dir / "barrier.png", title=title)
 

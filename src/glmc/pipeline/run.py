@@ -1,8 +1,9 @@
-"""The task function: train (or load) endpoints -> align -> evaluate the path -> report."""
+"""The task function: train (or load) endpoints -> align -> evaluate every path -> report."""
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import warnings
 from pathlib import Path
@@ -14,11 +15,14 @@ from omegaconf import OmegaConf
 from glmc.config import Config
 from glmc.data.module import DataModule
 from glmc.eval.barrier import barrier, barrier_vs_mean, lambda_grid
-from glmc.eval.path import evaluate_path
-from glmc.matching.registry import MatchContext, build_matcher
-from glmc.pipeline.endpoints import get_endpoints
+from glmc.eval.evaluator import Evaluator
+from glmc.matching.base import Alignment, MatchContext
+from glmc.matching.registry import build_matcher, check_methods, method_config
+from glmc.models.canonical import relative_deviation
+from glmc.pipeline.endpoints import Endpoint, get_endpoints
 from glmc.pipeline.report import format_table, write_results
 from glmc.pipeline.tracking import Tracker
+from glmc.train.trainer import resolve_device, trainer_factory
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ def seed_pairs(seeds: list[int], pairing: str) -> list[tuple[int, int]]:
 def summarise(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean curve and mean barrier over seed pairs (standard error when there are several)."""
     barriers = np.array([p["barrier"] for p in pairs])
-    mean_curve = lambda key: [None if any(v is None for v in vals) else float(np.mean(vals))
+    mean_curve = lambda key: [None if any(v is None for v in vals) else float(np.mean(vals))  # noqa: E731
                               for vals in zip(*(p[key] for p in pairs))]
     return {
         "barrier": float(barriers.mean()),
@@ -62,49 +66,75 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
 
 
+def is_global_zero() -> bool:
+    """Only one process writes results when the pipeline runs once per rank (torchrun, SLURM)."""
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+def evaluate_alignment(evaluator: Evaluator, alignment: Alignment, b: Endpoint, lambdas: list[float],
+                       task: str, desc: str) -> dict[str, Any]:
+    """The path's curve, barriers and how far the aligned B is from B (relative logit deviation)."""
+    curve = evaluator.path(alignment, lambdas, desc=desc)
+    return {
+        "barrier": barrier(lambdas, curve["loss"]),
+        "barrier_vs_mean": barrier_vs_mean(lambdas, curve["loss"]),
+        "lambdas": lambdas,
+        "test_loss": curve["loss"],
+        "test_accuracy": curve["accuracy"] if task == "classification" else [None] * len(lambdas),
+        "endpoint_deviation": relative_deviation(evaluator.logits(alignment.model), evaluator.logits(b.model)),
+        "function_preserving": alignment.function_preserving,
+    }
+
+
 def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
     quiet_lightning()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     task = cfg.data.task
-    pairs = seed_pairs(list(cfg.seeds), cfg.pairing)  # bad seeds or methods fail before any training
+    # bad seeds, methods or method settings fail here, before any training
+    pairs = seed_pairs(list(cfg.seeds), cfg.pairing)
     lambdas = lambda_grid(cfg.eval.num_lambdas)
+    check_methods(list(cfg.matcher.methods))
+    matchers = {name: build_matcher(method_config(cfg, name)) for name in cfg.matcher.methods}
+    device = resolve_device(cfg.trainer.accelerator)
     with Tracker(cfg, run_dir) as tracker:
-        matchers = {name: build_matcher(name, cfg, MatchContext(run_dir / name, tracker)) for name in cfg.matcher.methods}
         data = DataModule(cfg.data, seed=0)
         data.setup()
-        test_loader = data.test_dataloader()
-        endpoints = get_endpoints(cfg, run_dir, tracker, test_loader)
+        options = dict(task=task, device=device, precision=cfg.eval.precision, cache_mb=cfg.eval.cache_batches_mb,
+                       progress=cfg.trainer.enable_progress_bar)
+        test = Evaluator(data.test_dataloader(), **options)
+        evaluator = test if cfg.eval.split == "test" else Evaluator(data.eval_dataloader(cfg.eval.split), **options)
+        endpoints = get_endpoints(cfg, run_dir, tracker, test)
+        make_trainer = trainer_factory(cfg.trainer)
         methods: dict[str, Any] = {}
         for name, matcher in matchers.items():
             pair_results = []
             for ia, ib in pairs:
                 a, b = endpoints[ia], endpoints[ib]
+                label = f"{a.seed}-{b.seed}"
+                context = MatchContext(
+                    data=data, trainer=make_trainer, run_dir=run_dir / name, device=device,
+                    logger=lambda method, label=label: tracker.lightning_logger(f"{method}_{label}", "match"))
                 start = time.perf_counter()
-                alignment = matcher.match(a.model, b.model, data=data)
+                alignment = matcher.match(a.canonical, b.canonical, context)
                 seconds = time.perf_counter() - start
-                curve = evaluate_path(alignment.reference, alignment.model, test_loader, lambdas, task,
-                                      desc=f"{name} {a.seed}-{b.seed}", progress=cfg.trainer.enable_progress_bar)
+                result = evaluate_alignment(evaluator, alignment, b, lambdas, task, desc=f"{name} {label}")
+                for variant, other in alignment.variants.items():  # e.g. a Sinkhorn run's hard projection
+                    result[variant] = evaluate_alignment(evaluator, other, b, lambdas, task, f"{name} {variant}")
                 if alignment.diagnostics:  # e.g. weight matching's objective per iteration
-                    diag_file = run_dir / name / f"diagnostics_{a.seed}-{b.seed}.json"
+                    diag_file = run_dir / name / f"diagnostics_{label}.json"
                     diag_file.parent.mkdir(parents=True, exist_ok=True)
                     diag_file.write_text(json.dumps(alignment.diagnostics, indent=2))
-                pair_results.append({
-                    "seeds": [a.seed, b.seed],
-                    "barrier": barrier(lambdas, curve["loss"]),
-                    "barrier_vs_mean": barrier_vs_mean(lambdas, curve["loss"]),
-                    "lambdas": lambdas,
-                    "test_loss": curve["loss"],
-                    "test_accuracy": curve["accuracy"] if task == "classification" else [None] * len(lambdas),
-                    "seconds": seconds,
-                    "diagnostics": alignment.diagnostics,
-                })
+                pair_results.append({"seeds": [a.seed, b.seed], **result, "seconds": seconds,
+                                     "diagnostics": alignment.diagnostics})
             methods[name] = summarise(pair_results)
             log.info("%s: barrier %.4f", name, methods[name]["barrier"])
         results = {
             "experiment": cfg.experiment,
             "model": cfg.model.name,
             "dataset": cfg.data.name,
+            "split": cfg.eval.split,
+            "device": str(device),
             "endpoints": [
                 {"seed": e.seed, "test_loss": e.test_loss,
                  "test_accuracy": e.test_accuracy if task == "classification" else None, "cached": e.cached}
@@ -113,8 +143,10 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
             "methods": methods,
             "config": OmegaConf.to_container(cfg, resolve=True),
         }
-        write_results(results, run_dir)
-        tracker.log_results(results)
-    print(format_table(results))
-    print(f"\nwrote {run_dir / 'results.json'}, barrier.csv, barrier.png")
+        if is_global_zero():
+            write_results(results, run_dir)
+            tracker.log_results(results)
+    if is_global_zero():
+        print(format_table(results))
+        print(f"\nwrote {run_dir / 'results.json'}, barrier.csv, barrier.png")
     return results
