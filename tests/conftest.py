@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from glmc.config import register_configs
@@ -22,3 +23,13 @@ def compose_config(*overrides: str):
 def tiny_overrides(tmp_path):
     """A seconds-long run whose endpoint cache lives in the test's own folder."""
     return ["debug=fast", f"cache_dir={tmp_path / 'endpoints'}", "logger=none"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run only where CUDA is visible; everywhere else they are reported as skipped."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

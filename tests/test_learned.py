@@ -7,12 +7,14 @@ from conftest import compose_config
 from tiny_hf import tiny_gpt2, tiny_vit
 
 from glmc.data.module import DataModule
-from glmc.eval.path import evaluate_path
-from glmc.matching.interpolate import interpolate_params
+from glmc.eval.evaluator import evaluate_path
+from glmc.eval.interpolation import merge_params
+from glmc.matching.base import MatchContext
 from glmc.matching.learned import LearnedMatcher
 from glmc.matching.learned_module import LAMBDA_SCHEMES, sample_lambda
 from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
-from glmc.matching.registry import MatchContext, build_matcher
+from glmc.matching.registry import build_matcher, method_config
+from glmc.train.trainer import trainer_factory
 from glmc.models import canonical_forward, relative_deviation, to_canonical
 from glmc.models.canonical import circuit_params
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
@@ -22,7 +24,7 @@ TINY = dict(hidden=16, heads=2, mlp=32)
 
 @pytest.fixture(scope="module")
 def pair():
-    return tiny_vit(0, **TINY), tiny_vit(1, **TINY)
+    return to_canonical(tiny_vit(0, **TINY)), to_canonical(tiny_vit(1, **TINY))
 
 
 def config(tmp_path, *overrides):
@@ -35,6 +37,14 @@ def digits(cfg):
     data = DataModule(cfg.data, seed=0)
     data.setup()
     return data
+
+
+def matcher(cfg, name):
+    return build_matcher(method_config(cfg, name))
+
+
+def context(cfg, data, run_dir, trainer=None):
+    return MatchContext(data=data, trainer=trainer or trainer_factory(cfg.trainer), run_dir=run_dir)
 
 
 def test_straight_through_is_hard_forward_and_identity_backward():
@@ -110,7 +120,7 @@ def test_stacked_heads_interpolate_circuits(build):
     ca, cb = circuit_params(a.params()), circuit_params(b.params())
     circuit_config = a.to_circuit().config
     for lam in (0.0, 0.35, 1.0):
-        stacked = canonical_forward(a.config, interpolate_params(a.params(), b.params(), lam, circuits=True), x)
+        stacked = canonical_forward(a.config, merge_params([a.params(), b.params()], [lam, 1 - lam], ("qk", "vo")), x)
         merged = canonical_forward(circuit_config, {k: lam * ca[k] + (1 - lam) * cb[k] for k in ca}, x)
         assert relative_deviation(stacked, merged) < 1e-5
 
@@ -119,34 +129,37 @@ def test_learned_matching_lowers_midpoint_loss_and_preserves_b(tmp_path, pair):
     cfg = config(tmp_path, "matcher.learned.max_steps=30")
     data = digits(cfg)
     loader = data.train_dataloader()
-    weight = build_matcher("weight", cfg).match(*pair)
-    learned = build_matcher("learned", cfg, MatchContext(tmp_path / "learned")).match(*pair, data=data)
-    before = evaluate_path(weight.reference, weight.model, loader, [0.5], progress=False)["loss"][0]
-    after = evaluate_path(learned.reference, learned.model, loader, [0.5], progress=False)["loss"][0]
+    weight = matcher(cfg, "weight").match(*pair, context(cfg, data, tmp_path / "weight"))
+    learned = matcher(cfg, "learned").match(*pair, context(cfg, data, tmp_path / "learned"))
+    before = evaluate_path(weight, None, loader, [0.5], progress=False)["loss"][0]
+    after = evaluate_path(learned, None, loader, [0.5], progress=False)["loss"][0]
     d = learned.diagnostics
     print(f"\n  midpoint train loss: weight matching {before:.4f}, learned {after:.4f}; changed {d['changed_from_init']}")
     assert after < before - 0.01
     assert d["steps"] == 30 and len(d["loss_history"]) == 30 and d["endpoint_deviation"] < 1e-4
+    assert learned.circuits == ("qk", "vo") and learned.function_preserving
     # the returned model is the hard transform applied to B: B's function exactly
-    b = to_canonical(pair[1])
+    b = pair[1]
     x = next(iter(loader))[0]
     assert relative_deviation(apply(learned.transform, b)(x), b(x)) < 1e-4
-    assert relative_deviation(learned.model(x), b.to_circuit()(x)) < 1e-4
+    assert relative_deviation(learned.model(x), b(x)) < 1e-4
     assert {type(g) for g in learned.transform.values()} == {Orthogonal, Permutation}
 
 
 def test_learned_perm_and_sinkhorn_report_their_endpoints(tmp_path, pair):
     cfg = config(tmp_path)
     data = digits(cfg)
-    perm = build_matcher("learned_perm", cfg, MatchContext(tmp_path / "perm")).match(*pair, data=data)
+    perm = matcher(cfg, "learned_perm").match(*pair, context(cfg, data, tmp_path / "perm"))
     assert all(isinstance(g, Permutation) for g in perm.transform.values())
     assert perm.diagnostics["endpoint_deviation"] < 1e-4
-    soft = build_matcher("learned_sinkhorn", cfg, MatchContext(tmp_path / "soft")).match(*pair, data=data)
-    d = soft.diagnostics
+    soft = matcher(cfg, "learned_sinkhorn").match(*pair, context(cfg, data, tmp_path / "soft"))
     assert isinstance(soft.transform["residual"], Orthogonal) and isinstance(soft.transform["mlp.0"], Permutation)
-    assert d["endpoint_deviation"] > 1e-4  # soft permutations break function equivalence, and say so
-    assert d["hard_projection"]["endpoint_deviation"] < 1e-4 and "barrier" in d["hard_projection"]
-    assert {"endpoint_test_loss", "model_b_test_loss"} <= set(d)
+    assert not soft.function_preserving
+    assert soft.diagnostics["endpoint_deviation"] > 1e-4  # soft permutations break function equivalence, and say so
+    hard = soft.variants["hard_projection"]
+    assert hard.function_preserving and hard.diagnostics == {}
+    x = next(iter(data.train_dataloader()))[0]
+    assert relative_deviation(hard.model(x), pair[1](x)) < 1e-4
 
 
 class Crash(Exception):
@@ -154,7 +167,7 @@ class Crash(Exception):
 
 
 def crashing(make_trainer, at_step: int):
-    """The run's Trainer factory with a callback that kills the fit after `at_step` steps."""
+    """A Trainer factory whose Trainers carry a callback that kills the fit after `at_step` steps."""
     from lightning.pytorch.callbacks import Callback
 
     class CrashAt(Callback):
@@ -162,8 +175,8 @@ def crashing(make_trainer, at_step: int):
             if trainer.global_step == at_step:
                 raise Crash(f"killed at step {at_step}")
 
-    def make(run_dir, logger, callbacks=(), **kwargs):
-        return make_trainer(run_dir, logger, callbacks=[*callbacks, CrashAt()], **kwargs)
+    def make(callbacks=(), **kwargs):
+        return make_trainer(callbacks=[*callbacks, CrashAt()], **kwargs)
 
     return make
 
@@ -172,17 +185,15 @@ def test_interrupted_run_resumes_from_last_checkpoint(tmp_path, pair):
     # one batch per epoch, so the data seen at a step does not depend on where the run restarted
     cfg = config(tmp_path, "data.limit_train=64")
     data = digits(cfg)
-    straight = build_matcher("learned", cfg, MatchContext(tmp_path / "straight")).match(*pair, data=data)
+    straight = matcher(cfg, "learned").match(*pair, context(cfg, data, tmp_path / "straight"))
 
-    matcher = build_matcher("learned", cfg, MatchContext(tmp_path / "resumed"))
-    normal = matcher.make_trainer
-    matcher.make_trainer = crashing(normal, at_step=7)
+    learned = matcher(cfg, "learned")
+    normal = trainer_factory(cfg.trainer)
     with pytest.raises(Crash):
-        matcher.match(*pair, data=data)
+        learned.match(*pair, context(cfg, data, tmp_path / "resumed", crashing(normal, at_step=7)))
     last = next((tmp_path / "resumed").glob("pair_*/checkpoints/last.ckpt"))
     assert torch.load(last, weights_only=False)["global_step"] == 7
-    matcher.make_trainer = normal
-    resumed = matcher.match(*pair, data=data)
+    resumed = learned.match(*pair, context(cfg, data, tmp_path / "resumed", normal))
 
     assert resumed.diagnostics["resumed_from"] == str(last)
     assert torch.load(last, weights_only=False)["global_step"] == 12
@@ -194,15 +205,32 @@ def test_interrupted_run_resumes_from_last_checkpoint(tmp_path, pair):
         assert torch.equal(g.perm, h.perm) if isinstance(g, Permutation) else torch.allclose(g.matrix, h.matrix, atol=1e-5)
 
 
+def test_other_settings_or_endpoints_never_resume_a_stale_checkpoint(tmp_path, pair):
+    cfg = config(tmp_path, "data.limit_train=64", "matcher.learned.max_steps=4")
+    data = digits(cfg)
+    run_dir = tmp_path / "shared"
+    first = matcher(cfg, "learned").match(*pair, context(cfg, data, run_dir))
+    assert first.diagnostics["resumed_from"] is None
+    again = matcher(cfg, "learned").match(*pair, context(cfg, data, run_dir))
+    assert again.diagnostics["resumed_from"] == first.diagnostics["checkpoint"]
+    other_lr = matcher(config(tmp_path, "data.limit_train=64", "matcher.learned.max_steps=4",
+                              "matcher.learned.lr=0.02"), "learned")
+    assert other_lr.match(*pair, context(cfg, data, run_dir)).diagnostics["resumed_from"] is None
+    swapped = matcher(cfg, "learned").match(pair[1], pair[0], context(cfg, data, run_dir))
+    assert swapped.diagnostics["resumed_from"] is None
+    assert len(list(run_dir.glob("pair_*"))) == 3
+
+
+@pytest.mark.slow
 def test_ddp_with_two_cpu_processes(tmp_path, pair):
     cfg = config(tmp_path, "trainer=ddp_cpu", "trainer.enable_progress_bar=false")
     data = digits(cfg)
-    matcher = build_matcher("learned", cfg, MatchContext(tmp_path / "ddp"))
-    assert isinstance(matcher, LearnedMatcher)
-    result = matcher.match(*pair, data=data)
+    learned = matcher(cfg, "learned")
+    assert isinstance(learned, LearnedMatcher)
+    result = learned.match(*pair, context(cfg, data, tmp_path / "ddp"))
     assert result.diagnostics["world_size"] == 2
     assert result.diagnostics["steps"] == 12  # the trained state came back from the spawned ranks
     assert result.diagnostics["endpoint_deviation"] < 1e-4
-    b = to_canonical(pair[1])
+    b = pair[1]
     x = next(iter(data.test_dataloader()))[0]
     assert relative_deviation(apply(result.transform, b)(x), b(x)) < 1e-4

@@ -34,7 +34,8 @@ def digits_splits(cfg: DataConfig) -> tuple[Dataset, TensorDataset]:
         images, labels, test_size=cfg.test_fraction, random_state=cfg.split_seed, stratify=labels
     )
     mean, std = x_train.mean(), x_train.std()
-    to_set = lambda x, y: TensorDataset(torch.from_numpy((x - mean) / std), torch.from_numpy(y).long())
+    # torch-owned copies, not numpy views: spawned DDP ranks receive them through shared memory
+    to_set = lambda x, y: TensorDataset(torch.tensor((x - mean) / std), torch.tensor(y, dtype=torch.long))
     train, test = to_set(x_train, y_train), to_set(x_test, y_test)
     if cfg.augment:
         train = ShiftedDigits(*train.tensors, background=float(-mean / std))

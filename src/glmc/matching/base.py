@@ -65,6 +65,15 @@ class MatchContext:
             raise ValueError(f"{method} learns from data: pass data=<training DataLoader> (context.data is None)")
         return self.data.train_dataloader() if hasattr(self.data, "train_dataloader") else self.data
 
+    def fit_data(self) -> dict[str, Any]:
+        """Trainer.fit's data argument: a DataModule is handed over as one (each spawned rank builds
+        its own loaders), a plain loader as train_dataloaders."""
+        import lightning as L
+
+        if isinstance(self.data, L.LightningDataModule):
+            return {"datamodule": self.data}
+        return {"train_dataloaders": self.data}
+
 
 class Matcher(Protocol):
     name: str

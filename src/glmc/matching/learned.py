@@ -108,7 +108,7 @@ class LearnedMatcher:
                                max_epochs=-1, callbacks=[checkpoints, _SaveLast(last)], num_sanity_val_steps=0,
                                limit_val_batches=0)
         tick = time.perf_counter()
-        trainer.fit(module, train_dataloaders=loader, ckpt_path=resume)
+        trainer.fit(module, **context.fit_data(), ckpt_path=resume)
         seconds_train = time.perf_counter() - tick
         module = module.cpu()
 
