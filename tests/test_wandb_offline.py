@@ -143,10 +143,13 @@ def test_offline_run_is_written(tmp_path):
     cfg = compose_config("debug=fast", f"cache_dir={tmp_path / 'endpoints'}", "logger=wandb")
     assert cfg.logger.mode == "offline"
     run_pipeline(cfg, tmp_path / "run")
-    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1
-    logs = list(runs[0].glob("run-*.wandb"))
-    assert logs and logs[0].stat().st_size > 0
+    # one run per endpoint, one per learned method and pair, one for the results
+    learned = [m for m in cfg.matcher.methods if m.startswith("learned")]
+    folders = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(folders) == len(cfg.seeds) + len(learned) * (len(cfg.seeds) // 2) + 1
+    for folder in folders:
+        (log,) = folder.glob("run-*.wandb")
+        assert log.stat().st_size > 0
     # one run per stage, all in the experiment's group, with unprefixed metric keys
     stages = _offline_runs(tmp_path / "run")
     assert {s["group"] for s in stages} == {cfg.experiment}

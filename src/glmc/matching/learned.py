@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,9 @@ class LearnedMatcher:
                                max_epochs=-1, callbacks=[checkpoints, _SaveLast(last)], num_sanity_val_steps=0,
                                limit_val_batches=0)
         tick = time.perf_counter()
-        trainer.fit(module, **context.fit_data(), ckpt_path=resume)
+        with warnings.catch_warnings():  # the DataModule's test split is its val loader; matching has no val loop
+            warnings.filterwarnings("ignore", message=".*val_dataloader.*validation_step")
+            trainer.fit(module, **context.fit_data(), ckpt_path=resume)
         seconds_train = time.perf_counter() - tick
         module = module.cpu()
 
