@@ -17,13 +17,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from glmc.config import register_configs
 from glmc.data.module import DataModule
 from glmc.eval.metrics import logits_of, loss_and_correct
 from glmc.matching.learned_module import LearnedMatchingModule
-from glmc.matching.weight import as_canonical, weight_matching
+from glmc.matching.registry import build_matcher, method_config
+from glmc.matching.weight import weight_matching
+from glmc.models.convert import to_canonical
 from glmc.models.build import build_model
 from glmc.models.canonical import canonical_forward, circuit_params
 from glmc.pipeline.cache import EndpointCache
@@ -73,13 +74,14 @@ def main(overrides: list[str], repeats: int = 7, steps: int = 10) -> None:
         torch.nn.utils.clip_grad_norm_(plain.parameters(), cfg.train.gradient_clip_val)
         plain_opt.step()
 
-    a, b = as_canonical(model_a), as_canonical(model_b)
+    a, b = to_canonical(model_a), to_canonical(model_b)
     transform, _ = weight_matching(a, b)
     spec = SymmetrySpec.from_model(b)
     kinds = {s.name: "orthogonal" if s.kind == "residual" else "permutation" for s in spec if s.kind in ("residual", "heads", "mlp")}
     init = {n: g.matrix if isinstance(g, Orthogonal) else g.dense() for n, g in transform.items()}
-    settings = OmegaConf.to_object(cfg.matcher.learned)
-    module = LearnedMatchingModule(a, b, init, kinds, settings, cfg.data.task, circuits=cfg.symmetry.qk == "circuit")
+    matcher = build_matcher(method_config(cfg, "learned"))
+    settings = matcher.settings
+    module = LearnedMatchingModule(a, b, init, kinds, settings, cfg.data.task, matcher.circuits)
     learned_opt = torch.optim.AdamW(module.latents.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
 
     def learned_step():
