@@ -43,19 +43,31 @@ def merge_params(params: Sequence[dict[str, Tensor]], weights: Sequence[float],
     kept = [(float(w), p) for w, p in zip(weights, params) if w != 0] or [(0.0, params[0])]
     if len(kept) == 1 and kept[0][0] == 1.0:  # an endpoint: its own tensors
         return dict(kept[0][1])
-    out = {}
+    out, plain = {}, []
     for name in kept[0][1]:
         m = _ATTENTION.search(name)
         letter = m.group(1)[0] if m else None
         if letter is None or _PAIR[letter] not in circuits:
-            out[name] = sum(w * p[name] for w, p in kept)
+            plain.append(name)
         elif letter in "qk":  # (H, dh, D) and (H, dh): stack along the head dimension
             out[name] = torch.cat([math.sqrt(w) * p[name] for w, p in kept], dim=1)
         elif letter == "v":
             out[name] = torch.cat([p[name] for _, p in kept], dim=1)
         else:  # o_w (H, D, dv): the heads' value dims are its last axis
             out[name] = torch.cat([w * p[name] for w, p in kept], dim=2)
+    out.update(_weighted_sum([[p[n] for n in plain] for _, p in kept], [w for w, _ in kept], plain))
     return out
+
+
+def _weighted_sum(tensor_lists: Sequence[list[Tensor]], weights: Sequence[float], names: list[str]) -> dict[str, Tensor]:
+    """names[j] -> sum_i weights[i] * tensor_lists[i][j], with one fused kernel launch per model
+    (the per-lambda cost of a path is otherwise dominated by many tiny ops on small models)."""
+    if not names:
+        return {}
+    total = torch._foreach_mul(list(tensor_lists[0]), weights[0])
+    for tensors, w in zip(tensor_lists[1:], weights[1:]):
+        torch._foreach_add_(total, list(tensors), alpha=w)
+    return dict(zip(names, total))
 
 
 def interpolate_state_dicts(state_dicts: Sequence[dict[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
@@ -69,13 +81,10 @@ def interpolate_state_dicts(state_dicts: Sequence[dict[str, Tensor]], weights: S
         for name, t in sd.items():
             if t.shape != first[name].shape:
                 raise ValueError(f"{name}: shape {tuple(t.shape)} in model {i} but {tuple(first[name].shape)} in model 0")
-    out = {}
-    for name, t in first.items():
-        if not torch.is_floating_point(t):  # integer buffers (ids, masks) are not averaged
-            out[name] = t
-            continue
-        out[name] = sum(w * sd[name] for w, sd in zip(weights, state_dicts))
-    return out
+    floating = [name for name, t in first.items() if torch.is_floating_point(t)]
+    out = {name: t for name, t in first.items() if not torch.is_floating_point(t)}  # ids, masks: not averaged
+    out.update(_weighted_sum([[sd[n] for n in floating] for sd in state_dicts], [float(w) for w in weights], floating))
+    return {name: out[name] for name in first}
 
 
 def interpolate(models: Sequence[torch.nn.Module], weights: Sequence[float],
