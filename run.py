@@ -1,4 +1,5 @@
 """Entry point: `python run.py [group=option ...] [key=value ...]`, `-m` for sweeps."""
+
 from __future__ import annotations
 
 import hydra

@@ -11,6 +11,7 @@ Each evaluator run starts from a fresh Evaluator given the DataLoader, so readin
 and building 11 parameter sets are inside its time. Prints medians and their ratios to plain
 (the target for the factored paths is at most 1.2x). Weights are random: cost does not depend on them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,7 @@ from glmc.models import to_canonical
 
 LAMBDAS = [i / 10 for i in range(11)]
 SIZES = {  # name: (image, patch, channels, width, layers, heads, mlp, batch)
-    "demo": (8, 2, 1, 64, 4, 4, 128, 256),   # conf/model/vit_digits.yaml
+    "demo": (8, 2, 1, 64, 4, 4, 128, 256),  # conf/model/vit_digits.yaml
     "paper": (32, 4, 3, 256, 6, 8, 512, 128),  # conf/model/vit_cifar.yaml (paper 001 Table 3)
 }
 
@@ -36,16 +37,27 @@ SIZES = {  # name: (image, patch, channels, width, layers, heads, mlp, batch)
 def vit(size: str, seed: int) -> ViTForImageClassification:
     image, patch, channels, width, layers, heads, mlp, _ = SIZES[size]
     torch.manual_seed(seed)
-    return ViTForImageClassification(ViTConfig(
-        image_size=image, patch_size=patch, num_channels=channels, hidden_size=width, num_hidden_layers=layers,
-        num_attention_heads=heads, intermediate_size=mlp, num_labels=10, attn_implementation="eager")).eval()
+    return ViTForImageClassification(
+        ViTConfig(
+            image_size=image,
+            patch_size=patch,
+            num_channels=channels,
+            hidden_size=width,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=mlp,
+            num_labels=10,
+            attn_implementation="eager",
+        )
+    ).eval()
 
 
 def test_batches(size: str, images: int) -> DataLoader:
     image, _, channels, *_, batch = SIZES[size]
     g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(images, channels, image, image, generator=g),
-                         torch.randint(0, 10, (images,), generator=g))
+    data = TensorDataset(
+        torch.randn(images, channels, image, image, generator=g), torch.randint(0, 10, (images,), generator=g)
+    )
     return DataLoader(data, batch_size=batch)
 
 
@@ -90,15 +102,19 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=360, help="test images per size (digits test split: 360)")
     parser.add_argument("--models", default="demo,paper", help=f"comma-separated subset of {list(SIZES)}")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {len(LAMBDAS)}-point path, "
-          f"{args.images} test images, median of {args.repeats}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {len(LAMBDAS)}-point path, "
+        f"{args.images} test images, median of {args.repeats}"
+    )
     for size in args.models.split(","):
         if size not in SIZES:
             raise SystemExit(f"--models: {size!r} is not one of {list(SIZES)}")
         t = measure(size, args.images, args.repeats)
         image, patch, channels, width, layers, heads, mlp, batch = SIZES[size]
-        print(f"\nViT {size}: {layers} layers, width {width}, {heads} heads, MLP {mlp}, "
-              f"{(image // patch) ** 2 + 1} tokens, batch {batch}")
+        print(
+            f"\nViT {size}: {layers} layers, width {width}, {heads} heads, MLP {mlp}, "
+            f"{(image // patch) ** 2 + 1} tokens, batch {batch}"
+        )
         print(f"  11 plain forward passes        {t['plain']:8.3f} s")
         for name in ("vanilla", "factored", "circuit"):
             target = "  (target <= 1.2x)" if name != "circuit" else ""

@@ -7,6 +7,7 @@ Prints the medians over repeats and their ratio (the issue's target is at most 2
 
   .venv/bin/python benchmarks/learned_step_cost.py [hydra overrides, e.g. matcher.learned.lr=1e-2]
 """
+
 from __future__ import annotations
 
 import statistics
@@ -24,9 +25,9 @@ from glmc.eval.metrics import logits_of, loss_and_correct
 from glmc.matching.learned_module import LearnedMatchingModule
 from glmc.matching.registry import build_matcher, method_config
 from glmc.matching.weight import weight_matching
-from glmc.models.convert import to_canonical
 from glmc.models.build import build_model
 from glmc.models.canonical import canonical_forward, circuit_params
+from glmc.models.convert import to_canonical
 from glmc.pipeline.cache import EndpointCache
 from glmc.pipeline.endpoints import cache_key
 from glmc.symmetry import Orthogonal, SymmetrySpec
@@ -77,7 +78,11 @@ def main(overrides: list[str], repeats: int = 7, steps: int = 10) -> None:
     a, b = to_canonical(model_a), to_canonical(model_b)
     transform, _ = weight_matching(a, b)
     spec = SymmetrySpec.from_model(b)
-    kinds = {s.name: "orthogonal" if s.kind == "residual" else "permutation" for s in spec if s.kind in ("residual", "heads", "mlp")}
+    kinds = {
+        s.name: "orthogonal" if s.kind == "residual" else "permutation"
+        for s in spec
+        if s.kind in ("residual", "heads", "mlp")
+    }
     init = {n: g.matrix if isinstance(g, Orthogonal) else g.dense() for n, g in transform.items()}
     matcher = build_matcher(method_config(cfg, "learned"))
     settings = matcher.settings
@@ -114,15 +119,19 @@ def main(overrides: list[str], repeats: int = 7, steps: int = 10) -> None:
         times["circuit"].append(timed(circuit_step, steps))
     med = {k: statistics.median(v) for k, v in times.items()}
 
-    print(f"model {cfg.model.name} ({'cached endpoints' if cached else 'untrained initialisations'}), "
-          f"batch {tuple(inputs.shape)}, {torch.get_num_threads()} threads, "
-          f"median of {repeats} repeats x {steps} steps")
+    print(
+        f"model {cfg.model.name} ({'cached endpoints' if cached else 'untrained initialisations'}), "
+        f"batch {tuple(inputs.shape)}, {torch.get_num_threads()} threads, "
+        f"median of {repeats} repeats x {steps} steps"
+    )
     print(f"  plain training step (HF endpoint)        {1e3 * med['plain']:8.2f} ms")
     print(f"  learned matching step                    {1e3 * med['learned']:8.2f} ms")
     print(f"    of which projections (Hungarian, SVD)  {1e3 * med['projections']:8.2f} ms")
     print(f"  ratio learned / plain                    {med['learned'] / med['plain']:8.2f}x  (target <= 2.5x)")
-    print(f"  learned step through explicit circuits   {1e3 * med['circuit']:8.2f} ms"
-          f"  ({med['circuit'] / med['plain']:.2f}x plain)")
+    print(
+        f"  learned step through explicit circuits   {1e3 * med['circuit']:8.2f} ms"
+        f"  ({med['circuit'] / med['plain']:.2f}x plain)"
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ the cost of an iteration does not depend on the weights, and the tolerance is se
 run does exactly the requested number of iterations. Prints the median and the breakdown by step,
 and the ViT time as a ratio to the 1 s target.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,15 +24,23 @@ from glmc.models import to_canonical
 
 def cifar_vit(seed: int):
     torch.manual_seed(seed)
-    return ViTForImageClassification(ViTConfig(
-        image_size=32, patch_size=4, num_channels=3, hidden_size=256, num_hidden_layers=6,
-        num_attention_heads=8, intermediate_size=512, num_labels=10))
+    return ViTForImageClassification(
+        ViTConfig(
+            image_size=32,
+            patch_size=4,
+            num_channels=3,
+            hidden_size=256,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            intermediate_size=512,
+            num_labels=10,
+        )
+    )
 
 
 def bookcorpus_gpt2(seed: int):
     torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(n_embd=512, n_layer=6, n_head=8, n_inner=2048, vocab_size=50257,
-                                      n_positions=512))
+    return GPT2LMHeadModel(GPT2Config(n_embd=512, n_layer=6, n_head=8, n_inner=2048, vocab_size=50257, n_positions=512))
 
 
 def measure(build, repeats: int, iterations: int) -> dict[str, float]:
@@ -54,8 +63,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=15)
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.iterations} iterations, "
-          f"median of {args.repeats}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.iterations} iterations, "
+        f"median of {args.repeats}"
+    )
     for name, build in (("ViT CIFAR 6/256/512/8", cifar_vit), ("GPT-2 BookCorpus 6/512/2048/8", bookcorpus_gpt2)):
         r = measure(build, args.repeats, args.iterations)
         parts = ", ".join(f"{k} {v:.3f} s" for k, v in r.items() if k != "median_s")

@@ -7,6 +7,7 @@ Every results.json below the folder contributes its seed pairs; pairs are pooled
 (the same seed pair evaluated by several runs counts once).
 Writes <out>.md and <out>.png next to the folder unless --out says otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,10 @@ def mean_se(values: list[float]) -> tuple[float, float | None]:
 
 def table(pooled) -> str:
     vanilla = {k[:3]: mean_se([p["barrier"] for p in v])[0] for k, v in pooled.items() if k[3] == "vanilla"}
-    lines = ["| experiment | model | dataset | method | pairs | barrier | ratio to vanilla | barrier vs mean |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| experiment | model | dataset | method | pairs | barrier | ratio to vanilla | barrier vs mean |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for (exp, model, data, method), pairs in sorted(pooled.items()):
         b, se = mean_se([p["barrier"] for p in pairs])
         bm, _ = mean_se([p["barrier_vs_mean"] for p in pairs])
@@ -68,7 +71,8 @@ def main() -> None:
             "lambdas": pairs[0]["lambdas"],
             "test_loss": list(np.mean([p["test_loss"] for p in pairs], axis=0)),
             "test_accuracy": list(np.mean([p["test_accuracy"] for p in pairs], axis=0))
-            if all(None not in p["test_accuracy"] for p in pairs) else [None] * len(pairs[0]["lambdas"]),
+            if all(None not in p["test_accuracy"] for p in pairs)
+            else [None] * len(pairs[0]["lambdas"]),
             "barrier": mean_se([p["barrier"] for p in pairs])[0],
         }
     plot_barrier_curves(curves, out.with_suffix(".png"), title=f"mean over pairs: {args.folder.name}")

@@ -1,4 +1,5 @@
 """Shared fixtures: compose the real Hydra config the way run.py does, with overrides."""
+
 from __future__ import annotations
 
 from pathlib import Path

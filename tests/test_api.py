@@ -1,5 +1,6 @@
 """The public API on bring-your-own HF models: convert, align (every method by name), interpolate,
 evaluate a path."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,6 +11,7 @@ from glmc import align, evaluate_path, interpolate, to_canonical
 from glmc.matching.registry import METHODS
 from glmc.models import relative_deviation
 from glmc.symmetry import Orthogonal, Permutation
+
 from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
 
 
@@ -43,8 +45,9 @@ def test_align_interpolate_evaluate(build):
 def test_every_registered_method_runs_by_name(tmp_path):
     hf_a, hf_b = tiny_vit(seed=0, hidden=16, heads=2, mlp=32), tiny_vit(seed=1, hidden=16, heads=2, mlp=32)
     g = torch.Generator().manual_seed(0)
-    data = DataLoader(TensorDataset(torch.randn(64, 1, 8, 8, generator=g), torch.randint(0, 10, (64,), generator=g)),
-                      batch_size=32)
+    data = DataLoader(
+        TensorDataset(torch.randn(64, 1, 8, 8, generator=g), torch.randint(0, 10, (64,), generator=g)), batch_size=32
+    )
     x = next(iter(data))[0]
     learned_options = dict(max_steps=3, lr=0.01, checkpoint_every=2)
     trainer = {"accelerator": "cpu", "enable_progress_bar": False}
@@ -52,7 +55,9 @@ def test_every_registered_method_runs_by_name(tmp_path):
         options = learned_options if name.startswith("learned") else {}
         result = align(hf_a, hf_b, matcher=name, data=data, run_dir=tmp_path / name, trainer=trainer, **options)
         if result.function_preserving:
-            deviation = relative_deviation(result.model(x).logits if name == "vanilla" else result.model(x), hf_b(x).logits)
+            deviation = relative_deviation(
+                result.model(x).logits if name == "vanilla" else result.model(x), hf_b(x).logits
+            )
             assert deviation < 1e-4, name
         if name.startswith("learned"):
             assert result.diagnostics["steps"] == 3, name

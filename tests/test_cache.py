@@ -1,4 +1,5 @@
 """Endpoint cache: round trip, atomic writes, no code unpickled on load."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,19 @@ import torch
 
 from glmc.pipeline.cache import META, WEIGHTS, EndpointCache, config_hash, endpoint_key
 
-KEY = endpoint_key({"width": 4}, {"name": "d", "task": "c", "batch_size": 2, "test_fraction": 0.2,
-                                  "split_seed": 0, "augment": False, "limit_train": None}, {"lr": 0.1})
+KEY = endpoint_key(
+    {"width": 4},
+    {
+        "name": "d",
+        "task": "c",
+        "batch_size": 2,
+        "test_fraction": 0.2,
+        "split_seed": 0,
+        "augment": False,
+        "limit_train": None,
+    },
+    {"lr": 0.1},
+)
 
 
 def test_round_trip_restores_weights(tmp_path):
@@ -30,6 +42,7 @@ def test_killed_write_leaves_no_trusted_entry(tmp_path, monkeypatch):
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt  # what a killed run looks like from inside
+
     monkeypatch.setattr(module.Path, "write_text", crash)
     with pytest.raises(KeyboardInterrupt):
         cache.save(KEY, 0, torch.nn.Linear(4, 3), {})
@@ -54,5 +67,5 @@ def test_weights_file_is_plain_safetensors(tmp_path):
     cache.save(KEY, 0, torch.nn.Linear(4, 3), {})
     raw = (cache.entry(KEY, 0) / WEIGHTS).read_bytes()
     header_len = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + header_len])
+    header = json.loads(raw[8 : 8 + header_len])
     assert set(header) - {"__metadata__"} == {"weight", "bias"}

@@ -4,15 +4,18 @@ import json
 
 import pytest
 import torch
-from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
 
 from glmc.models import CanonicalConfig, CanonicalTransformer, canonical_forward, relative_deviation, to_canonical
+
+from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
 
 TOL = 1e-4
 
 MODELS = {
     "vit-gelu": lambda: tiny_vit(),
-    "vit-relu-2heads-nobias-rgb": lambda: tiny_vit(1, hidden=24, heads=2, mlp=40, act="relu", qkv_bias=False, channels=3, patch=4),
+    "vit-relu-2heads-nobias-rgb": lambda: tiny_vit(
+        1, hidden=24, heads=2, mlp=40, act="relu", qkv_bias=False, channels=3, patch=4
+    ),
     "vit-gelu_new-8heads": lambda: tiny_vit(2, hidden=32, heads=8, mlp=48, act="gelu_new", layers=3),
     "gpt2-gelu_new": lambda: tiny_gpt2(),
     "gpt2-relu-2heads": lambda: tiny_gpt2(1, hidden=24, heads=2, mlp=40, act="relu"),

@@ -1,4 +1,5 @@
 """Every config composes and instantiates; bad overrides fail before any work, naming the key."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,10 +9,11 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import OmegaConfBaseException
 
-from conftest import CONF, ROOT, compose_config
 from glmc.data.module import DataModule
 from glmc.matching.registry import build_matcher, method_config
 from glmc.models.build import build_model
+
+from conftest import CONF, ROOT, compose_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 GROUP_OPTIONS = [
@@ -63,15 +65,25 @@ def test_wrong_type_names_the_key():
 def test_cli_rejects_bad_override_before_work(tmp_path):
     proc = subprocess.run(
         [sys.executable, "run.py", "trainer.devicez=2", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode != 0
     assert "devicez" in proc.stderr
     assert not (tmp_path / "run" / "results.json").exists()
 
 
-@pytest.mark.parametrize("override,key", [("symmetry.residual=orthogonl", "residual"), ("logger=wandb", None),
-                                          ("data.task=regression", "task"), ("pairing=some", "pairing")])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("symmetry.residual=orthogonl", "residual"),
+        ("logger=wandb", None),
+        ("data.task=regression", "task"),
+        ("pairing=some", "pairing"),
+    ],
+)
 def test_misspelled_choice_names_the_key(override, key):
     if key is None:  # a valid choice composes
         assert compose_config(override).logger.kind == "wandb"

@@ -1,4 +1,5 @@
 """Real-dataset loaders read small files that a fixture writes in the released on-disk formats."""
+
 from __future__ import annotations
 
 import pickle
@@ -7,8 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import compose_config
 from glmc.data.module import DataModule
+
+from conftest import compose_config
 
 
 def write_cifar10(root, n=6):
@@ -70,4 +72,4 @@ def test_digits_augmentation_shifts_within_one_pixel():
     x, y = dm.train_set[0]
     assert x.shape == (1, 8, 8)
     base = dm.train_set.images[0]  # padded to 10x10
-    assert any(torch.equal(x[0], base[0, dy:dy + 8, dx:dx + 8]) for dy in range(3) for dx in range(3))
+    assert any(torch.equal(x[0], base[0, dy : dy + 8, dx : dx + 8]) for dy in range(3) for dx in range(3))

@@ -1,5 +1,6 @@
 """The evaluator: paths equal naive copy-and-load evaluation, batches are cached, metrics reduce
 over DDP ranks, autocast stays close to fp32, and bad splits or settings fail clearly."""
+
 from __future__ import annotations
 
 import copy
@@ -13,6 +14,7 @@ from glmc.eval.evaluator import Evaluator, evaluate, evaluate_path
 from glmc.matching.base import Alignment
 from glmc.models import canonical_forward, to_canonical
 from glmc.models.canonical import circuit_params
+
 from tiny_hf import tiny_gpt2, tiny_vit
 
 LAMBDAS = [0.0, 0.3, 0.5, 1.0]
@@ -53,7 +55,7 @@ def test_vanilla_path_equals_copy_and_load(build, loader, task):
     for lam, loss, acc in zip(LAMBDAS, curve["loss"], curve["accuracy"]):
         model = copy.deepcopy(a)
         model.load_state_dict({k: lam * sa[k] + (1 - lam) * sb[k] if sa[k].is_floating_point() else sa[k] for k in sa})
-        want = naive_mean(lambda x: model(x).logits, loader, task)
+        want = naive_mean(lambda x, m=model: m(x).logits, loader, task)
         assert loss == pytest.approx(want[0], rel=1e-5) and acc == pytest.approx(want[1]), lam
 
 
@@ -69,7 +71,7 @@ def test_canonical_path_equals_explicit_interpolation(circuits):
         config = a.config
     for lam, loss in zip(LAMBDAS, curve["loss"]):
         params = {k: lam * pa[k] + (1 - lam) * pb[k] for k in pa}
-        want = naive_mean(lambda x: canonical_forward(config, params, x), loader, "classification")
+        want = naive_mean(lambda x, p=params: canonical_forward(config, p, x), loader, "classification")
         assert loss == pytest.approx(want[0], rel=1e-5), lam
 
 
@@ -145,3 +147,24 @@ def test_ranks_share_the_split_and_reduce_to_the_whole_split_metric(tmp_path):
     for rank in (0, 1):
         assert results[rank][0] == pytest.approx(single[0], rel=1e-6)
         assert results[rank][1] == pytest.approx(single[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("circuits", [(), ("qk", "vo")])
+def test_path_on_cuda_matches_cpu(circuits):
+    a, b = to_canonical(tiny_vit(0)), to_canonical(tiny_vit(1))
+    alignment = Alignment(a, b, circuits=circuits)
+    cpu = Evaluator(images(), progress=False).path(alignment, LAMBDAS)
+    cuda = Evaluator(images(), device="cuda", progress=False).path(alignment, LAMBDAS)
+    assert cuda["loss"] == pytest.approx(cpu["loss"], rel=1e-4)
+    assert all(t.device.type == "cpu" for t in a.params().values())  # it moved copies, not the models
+
+
+@pytest.mark.gpu
+def test_pipeline_evaluates_on_the_trainers_gpu(tmp_path, tiny_overrides):
+    from glmc.pipeline.run import run_pipeline
+
+    from conftest import compose_config
+
+    results = run_pipeline(compose_config(*tiny_overrides, "trainer=gpu"), tmp_path / "run")
+    assert results["device"].startswith("cuda")

@@ -1,4 +1,5 @@
 """Interpolation of canonical models: circuits as stacked heads for any number of models."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from glmc.eval.interpolation import interpolate, merge_params
 from glmc.models import canonical_forward, relative_deviation, to_canonical
 from glmc.models.canonical import circuit_params
+
 from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
 
 

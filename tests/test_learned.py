@@ -1,10 +1,9 @@
 """Learned matching: projections, lambda schemes, the dense apply, training, resume and DDP."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import compose_config
-from tiny_hf import tiny_gpt2, tiny_vit
 
 from glmc.data.module import DataModule
 from glmc.eval.evaluator import evaluate_path
@@ -14,10 +13,13 @@ from glmc.matching.learned import LearnedMatcher
 from glmc.matching.learned_module import LAMBDA_SCHEMES, sample_lambda
 from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
 from glmc.matching.registry import build_matcher, method_config
-from glmc.train.trainer import trainer_factory
 from glmc.models import canonical_forward, relative_deviation, to_canonical
 from glmc.models.canonical import circuit_params
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
+from glmc.train.trainer import trainer_factory
+
+from conftest import compose_config
+from tiny_hf import tiny_gpt2, tiny_vit
 
 TINY = dict(hidden=16, heads=2, mlp=32)
 
@@ -28,9 +30,15 @@ def pair():
 
 
 def config(tmp_path, *overrides):
-    return compose_config("debug=fast", "logger=none", f"cache_dir={tmp_path / 'endpoints'}",
-                          "matcher.learned.max_steps=12", "matcher.learned.lr=0.01",
-                          "matcher.learned.checkpoint_every=4", *overrides)
+    return compose_config(
+        "debug=fast",
+        "logger=none",
+        f"cache_dir={tmp_path / 'endpoints'}",
+        "matcher.learned.max_steps=12",
+        "matcher.learned.lr=0.01",
+        "matcher.learned.checkpoint_every=4",
+        *overrides,
+    )
 
 
 def digits(cfg):
@@ -134,7 +142,9 @@ def test_learned_matching_lowers_midpoint_loss_and_preserves_b(tmp_path, pair):
     before = evaluate_path(weight, None, loader, [0.5], progress=False)["loss"][0]
     after = evaluate_path(learned, None, loader, [0.5], progress=False)["loss"][0]
     d = learned.diagnostics
-    print(f"\n  midpoint train loss: weight matching {before:.4f}, learned {after:.4f}; changed {d['changed_from_init']}")
+    print(
+        f"\n  midpoint train loss: weight matching {before:.4f}, learned {after:.4f}; changed {d['changed_from_init']}"
+    )
     assert after < before - 0.01
     assert d["steps"] == 30 and len(d["loss_history"]) == 30 and d["endpoint_deviation"] < 1e-4
     assert learned.circuits == ("qk", "vo") and learned.function_preserving
@@ -202,7 +212,9 @@ def test_interrupted_run_resumes_from_last_checkpoint(tmp_path, pair):
     assert resumed.diagnostics["loss_history"] == pytest.approx(straight.diagnostics["loss_history"], rel=1e-4)
     for name, g in straight.transform.items():
         h = resumed.transform[name]
-        assert torch.equal(g.perm, h.perm) if isinstance(g, Permutation) else torch.allclose(g.matrix, h.matrix, atol=1e-5)
+        assert (
+            torch.equal(g.perm, h.perm) if isinstance(g, Permutation) else torch.allclose(g.matrix, h.matrix, atol=1e-5)
+        )
 
 
 def test_other_settings_or_endpoints_never_resume_a_stale_checkpoint(tmp_path, pair):
@@ -213,8 +225,9 @@ def test_other_settings_or_endpoints_never_resume_a_stale_checkpoint(tmp_path, p
     assert first.diagnostics["resumed_from"] is None
     again = matcher(cfg, "learned").match(*pair, context(cfg, data, run_dir))
     assert again.diagnostics["resumed_from"] == first.diagnostics["checkpoint"]
-    other_lr = matcher(config(tmp_path, "data.limit_train=64", "matcher.learned.max_steps=4",
-                              "matcher.learned.lr=0.02"), "learned")
+    other_lr = matcher(
+        config(tmp_path, "data.limit_train=64", "matcher.learned.max_steps=4", "matcher.learned.lr=0.02"), "learned"
+    )
     assert other_lr.match(*pair, context(cfg, data, run_dir)).diagnostics["resumed_from"] is None
     swapped = matcher(cfg, "learned").match(pair[1], pair[0], context(cfg, data, run_dir))
     assert swapped.diagnostics["resumed_from"] is None

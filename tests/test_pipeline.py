@@ -1,14 +1,16 @@
 """End to end on the embedded digits data with a tiny ViT: outputs, cache reuse, determinism."""
+
 from __future__ import annotations
 
 import csv
 import json
 import math
 
-from conftest import compose_config
 from glmc.pipeline.cache import EndpointCache
 from glmc.pipeline.endpoints import cache_key
 from glmc.pipeline.run import run_pipeline
+
+from conftest import compose_config
 
 
 def test_tiny_run_writes_three_sane_outputs(tmp_path, tiny_overrides):
@@ -53,8 +55,9 @@ def test_cache_is_reused_and_keyed_by_training_config(tmp_path, tiny_overrides, 
     assert second["methods"]["vanilla"]["test_loss"] == first["methods"]["vanilla"]["test_loss"]
 
     changed = compose_config(*tiny_overrides, "train.lr=0.01")
-    assert EndpointCache(tmp_path / "endpoints").entry(cache_key(changed), 0) != \
-        EndpointCache(tmp_path / "endpoints").entry(cache_key(cfg), 0)
+    assert EndpointCache(tmp_path / "endpoints").entry(cache_key(changed), 0) != EndpointCache(
+        tmp_path / "endpoints"
+    ).entry(cache_key(cfg), 0)
     # Evaluation-only settings do not invalidate trained endpoints.
     assert cache_key(compose_config(*tiny_overrides, "data.eval_batch_size=7", "eval.num_lambdas=5")) == cache_key(cfg)
     try:
@@ -93,9 +96,18 @@ def test_cli_writes_into_hydra_run_dir(tmp_path):
 
     run_dir = tmp_path / "chosen"
     proc = subprocess.run(
-        [sys.executable, "run.py", "debug=fast", "logger=none", f"cache_dir={tmp_path / 'endpoints'}",
-         f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "run.py",
+            "debug=fast",
+            "logger=none",
+            f"cache_dir={tmp_path / 'endpoints'}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert {"results.json", "barrier.csv", "barrier.png"} <= {p.name for p in run_dir.iterdir()}

@@ -1,4 +1,5 @@
 """experiments/summarize.py pools seed pairs across the runs of a sweep."""
+
 from __future__ import annotations
 
 import json
@@ -9,10 +10,20 @@ from conftest import ROOT
 
 
 def _results(seeds, barriers):
-    pair = lambda b: {"seeds": seeds, "barrier": b, "barrier_vs_mean": b, "lambdas": [0.0, 1.0],
-                      "test_loss": [0.1, 0.1], "test_accuracy": [0.9, 0.9]}
-    return {"experiment": "e", "model": "m", "dataset": "d",
-            "methods": {name: {"pairs": [pair(b)]} for name, b in barriers.items()}}
+    pair = lambda b: {
+        "seeds": seeds,
+        "barrier": b,
+        "barrier_vs_mean": b,
+        "lambdas": [0.0, 1.0],
+        "test_loss": [0.1, 0.1],
+        "test_accuracy": [0.9, 0.9],
+    }
+    return {
+        "experiment": "e",
+        "model": "m",
+        "dataset": "d",
+        "methods": {name: {"pairs": [pair(b)]} for name, b in barriers.items()},
+    }
 
 
 def test_pairs_pool_across_runs(tmp_path):
@@ -20,8 +31,13 @@ def test_pairs_pool_across_runs(tmp_path):
         run = tmp_path / str(i)
         run.mkdir()
         (run / "results.json").write_text(json.dumps(_results(seeds, {"vanilla": 2.0 + i, "weight": 1.0})))
-    proc = subprocess.run([sys.executable, "experiments/summarize.py", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "experiments/summarize.py", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = {line.split("|")[4].strip(): line for line in proc.stdout.splitlines() if line.startswith("| e ")}
     # vanilla pairs: (0,1) -> 4.0 (the later run wins), (2,3) -> 3.0; weight: 1.0 twice

@@ -1,4 +1,5 @@
 """Every sweep config composes in multirun mode and expands to the jobs it promises."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from conftest import CONF
 from glmc.matching.registry import METHODS
+
+from conftest import CONF
 
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
 JOBS = {"matchers": len(METHODS), "learned_ablation": 8, "seeds": 3}
@@ -53,6 +55,8 @@ def test_learned_ablation_crosses_lambda_scheme_and_init():
 
     cfg, jobs = expand("learned_ablation")
     assert list(cfg.matcher.methods) == ["learned"]
-    settings = {(OmegaConf.from_dotlist(job).matcher.learned.lambda_scheme,
-                 OmegaConf.from_dotlist(job).matcher.learned.init) for job in jobs}
+    settings = {
+        (OmegaConf.from_dotlist(job).matcher.learned.lambda_scheme, OmegaConf.from_dotlist(job).matcher.learned.init)
+        for job in jobs
+    }
     assert settings == {(s, i) for s in LAMBDA_SCHEMES for i in ("weight", "identity")}

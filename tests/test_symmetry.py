@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
 
 from glmc.models import canonical_forward, relative_deviation, to_canonical
 from glmc.symmetry import (
@@ -16,6 +15,8 @@ from glmc.symmetry import (
     apply,
     apply_params,
 )
+
+from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
 
 TOL = 1e-4
 FAMILIES = {"vit": tiny_vit, "gpt2": tiny_gpt2}
@@ -51,7 +52,13 @@ CASES = {
     "vo orthogonal_scale": ({"vo": "orthogonal_scale"}, 0),
     "mlp permutation": ({"mlp": "permutation"}, 0),
     "all at once, widened": (
-        {"residual": "orthogonal", "heads": "semi_permutation", "qk": "invertible", "vo": "orthogonal_scale", "mlp": "permutation"},
+        {
+            "residual": "orthogonal",
+            "heads": "semi_permutation",
+            "qk": "invertible",
+            "vo": "orthogonal_scale",
+            "mlp": "permutation",
+        },
         2,
     ),
 }
@@ -121,7 +128,9 @@ def test_full_width_qkv_permutation_is_not_a_symmetry(family):
     for n in ("q", "k", "v"):
         p[f"blocks.0.{n}_w"] = p[f"blocks.0.{n}_w"].reshape(H * dh, D)[perm].reshape(H, dh, D)
         p[f"blocks.0.{n}_b"] = p[f"blocks.0.{n}_b"].reshape(H * dh)[perm].reshape(H, dh)
-    p["blocks.0.o_w"] = p["blocks.0.o_w"].permute(1, 0, 2).reshape(D, H * dh)[:, perm].reshape(D, H, dh).permute(1, 0, 2)
+    p["blocks.0.o_w"] = (
+        p["blocks.0.o_w"].permute(1, 0, 2).reshape(D, H * dh)[:, perm].reshape(D, H, dh).permute(1, 0, 2)
+    )
     with torch.no_grad():
         dev = relative_deviation(canonical_forward(model.config, p, x), model(x))
     print(f"\n  {fam} full-width Q/K/V permutation (should change): {dev:.2e}")
@@ -157,7 +166,9 @@ def test_orthogonal_map_needs_layernorm_conversion(affine):
         ref = hf(x).logits
         dev_hf = relative_deviation(rotate_hf_gpt2(hf, o)(x).logits, ref)
         dev_canonical = relative_deviation(apply(Transform(residual=Orthogonal(o)), canonical)(x), ref)
-    print(f"\n  gpt2 orthogonal map on the LayerNorm model (should change): {dev_hf:.2e}; canonical: {dev_canonical:.2e}")
+    print(
+        f"\n  gpt2 orthogonal map on the LayerNorm model (should change): {dev_hf:.2e}; canonical: {dev_canonical:.2e}"
+    )
     assert dev_hf > 1e-2 and dev_canonical < TOL
 
 

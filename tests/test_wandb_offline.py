@@ -4,6 +4,7 @@ stable metric keys, and finishes even when the run fails.
 wandb has no reader for offline runs, so besides the run objects in-process the tests read the
 `run-<id>.wandb` files on disk (a LevelDB-style log of protobuf records, the data `wandb sync` uploads).
 """
+
 from __future__ import annotations
 
 import json
@@ -13,16 +14,26 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose_config
 from glmc.pipeline.run import run_pipeline
 from glmc.pipeline.tracking import Tracker
+
+from conftest import compose_config
 
 
 @pytest.fixture(autouse=True)
 def no_wandb_network(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_SILENT", "true")
-    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_RUN_GROUP", "WANDB_JOB_TYPE",
-                "WANDB_NAME", "WANDB_TAGS", "WANDB_DIR"):
+    for var in (
+        "WANDB_API_KEY",
+        "WANDB_MODE",
+        "WANDB_ENTITY",
+        "WANDB_PROJECT",
+        "WANDB_RUN_GROUP",
+        "WANDB_JOB_TYPE",
+        "WANDB_NAME",
+        "WANDB_TAGS",
+        "WANDB_DIR",
+    ):
         monkeypatch.delenv(var, raising=False)
     # artifact staging and caches in the test's folder, not in the home directory
     for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
@@ -48,13 +59,13 @@ def _records(wandb_file: Path) -> list:
         if left < _HEADER:  # the tail of a block too short for a header is padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
         if kind == 0:  # zero padding up to the end of the block
             pos += left
             continue
         if pos + _HEADER + length > len(data):  # still being written
             break
-        chunk = data[pos + _HEADER:pos + _HEADER + length]
+        chunk = data[pos + _HEADER : pos + _HEADER + length]
         pos += _HEADER + length
         if kind in (_FULL, _FIRST):
             chunks = [chunk]
@@ -94,8 +105,12 @@ def _parse_run(folder: Path) -> dict:
     for r in _records(wandb_file):
         kind = r.WhichOneof("record_type")
         if kind == "run":
-            run.update(group=r.run.run_group, job_type=r.run.job_type, name=r.run.display_name,
-                       start=(r.run.start_time.seconds, r.run.start_time.nanos))
+            run.update(
+                group=r.run.run_group,
+                job_type=r.run.job_type,
+                name=r.run.display_name,
+                start=(r.run.start_time.seconds, r.run.start_time.nanos),
+            )
         elif kind == "history":
             run["history"] |= {_key(i) for i in r.history.item}
         elif kind == "summary":  # plain values only; media and tables are dicts spread over nested keys
@@ -126,18 +141,33 @@ def _results_files(run_dir: Path) -> None:
 
 
 RESULTS = {
-    "endpoints": [{"seed": 0, "test_loss": 0.1, "test_accuracy": 0.9},
-                  {"seed": 1, "test_loss": 0.12, "test_accuracy": 0.88}],
+    "endpoints": [
+        {"seed": 0, "test_loss": 0.1, "test_accuracy": 0.9},
+        {"seed": 1, "test_loss": 0.12, "test_accuracy": 0.88},
+    ],
     "methods": {
-        "vanilla": {"lambdas": [0.0, 0.5, 1.0], "test_loss": [0.1, 0.9, 0.12], "test_accuracy": [0.9, 0.3, 0.88],
-                    "barrier": 0.79, "barrier_vs_mean": 0.79, "barrier_se": None},
-        "weight": {"lambdas": [0.0, 0.5, 1.0], "test_loss": [0.1, 0.2, 0.12], "test_accuracy": [0.9, 0.8, 0.88],
-                   "barrier": 0.09, "barrier_vs_mean": 0.09, "barrier_se": 0.01},
+        "vanilla": {
+            "lambdas": [0.0, 0.5, 1.0],
+            "test_loss": [0.1, 0.9, 0.12],
+            "test_accuracy": [0.9, 0.3, 0.88],
+            "barrier": 0.79,
+            "barrier_vs_mean": 0.79,
+            "barrier_se": None,
+        },
+        "weight": {
+            "lambdas": [0.0, 0.5, 1.0],
+            "test_loss": [0.1, 0.2, 0.12],
+            "test_accuracy": [0.9, 0.8, 0.88],
+            "barrier": 0.09,
+            "barrier_vs_mean": 0.09,
+            "barrier_se": 0.01,
+        },
     },
 }
 
 
 # -- tests -------------------------------------------------------------------------------------------
+
 
 def test_offline_run_is_written(tmp_path):
     cfg = compose_config("debug=fast", f"cache_dir={tmp_path / 'endpoints'}", "logger=wandb")
@@ -185,8 +215,10 @@ def test_stage_runs_share_the_group_and_have_job_types(tmp_path):
     assert tracker.run is None
     assert tracker.runs == [first, second]
     stages = _offline_runs(tmp_path)
-    assert [(s["group"], s["job_type"], s["exit_code"]) for s in stages] == [("debug", "train", 0),
-                                                                           ("debug", "match", 0)]
+    assert [(s["group"], s["job_type"], s["exit_code"]) for s in stages] == [
+        ("debug", "train", 0),
+        ("debug", "match", 0),
+    ]
 
 
 def test_group_falls_back_to_the_experiment(tmp_path):
@@ -247,7 +279,8 @@ def test_results_are_logged_with_an_artifact(tmp_path):
     assert train["job_type"] == "train" and not train["artifacts"]
     assert evaluate["job_type"] == "evaluate" and evaluate["exit_code"] == 0
     assert {"barrier_curves", "barrier_curve/loss", "barrier_curve/accuracy", "barrier_png"} <= {
-        k.removesuffix("_table") for k in evaluate["history"]}
+        k.removesuffix("_table") for k in evaluate["history"]
+    }
     kind, files = evaluate["artifacts"]["results-debug"]
     assert kind == "results" and {"results.json", "barrier.png"} <= set(files)
     assert evaluate["summary"]["vanilla/barrier"] == 0.79
@@ -258,8 +291,16 @@ def test_language_model_results_skip_accuracy(tmp_path):
     _results_files(tmp_path)
     results = {
         "endpoints": [{"seed": 0, "test_loss": 3.1, "test_accuracy": None}],
-        "methods": {"vanilla": {"lambdas": [0.0, 1.0], "test_loss": [3.1, 3.2], "test_accuracy": [None, None],
-                                "barrier": 0.3, "barrier_vs_mean": 0.2, "barrier_se": None}},
+        "methods": {
+            "vanilla": {
+                "lambdas": [0.0, 1.0],
+                "test_loss": [3.1, 3.2],
+                "test_accuracy": [None, None],
+                "barrier": 0.3,
+                "barrier_vs_mean": 0.2,
+                "barrier_se": None,
+            }
+        },
     }
     with Tracker(cfg, tmp_path) as tracker:
         tracker.log_results(results)

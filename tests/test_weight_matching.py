@@ -1,13 +1,15 @@
 """Weight matching recovers hidden symmetries, keeps B's function, and its head cost is exact."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from glmc.models.canonical import canonical_forward
 from glmc.matching.weight import WeightMatcher, circuit_cost, relative_distance, weight_matching
 from glmc.models import relative_deviation, to_canonical
+from glmc.models.canonical import canonical_forward
 from glmc.symmetry import SymmetrySpec, Transform, apply
+
 from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
 
 FAMILIES = {"vit": tiny_vit, "gpt2": tiny_gpt2}
@@ -23,8 +25,9 @@ def _double(model):
 def test_recovers_a_hidden_symmetry(family, residual, dtype, tol):
     a = to_canonical(FAMILIES[family](seed=0))
     spec = SymmetrySpec.from_model(a)
-    hidden = Transform.sample(spec, {"residual": residual, "heads": "permutation", "mlp": "permutation"},
-                              torch.Generator().manual_seed(3))
+    hidden = Transform.sample(
+        spec, {"residual": residual, "heads": "permutation", "mlp": "permutation"}, torch.Generator().manual_seed(3)
+    )
     b = apply(hidden, a)
     assert relative_distance(_double(a), _double(b)) > 0.5  # far apart before matching
     transform, diag = weight_matching(a, b, residual, dtype=dtype)

@@ -1,4 +1,5 @@
 """glmc: symmetry-aware alignment of Transformers and loss barriers along linear paths."""
+
 from glmc.api import align
 from glmc.eval.evaluator import Evaluator, evaluate, evaluate_path
 from glmc.eval.interpolation import interpolate

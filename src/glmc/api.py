@@ -1,7 +1,8 @@
 """Public entry points for people who bring their own models.
 
-    from glmc import to_canonical, align, interpolate, evaluate_path
+from glmc import to_canonical, align, interpolate, evaluate_path
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -10,14 +11,22 @@ from typing import Any
 
 import torch
 
-from glmc.matching.base import Alignment, Matcher, MatchContext
+from glmc.matching.base import Alignment, MatchContext, Matcher
 from glmc.matching.registry import METHODS, build_matcher, default_method_config
 from glmc.models.convert import to_canonical
 
 
-def align(model_a: torch.nn.Module, model_b: torch.nn.Module, matcher: str | Matcher = "weight",
-          data: Any = None, *, run_dir: str | Path | None = None, trainer: dict[str, Any] | None = None,
-          device: str | torch.device = "cpu", **options) -> Alignment:
+def align(
+    model_a: torch.nn.Module,
+    model_b: torch.nn.Module,
+    matcher: str | Matcher = "weight",
+    data: Any = None,
+    *,
+    run_dir: str | Path | None = None,
+    trainer: dict[str, Any] | None = None,
+    device: str | torch.device = "cpu",
+    **options,
+) -> Alignment:
     """Align model B to model A.
 
     `model_a`, `model_b`: HF models (ViTForImageClassification, GPT2LMHeadModel) or canonical ones.
@@ -39,8 +48,9 @@ def align(model_a: torch.nn.Module, model_b: torch.nn.Module, matcher: str | Mat
         raise TypeError("options apply to a matcher given by name")
     a, b = to_canonical(model_a), to_canonical(model_b)
     with tempfile.TemporaryDirectory(prefix="glmc-align-") as scratch:
-        context = MatchContext(data=data, trainer=_trainer(trainer), run_dir=Path(run_dir or scratch),
-                               device=torch.device(device))
+        context = MatchContext(
+            data=data, trainer=_trainer(trainer), run_dir=Path(run_dir or scratch), device=torch.device(device)
+        )
         return matcher.match(a, b, context)
 
 

@@ -1,4 +1,5 @@
 """String choices as enums, so a misspelled value fails at composition and names the key."""
+
 from __future__ import annotations
 
 from enum import StrEnum

@@ -4,15 +4,27 @@ Every YAML file under conf/ is merged into these dataclasses, so a misspelled ke
 wrong type fails while the config is composed, before any training starts, and the error names the
 key (OmegaConf's ConfigKeyError / ValidationError).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from glmc.choices import (Dataset, EvalPrecision, EvalSplit, Family, HeadForm, LoggerKind, LoggerMode, Pairing,
-                          ResidualClass, Task, UnitClass)
+from glmc.choices import (
+    Dataset,
+    EvalPrecision,
+    EvalSplit,
+    Family,
+    HeadForm,
+    LoggerKind,
+    LoggerMode,
+    Pairing,
+    ResidualClass,
+    Task,
+    UnitClass,
+)
 from glmc.matching.registry import MatcherConfig
 
 
@@ -50,8 +62,8 @@ class DataConfig:
     augment: bool = False
     download: bool = False  # real datasets only; the default run never touches the network
     num_workers: int = 0
-    limit_train: Optional[int] = None  # keep the first N training examples (debugging)
-    limit_test: Optional[int] = None
+    limit_train: int | None = None  # keep the first N training examples (debugging)
+    limit_test: int | None = None
 
 
 @dataclass
@@ -80,17 +92,17 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     deterministic: bool = True
     log_every_n_steps: int = 10
-    limit_train_batches: Optional[float] = None
+    limit_train_batches: float | None = None
 
 
 @dataclass
 class LoggerConfig:
     kind: LoggerKind = LoggerKind.csv
     project: str = "glmc"
-    entity: Optional[str] = None
+    entity: str | None = None
     mode: LoggerMode = LoggerMode.offline  # W&B stays offline unless the user sets online
-    group: Optional[str] = "${experiment}"  # runs of one experiment share a W&B group
-    tags: List[str] = field(default_factory=list)
+    group: str | None = "${experiment}"  # runs of one experiment share a W&B group
+    tags: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -118,7 +130,7 @@ class EvalConfig:
 @dataclass
 class Config:
     experiment: str = "demo"
-    seeds: List[int] = field(default_factory=lambda: [0, 1])
+    seeds: list[int] = field(default_factory=lambda: [0, 1])
     pairing: Pairing = Pairing.disjoint  # disjoint: (s0,s1),(s2,s3),...; all: every pair
     cache_dir: str = "outputs/endpoints"
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -3,6 +3,7 @@
 The files are read directly (not through torchvision's dataset class, whose checksum test rejects
 anything but the full release), so small files in the same format work for tests.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -27,8 +28,10 @@ def _read_batches(folder: Path, names: list[str], label_key: bytes) -> tuple[np.
     for name in names:
         path = folder / name
         if not path.exists():
-            raise FileNotFoundError(f"{path} is missing: set data.root to the folder holding {folder.name}/ "
-                                    "or data.download=true on a machine with network")
+            raise FileNotFoundError(
+                f"{path} is missing: set data.root to the folder holding {folder.name}/ "
+                "or data.download=true on a machine with network"
+            )
         with open(path, "rb") as f:
             batch = pickle.load(f, encoding="bytes")  # the release format: dicts of numpy arrays
         images.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
@@ -58,12 +61,14 @@ def cifar_splits(cfg: DataConfig) -> tuple[Dataset, Dataset]:
     normalise = transforms.Normalize(MEAN, STD)
     train_tf = normalise
     if cfg.augment:  # paper 001 Table 3: crop with padding, flip, colour jitter
-        train_tf = transforms.Compose([
-            transforms.RandomCrop(32, padding=4),
-            transforms.RandomHorizontalFlip(),
-            transforms.ColorJitter(0.4, 0.4, 0.4, 0.1),
-            normalise,
-        ])
+        train_tf = transforms.Compose(
+            [
+                transforms.RandomCrop(32, padding=4),
+                transforms.RandomHorizontalFlip(),
+                transforms.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                normalise,
+            ]
+        )
     train = ArrayImages(*_read_batches(root / folder_name, train_names, label_key), train_tf)
     test = ArrayImages(*_read_batches(root / folder_name, test_names, label_key), normalise)
     return train, test

@@ -1,4 +1,5 @@
 """sklearn's digits (8x8 grey images, 10 classes): the embedded default, no download."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,7 @@ class ShiftedDigits(Dataset):
 
     def __getitem__(self, i: int):
         dy, dx = torch.randint(0, 3, (2,)).tolist()  # global RNG: seeded per endpoint
-        return self.images[i, :, dy:dy + 8, dx:dx + 8], self.labels[i]
+        return self.images[i, :, dy : dy + 8, dx : dx + 8], self.labels[i]
 
 
 def digits_splits(cfg: DataConfig) -> tuple[Dataset, TensorDataset]:

@@ -1,4 +1,5 @@
 """One LightningDataModule for every dataset; the dataset name picks the loader."""
+
 from __future__ import annotations
 
 import copy

@@ -1,9 +1,10 @@
 """Tiny ImageNet (200 classes, 64x64) in its released folder layout; the val split serves as test.
 
-    <root>/tiny-imagenet-200/wnids.txt
-    <root>/tiny-imagenet-200/train/<wnid>/images/*.JPEG
-    <root>/tiny-imagenet-200/val/images/*.JPEG  +  val/val_annotations.txt (file, wnid, box)
+<root>/tiny-imagenet-200/wnids.txt
+<root>/tiny-imagenet-200/train/<wnid>/images/*.JPEG
+<root>/tiny-imagenet-200/val/images/*.JPEG  +  val/val_annotations.txt (file, wnid, box)
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,7 +45,15 @@ def tiny_imagenet_splits(cfg: DataConfig) -> tuple[Dataset, Dataset]:
         test_items.append((base / "val" / "images" / name, index[wnid]))
     to_tensor = [transforms.ToTensor(), transforms.Normalize(MEAN, STD)]
     train_tf = transforms.Compose(
-        ([transforms.RandomResizedCrop(64), transforms.RandomHorizontalFlip(),
-          transforms.AutoAugment(transforms.AutoAugmentPolicy.IMAGENET)] if cfg.augment else []) + to_tensor
+        (
+            [
+                transforms.RandomResizedCrop(64),
+                transforms.RandomHorizontalFlip(),
+                transforms.AutoAugment(transforms.AutoAugmentPolicy.IMAGENET),
+            ]
+            if cfg.augment
+            else []
+        )
+        + to_tensor
     )
     return ImageFiles(train_items, train_tf), ImageFiles(test_items, transforms.Compose(to_tensor))

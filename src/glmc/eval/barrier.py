@@ -1,7 +1,8 @@
 """Loss barriers along a linear path theta(lam) = lam*theta_A + (1-lam)*theta_B."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -7,10 +7,13 @@ are built per lambda and fed to the forward (canonical_forward, or torch.func.fu
 HF models), with no module copies. Under torch.distributed each rank evaluates every world_size-th
 batch and the sums are all-reduced, so every rank gets the metric of the whole split.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterable, Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,8 +59,15 @@ class Evaluator:
     """Mean loss and accuracy over `loader` (batches of (inputs, targets)) for a `task`
     ("classification" or "causal_lm")."""
 
-    def __init__(self, loader: Iterable, task: str = "classification", device: str | torch.device = "cpu",
-                 precision: str = "32", cache_mb: float = 2048, progress: bool = True):
+    def __init__(
+        self,
+        loader: Iterable,
+        task: str = "classification",
+        device: str | torch.device = "cpu",
+        precision: str = "32",
+        cache_mb: float = 2048,
+        progress: bool = True,
+    ):
         if str(precision) not in AUTOCAST:
             raise ValueError(f"eval.precision={precision!r} is not one of {list(AUTOCAST)}")
         self.loader, self.task, self.device = loader, task, torch.device(device)
@@ -128,7 +138,7 @@ class Evaluator:
                     params = merge_params([fa.tensors, fb.tensors], [lam, 1.0 - lam], alignment.circuits)
                 else:
                     params = interpolate_state_dicts([fa.tensors, fb.tensors], [lam, 1.0 - lam])
-            loss, acc = self._metrics(lambda x: fa.forward(params, x))
+            loss, acc = self._metrics(functools.partial(fa.forward, params))
             curve["loss"].append(loss)
             curve["accuracy"].append(acc)
         return curve
@@ -147,9 +157,16 @@ def evaluate(model: torch.nn.Module, loader: Iterable, task: str = "classificati
     return Evaluator(loader, task, progress=False, **options).evaluate(model)
 
 
-def evaluate_path(model_a: torch.nn.Module | Alignment, model_b: torch.nn.Module | None, loader: Iterable,
-                  lambdas: Sequence[float], task: str = "classification", circuits: Sequence[str] = (),
-                  progress: bool = True, **options) -> dict[str, list[float]]:
+def evaluate_path(
+    model_a: torch.nn.Module | Alignment,
+    model_b: torch.nn.Module | None,
+    loader: Iterable,
+    lambdas: Sequence[float],
+    task: str = "classification",
+    circuits: Sequence[str] = (),
+    progress: bool = True,
+    **options,
+) -> dict[str, list[float]]:
     """Loss and accuracy along lam * A + (1 - lam) * B. Pass an Alignment as the first argument
     (and None for B) to use its parameterisation and circuit setting."""
     alignment = model_a if isinstance(model_a, Alignment) else Alignment(model_a, model_b, circuits=tuple(circuits))

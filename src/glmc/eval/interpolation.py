@@ -9,12 +9,13 @@ forward costs about N times the attention of one model instead of D / d_head tim
 (D+1) x (D+1) circuits. Models with weight 0 are left out, so the endpoints of a path cost one
 plain forward. Everything here is differentiable (learned matching builds its path with it).
 """
+
 from __future__ import annotations
 
 import copy
 import math
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -30,8 +31,9 @@ def _check_weights(weights: Sequence[float], circuits: Sequence[str]) -> None:
         raise ValueError(f"weights {list(weights)}: circuit interpolation needs non-negative weights")
 
 
-def merge_params(params: Sequence[dict[str, Tensor]], weights: Sequence[float],
-                 circuits: Sequence[str] = ()) -> dict[str, Tensor]:
+def merge_params(
+    params: Sequence[dict[str, Tensor]], weights: Sequence[float], circuits: Sequence[str] = ()
+) -> dict[str, Tensor]:
     """sum_i weights[i] * params[i] of factored canonical params; attention pairs named in
     `circuits` ("qk", "vo") are merged as circuits by stacking heads (module docstring)."""
     if len(params) != len(weights):
@@ -59,7 +61,9 @@ def merge_params(params: Sequence[dict[str, Tensor]], weights: Sequence[float],
     return out
 
 
-def _weighted_sum(tensor_lists: Sequence[list[Tensor]], weights: Sequence[float], names: list[str]) -> dict[str, Tensor]:
+def _weighted_sum(
+    tensor_lists: Sequence[list[Tensor]], weights: Sequence[float], names: list[str]
+) -> dict[str, Tensor]:
     """names[j] -> sum_i weights[i] * tensor_lists[i][j], with one fused kernel launch per model
     (the per-lambda cost of a path is otherwise dominated by many tiny ops on small models)."""
     if not names:
@@ -80,15 +84,18 @@ def interpolate_state_dicts(state_dicts: Sequence[dict[str, Tensor]], weights: S
             raise ValueError(f"model {i} has different parameters than model 0: {sorted(set(sd) ^ set(first))[:5]}")
         for name, t in sd.items():
             if t.shape != first[name].shape:
-                raise ValueError(f"{name}: shape {tuple(t.shape)} in model {i} but {tuple(first[name].shape)} in model 0")
+                raise ValueError(
+                    f"{name}: shape {tuple(t.shape)} in model {i} but {tuple(first[name].shape)} in model 0"
+                )
     floating = [name for name, t in first.items() if torch.is_floating_point(t)]
     out = {name: t for name, t in first.items() if not torch.is_floating_point(t)}  # ids, masks: not averaged
     out.update(_weighted_sum([[sd[n] for n in floating] for sd in state_dicts], [float(w) for w in weights], floating))
     return {name: out[name] for name in first}
 
 
-def interpolate(models: Sequence[torch.nn.Module], weights: Sequence[float],
-                circuits: Sequence[str] = ()) -> torch.nn.Module:
+def interpolate(
+    models: Sequence[torch.nn.Module], weights: Sequence[float], circuits: Sequence[str] = ()
+) -> torch.nn.Module:
     """A new model whose parameters are sum_i weights[i] * models[i].
 
     Canonical models in factored form are merged by `merge_params` (attention as circuits for the

@@ -1,4 +1,5 @@
 """Loss and accuracy of logits against a batch, for image classification and causal language models."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Barrier curves as a picture: loss and accuracy against lambda, one curve per method."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,7 @@ def plot_barrier_curves(methods: dict[str, dict[str, Any]], path: Path, title: s
     for name, m in methods.items():
         lam = m["lambdas"]
         label = f"{name} (barrier {m['barrier']:.3f})"
-        line, = ax_loss.plot(lam, m["test_loss"], marker=".", label=label)
+        (line,) = ax_loss.plot(lam, m["test_loss"], marker=".", label=label)
         if any(a is not None for a in m["test_accuracy"]):
             ax_acc.plot(lam, m["test_accuracy"], marker=".", color=line.get_color(), label=name)
     # The endpoints are the trained models themselves: mark them once, from the first method.

@@ -3,13 +3,15 @@
 A matcher maps (canonical A, canonical B, context) to an Alignment. It never evaluates a path:
 barriers, curves and result files are the pipeline's (glmc.eval.evaluator).
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -30,7 +32,7 @@ class Alignment:
 
     reference: torch.nn.Module
     model: torch.nn.Module
-    transform: Optional[Any] = None
+    transform: Any | None = None
     circuits: tuple[str, ...] = ()
     diagnostics: dict[str, Any] = field(default_factory=dict)
     function_preserving: bool = True
@@ -55,8 +57,8 @@ class MatchContext:
     """
 
     data: Any = None
-    trainer: Optional[Callable[..., Any]] = None
-    logger: Optional[Callable[[str], Any]] = None
+    trainer: Callable[..., Any] | None = None
+    logger: Callable[[str], Any] | None = None
     run_dir: Path = Path("outputs/match")
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 

@@ -1,4 +1,5 @@
 """Canonical form without alignment: shows what the reparameterisation alone does to the path."""
+
 from __future__ import annotations
 
 from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored

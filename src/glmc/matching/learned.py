@@ -8,9 +8,11 @@ The latents start at the weight-matching solution (init="weight") or the identit
 through the same Lightning Trainer settings as the endpoints, with checkpoints under
 <context.run_dir>/pair_<hash>/checkpoints, the hash covering the endpoints and every setting: a run
 started again with the same endpoints and settings resumes from last.ckpt, any other starts afresh.
-The returned transform is the hard projection of the latents, so the aligned model B computes B's function; the Sinkhorn matcher returns the soft-aligned B instead (the path it trained),
-marked as not function-preserving, with the hard projection as a variant path.
+The returned transform is the hard projection of the latents, so the aligned model B computes B's
+function; the Sinkhorn matcher returns the soft-aligned B instead (the path it trained), marked as
+not function-preserving, with the hard projection as a variant path.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,16 +59,30 @@ class LearnedMatcher:
     """Latents per space kind: residual orthogonal | permutation | none; heads and MLP `units`
     (permutation: straight-through Hungarian; sinkhorn: soft) unless they are "none"."""
 
-    def __init__(self, name: str = "learned", residual: str = "orthogonal", heads: str = "permutation",
-                 mlp: str = "permutation", units: str = "permutation", qk: str = "circuit", vo: str = "circuit",
-                 init: str = "weight", weight_max_iter: int = 15, weight_tol: float = 1e-6, **settings):
+    def __init__(
+        self,
+        name: str = "learned",
+        residual: str = "orthogonal",
+        heads: str = "permutation",
+        mlp: str = "permutation",
+        units: str = "permutation",
+        qk: str = "circuit",
+        vo: str = "circuit",
+        init: str = "weight",
+        weight_max_iter: int = 15,
+        weight_tol: float = 1e-6,
+        **settings,
+    ):
         if init not in ("weight", "identity"):
             raise ValueError(f"matcher.{name}.init={init!r} is not one of weight, identity")
         if units not in ("permutation", "sinkhorn"):
             raise ValueError(f"matcher.{name}.units={units!r} is not one of permutation, sinkhorn")
         self.name, self.init, self.circuits = name, init, circuit_pairs(qk, vo)
-        self.kinds = {"residual": str(residual), "heads": units if heads != "none" else "none",
-                      "mlp": units if mlp != "none" else "none"}
+        self.kinds = {
+            "residual": str(residual),
+            "heads": units if heads != "none" else "none",
+            "mlp": units if mlp != "none" else "none",
+        }
         self.weight_max_iter, self.weight_tol = weight_max_iter, weight_tol
         self.settings = LearnedSettings(**settings, where=f"matcher.{name}")
 
@@ -76,13 +92,24 @@ class LearnedMatcher:
             return Transform({s.name: Permutation.identity(s.size) for s in spaces}), {}
         residual = {"orthogonal": "orthogonal", "permutation": "permutation"}.get(self.kinds["residual"], "none")
         transform, diagnostics = weight_matching(
-            a, b, residual=residual, heads=self.kinds["heads"] != "none", mlp=self.kinds["mlp"] != "none",
-            max_iter=self.weight_max_iter, tol=self.weight_tol)
+            a,
+            b,
+            residual=residual,
+            heads=self.kinds["heads"] != "none",
+            mlp=self.kinds["mlp"] != "none",
+            max_iter=self.weight_max_iter,
+            tol=self.weight_tol,
+        )
         return transform, {"iterations": diagnostics["iterations"], "final_distance": diagnostics["final_distance"]}
 
     def checkpoint_key(self, a: CanonicalTransformer, b: CanonicalTransformer) -> str:
-        settings = {"kinds": self.kinds, "init": self.init, "circuits": self.circuits,
-                    "weight": [self.weight_max_iter, self.weight_tol], **dataclasses.asdict(self.settings)}
+        settings = {
+            "kinds": self.kinds,
+            "init": self.init,
+            "circuits": self.circuits,
+            "weight": [self.weight_max_iter, self.weight_tol],
+            **dataclasses.asdict(self.settings),
+        }
         return settings_hash(settings, a, b)
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext) -> Alignment:
@@ -94,20 +121,32 @@ class LearnedMatcher:
         tick = time.perf_counter()
         start, wm = self.initial_transform(a, b, spec)
         seconds_init = time.perf_counter() - tick
-        module = LearnedMatchingModule(a, b, {n: _dense(g) for n, g in start.items()}, kinds, self.settings,
-                                       b.task, self.circuits)
+        module = LearnedMatchingModule(
+            a, b, {n: _dense(g) for n, g in start.items()}, kinds, self.settings, b.task, self.circuits
+        )
 
         pair_dir = context.run_dir / f"pair_{self.checkpoint_key(a, b)}"
         last = pair_dir / "checkpoints" / "last.ckpt"
         resume = last if last.exists() else None
-        checkpoints = ModelCheckpoint(dirpath=pair_dir / "checkpoints", save_last=True, save_top_k=0,
-                                      every_n_train_steps=self.settings.checkpoint_every, save_on_exception=True,
-                                      enable_version_counter=False)
+        checkpoints = ModelCheckpoint(
+            dirpath=pair_dir / "checkpoints",
+            save_last=True,
+            save_top_k=0,
+            every_n_train_steps=self.settings.checkpoint_every,
+            save_on_exception=True,
+            enable_version_counter=False,
+        )
         logger = context.logger(self.name) if context.logger else False
         make_trainer = context.trainer or _default_trainer
-        trainer = make_trainer(default_root_dir=str(pair_dir), logger=logger, max_steps=self.settings.max_steps,
-                               max_epochs=-1, callbacks=[checkpoints, _SaveLast(last)], num_sanity_val_steps=0,
-                               limit_val_batches=0)
+        trainer = make_trainer(
+            default_root_dir=str(pair_dir),
+            logger=logger,
+            max_steps=self.settings.max_steps,
+            max_epochs=-1,
+            callbacks=[checkpoints, _SaveLast(last)],
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+        )
         tick = time.perf_counter()
         with warnings.catch_warnings():  # the DataModule's test split is its val loader; matching has no val loop
             warnings.filterwarnings("ignore", message=".*val_dataloader.*validation_step")
@@ -145,8 +184,15 @@ class LearnedMatcher:
             params = apply_dense(soft, spec, {k: v.double() for k, v in b.params().items()})
             soft_b = CanonicalTransformer(dataclasses.replace(b.config), {k: v.float() for k, v in params.items()})
             diagnostics["endpoint_deviation"] = relative_deviation(soft_b(inputs), logits_b)
-        return Alignment(reference=a, model=soft_b, transform=hard, circuits=self.circuits, diagnostics=diagnostics,
-                         function_preserving=False, variants={"hard_projection": hard_alignment})
+        return Alignment(
+            reference=a,
+            model=soft_b,
+            transform=hard,
+            circuits=self.circuits,
+            diagnostics=diagnostics,
+            function_preserving=False,
+            variants={"hard_projection": hard_alignment},
+        )
 
 
 def _changes(start: Transform, final: Transform) -> dict[str, float]:

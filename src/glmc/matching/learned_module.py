@@ -5,6 +5,7 @@ checkpoint holds the latents and the optimizer, never the endpoints. Every step 
 latents (straight-through Hungarian, polar factor or Sinkhorn), applies the matrices to model B's
 canonical params, interpolates with model A at a sampled lambda and runs the functional forward.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,11 +46,18 @@ class LearnedSettings:
 
     def __post_init__(self):
         self.lambda_scheme = str(self.lambda_scheme)
-        checks = [("max_steps", self.max_steps >= 1), ("lr", self.lr > 0), ("weight_decay", self.weight_decay >= 0),
-                  ("warmup_fraction", 0 <= self.warmup_fraction < 1), ("init_noise", self.init_noise >= 0),
-                  ("sinkhorn_iters", self.sinkhorn_iters >= 1), ("sinkhorn_temperature", self.sinkhorn_temperature > 0),
-                  ("sinkhorn_noise", self.sinkhorn_noise >= 0), ("checkpoint_every", self.checkpoint_every >= 1),
-                  ("lambda_scheme", self.lambda_scheme in LAMBDA_SCHEMES)]
+        checks = [
+            ("max_steps", self.max_steps >= 1),
+            ("lr", self.lr > 0),
+            ("weight_decay", self.weight_decay >= 0),
+            ("warmup_fraction", 0 <= self.warmup_fraction < 1),
+            ("init_noise", self.init_noise >= 0),
+            ("sinkhorn_iters", self.sinkhorn_iters >= 1),
+            ("sinkhorn_temperature", self.sinkhorn_temperature > 0),
+            ("sinkhorn_noise", self.sinkhorn_noise >= 0),
+            ("checkpoint_every", self.checkpoint_every >= 1),
+            ("lambda_scheme", self.lambda_scheme in LAMBDA_SCHEMES),
+        ]
         for key, ok in checks:
             if not ok:
                 raise ValueError(f"{self.where}.{key}={getattr(self, key)!r} is out of range")
@@ -80,8 +88,16 @@ class LearnedMatchingModule(L.LightningModule):
     circuits, as the pipeline evaluates the path.
     """
 
-    def __init__(self, model_a: CanonicalTransformer, model_b: CanonicalTransformer, init: dict[str, Tensor],
-                 kinds: dict[str, str], settings: LearnedSettings, task: str, circuits: tuple[str, ...] = ("qk", "vo")):
+    def __init__(
+        self,
+        model_a: CanonicalTransformer,
+        model_b: CanonicalTransformer,
+        init: dict[str, Tensor],
+        kinds: dict[str, str],
+        settings: LearnedSettings,
+        task: str,
+        circuits: tuple[str, ...] = ("qk", "vo"),
+    ):
         super().__init__()
         if model_a.config.form != "factored" or model_b.config.form != "factored":
             raise ValueError("learned matching transforms factored heads: pass models before .to_circuit()")

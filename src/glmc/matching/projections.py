@@ -1,9 +1,10 @@
 """Latent matrices -> group elements, inside the autograd graph (paper 001 §4.2 and Appendix D).
 
-  straight_through_permutation  forward: the Hungarian projection P; backward: as if P were the latent
-  polar                         forward: U V^T of the latent's SVD; backward: the exact polar derivative
-  sinkhorn                      exp(Z / tau) made doubly stochastic by alternating normalisations
+straight_through_permutation  forward: the Hungarian projection P; backward: as if P were the latent
+polar                         forward: U V^T of the latent's SVD; backward: the exact polar derivative
+sinkhorn                      exp(Z / tau) made doubly stochastic by alternating normalisations
 """
+
 from __future__ import annotations
 
 import math

@@ -8,6 +8,7 @@ interpolation; outside Hydra they resolve against the schema's defaults.
 
 This module imports no matcher: the classes are loaded by `instantiate` when a method is built.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -94,8 +95,7 @@ METHODS: dict[str, Any] = {
     "weight_perm": _variant("weight", WeightMatcherConfig, name="weight_perm", residual=ResidualClass.permutation),
     "weight": WeightMatcherConfig,
     "learned": LearnedMatcherConfig,
-    "learned_perm": _variant("learned", LearnedMatcherConfig, name="learned_perm",
-                             residual=ResidualClass.permutation),
+    "learned_perm": _variant("learned", LearnedMatcherConfig, name="learned_perm", residual=ResidualClass.permutation),
     "learned_sinkhorn": _variant("learned", LearnedMatcherConfig, name="learned_sinkhorn", units=UnitLatent.sinkhorn),
 }
 

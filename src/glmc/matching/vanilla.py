@@ -1,4 +1,5 @@
 """Vanilla averaging: no alignment, the original parameters are interpolated."""
+
 from __future__ import annotations
 
 from glmc.matching.base import Alignment, MatchContext
@@ -11,6 +12,8 @@ class VanillaMatcher:
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         if a.source is None or b.source is None:
-            raise ValueError("vanilla interpolates the original parameters: pass canonical models made by "
-                             "glmc.to_canonical (they keep their source model)")
+            raise ValueError(
+                "vanilla interpolates the original parameters: pass canonical models made by "
+                "glmc.to_canonical (they keep their source model)"
+            )
         return Alignment(reference=a.source, model=b.source)

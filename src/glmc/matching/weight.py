@@ -11,6 +11,7 @@ Each iteration
 It stops when the objective, the relative distance between the circuit-form parameters of A and of
 transformed B, stops improving, and returns the best transform seen.
 """
+
 from __future__ import annotations
 
 import time
@@ -166,7 +167,10 @@ def weight_matching(
     emb = _embedding_blocks(pa, pb)
     c_emb_raw = sum(a.double() @ b.double().T for a, b in emb)  # float64: the objective cancels
     c_emb = sum(a.double() @ b.double().T / a.shape[1] for a, b in emb)
-    emb_aa, emb_bb = sum(float(a.double().pow(2).sum()) for a, _ in emb), sum(float(b.double().pow(2).sum()) for _, b in emb)
+    emb_aa, emb_bb = (
+        sum(float(a.double().pow(2).sum()) for a, _ in emb),
+        sum(float(b.double().pow(2).sum()) for _, b in emb),
+    )
     fixed = [n for n in pa if not n.startswith("blocks.") and n not in RESIDUAL_ONLY]  # head.b: no symmetry acts
     fixed_diff = sum(float((pa[n] - pb[n]).pow(2).sum()) for n in fixed)
     fixed_norm = sum(float(pa[n].pow(2).sum()) for n in fixed)
@@ -213,8 +217,11 @@ def weight_matching(
             if it > 0:  # the first iteration sees only the embeddings and the classifier
                 c = c + block_cross_covariance(pa, apply_params(perms, spec_blocks, pb), pb_cur)
             # the polar factor in float64: its error grows with the conditioning of c
-            res = {"residual": Orthogonal(Orthogonal.project(c.double()).matrix.to(dtype))
-                   if residual == "orthogonal" else Permutation.project(c)}
+            res = {
+                "residual": Orthogonal(Orthogonal.project(c.double()).matrix.to(dtype))
+                if residual == "orthogonal"
+                else Permutation.project(c)
+            }
             seconds["residual"] += time.perf_counter() - tick
         tick = time.perf_counter()
         pb_res = apply_params(Transform(res), spec_blocks, pb)
@@ -241,8 +248,12 @@ def weight_matching(
         if it > 0 and improved <= tol * max(best, 1e-12):
             break
     best_t = best_t.to(dtype=torch.float32)
-    return best_t, {"objective": objective, "iterations": len(objective) - 1,
-                    "seconds_by_step": dict(seconds), "final_distance": best}
+    return best_t, {
+        "objective": objective,
+        "iterations": len(objective) - 1,
+        "seconds_by_step": dict(seconds),
+        "final_distance": best,
+    }
 
 
 class WeightMatcher:
@@ -251,9 +262,17 @@ class WeightMatcher:
     heads / mlp: "permutation" or "none"; qk / vo: "circuit" interpolates those attention pairs as
     circuits (the in-head invertible symmetries are quotiented out), "none" as factored weights."""
 
-    def __init__(self, name: str = "weight", residual: str = "orthogonal", heads: str = "permutation",
-                 mlp: str = "permutation", qk: str = "circuit", vo: str = "circuit", max_iter: int = 15,
-                 tol: float = 1e-6):
+    def __init__(
+        self,
+        name: str = "weight",
+        residual: str = "orthogonal",
+        heads: str = "permutation",
+        mlp: str = "permutation",
+        qk: str = "circuit",
+        vo: str = "circuit",
+        max_iter: int = 15,
+        tol: float = 1e-6,
+    ):
         if max_iter < 1:
             raise ValueError(f"matcher.{name}.max_iter={max_iter}: at least one iteration")
         self.name, self.residual, self.heads, self.mlp = name, residual, heads != "none", mlp != "none"
@@ -262,5 +281,6 @@ class WeightMatcher:
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)
         transform, diagnostics = weight_matching(a, b, self.residual, self.heads, self.mlp, self.max_iter, self.tol)
-        return Alignment(reference=a, model=apply(transform, b), transform=transform, circuits=self.circuits,
-                         diagnostics=diagnostics)
+        return Alignment(
+            reference=a, model=apply(transform, b), transform=transform, circuits=self.circuits, diagnostics=diagnostics
+        )

@@ -1,4 +1,5 @@
 """Build the Hugging Face models we train from a ModelConfig; nothing is downloaded."""
+
 from __future__ import annotations
 
 from torch import nn

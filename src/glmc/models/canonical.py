@@ -166,6 +166,14 @@ def canonical_forward(config: CanonicalConfig, params: dict[str, Tensor], inputs
     return F.linear(x, p["head.w"], p["head.b"])
 
 
+def _head_circuits(params: dict[str, Tensor], pre: str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """One block's QK and OV circuits, with products in float64 so that the circuit form matches
+    the factored one to float32 precision."""
+    get = lambda n: params[pre + n].double()
+    aug = lambda n: torch.cat([get(n + "_w"), get(n + "_b")[..., None]], -1)
+    return (aug("q").transpose(1, 2) @ aug("k")).to(dtype), (get("o_w") @ aug("v")).to(dtype)
+
+
 def circuit_params(params: dict[str, Tensor]) -> dict[str, Tensor]:
     """Factored -> circuit form: QK = [W_q|b_q]^T [W_k|b_k], OV = W_o [W_v|b_v] per head."""
     out = {}
@@ -175,13 +183,8 @@ def circuit_params(params: dict[str, Tensor]) -> dict[str, Tensor]:
             out[name] = t
             continue
         pre = m.group(1)
-        if pre + "qk" in out:
-            continue
-        # products in float64 so the circuit form matches the factored one to float32 precision
-        get = lambda n: params[pre + n].double()  # noqa: E731
-        aug = lambda n: torch.cat([get(n + "_w"), get(n + "_b")[..., None]], -1)  # noqa: E731
-        out[pre + "qk"] = (aug("q").transpose(1, 2) @ aug("k")).to(t.dtype)
-        out[pre + "ov"] = (get("o_w") @ aug("v")).to(t.dtype)
+        if pre + "qk" not in out:
+            out[pre + "qk"], out[pre + "ov"] = _head_circuits(params, pre, t.dtype)
     return out
 
 

@@ -17,6 +17,5 @@ def to_canonical(hf_model) -> CanonicalTransformer:
     if isinstance(hf_model, GPT2LMHeadModel):
         return gpt2_to_canonical(hf_model).with_source(hf_model)
     raise TypeError(
-        f"no canonical converter for {type(hf_model).__name__}; "
-        "supported: ViTForImageClassification, GPT2LMHeadModel"
+        f"no canonical converter for {type(hf_model).__name__}; supported: ViTForImageClassification, GPT2LMHeadModel"
     )

@@ -5,6 +5,7 @@ Each entry is `model.safetensors` (tensors only, so loading never unpickles code
 folder beside its final place and renamed into place only when complete, so a killed run leaves at
 most a stray temporary folder, never an entry that a later run would trust.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """Stage 1: train N endpoints from N seeds, or load them from the cache."""
+
 from __future__ import annotations
 
 import logging
@@ -73,5 +74,7 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
             metrics, cached = {"test_loss": loss, "test_accuracy": acc}, False
             cache.save(key, seed, model, metrics)
         model.eval()
-        endpoints.append(Endpoint(seed, model, to_canonical(model), metrics["test_loss"], metrics["test_accuracy"], cached))
+        endpoints.append(
+            Endpoint(seed, model, to_canonical(model), metrics["test_loss"], metrics["test_accuracy"], cached)
+        )
     return endpoints

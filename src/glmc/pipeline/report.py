@@ -1,4 +1,5 @@
 """Stage 4: results.json, barrier.csv, barrier.png and a printed table."""
+
 from __future__ import annotations
 
 import csv
@@ -26,7 +27,10 @@ def format_table(results: dict[str, Any]) -> str:
     lines = ["endpoints:"]
     for e in results["endpoints"]:
         acc = "-" if e["test_accuracy"] is None else f"{100 * e['test_accuracy']:.2f}%"
-        lines.append(f"  seed {e['seed']:>3}  test loss {e['test_loss']:.4f}  accuracy {acc}" + ("  (cached)" if e.get("cached") else ""))
+        lines.append(
+            f"  seed {e['seed']:>3}  test loss {e['test_loss']:.4f}  accuracy {acc}"
+            + ("  (cached)" if e.get("cached") else "")
+        )
     header = f"{'method':<18}{'barrier':>16}{'vs mean':>10}{'mid loss':>10}{'mid acc':>9}{'seconds':>9}"
     lines += ["", header, "-" * len(header)]
     for name, m in results["methods"].items():

@@ -1,4 +1,5 @@
 """The task function: train (or load) endpoints -> align -> evaluate every path -> report."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,10 @@ def seed_pairs(seeds: list[int], pairing: str) -> list[tuple[int, int]]:
 def summarise(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean curve and mean barrier over seed pairs (standard error when there are several)."""
     barriers = np.array([p["barrier"] for p in pairs])
-    mean_curve = lambda key: [None if any(v is None for v in vals) else float(np.mean(vals))  # noqa: E731
-                              for vals in zip(*(p[key] for p in pairs))]
+    mean_curve = lambda key: [
+        None if any(v is None for v in vals) else float(np.mean(vals))  # noqa: E731
+        for vals in zip(*(p[key] for p in pairs))
+    ]
     return {
         "barrier": float(barriers.mean()),
         "barrier_se": float(barriers.std(ddof=1) / np.sqrt(len(barriers))) if len(barriers) > 1 else None,
@@ -71,8 +74,9 @@ def is_global_zero() -> bool:
     return int(os.environ.get("RANK", 0)) == 0
 
 
-def evaluate_alignment(evaluator: Evaluator, alignment: Alignment, b: Endpoint, lambdas: list[float],
-                       task: str, desc: str) -> dict[str, Any]:
+def evaluate_alignment(
+    evaluator: Evaluator, alignment: Alignment, b: Endpoint, lambdas: list[float], task: str, desc: str
+) -> dict[str, Any]:
     """The path's curve, barriers and how far the aligned B is from B (relative logit deviation)."""
     curve = evaluator.path(alignment, lambdas, desc=desc)
     return {
@@ -100,8 +104,13 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
     with Tracker(cfg, run_dir) as tracker:
         data = DataModule(cfg.data, seed=0)
         data.setup()
-        options = dict(task=task, device=device, precision=cfg.eval.precision, cache_mb=cfg.eval.cache_batches_mb,
-                       progress=cfg.trainer.enable_progress_bar)
+        options = dict(
+            task=task,
+            device=device,
+            precision=cfg.eval.precision,
+            cache_mb=cfg.eval.cache_batches_mb,
+            progress=cfg.trainer.enable_progress_bar,
+        )
         test = Evaluator(data.test_dataloader(), **options)
         evaluator = test if cfg.eval.split == "test" else Evaluator(data.eval_dataloader(cfg.eval.split), **options)
         endpoints = get_endpoints(cfg, run_dir, tracker, test)
@@ -113,8 +122,12 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
                 a, b = endpoints[ia], endpoints[ib]
                 label = f"{a.seed}-{b.seed}"
                 context = MatchContext(
-                    data=data, trainer=make_trainer, run_dir=run_dir / name, device=device,
-                    logger=lambda method, label=label: tracker.lightning_logger(f"{method}_{label}", "match"))
+                    data=data,
+                    trainer=make_trainer,
+                    run_dir=run_dir / name,
+                    device=device,
+                    logger=lambda method, label=label: tracker.lightning_logger(f"{method}_{label}", "match"),
+                )
                 start = time.perf_counter()
                 alignment = matcher.match(a.canonical, b.canonical, context)
                 seconds = time.perf_counter() - start
@@ -125,8 +138,9 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
                     diag_file = run_dir / name / f"diagnostics_{label}.json"
                     diag_file.parent.mkdir(parents=True, exist_ok=True)
                     diag_file.write_text(json.dumps(alignment.diagnostics, indent=2))
-                pair_results.append({"seeds": [a.seed, b.seed], **result, "seconds": seconds,
-                                     "diagnostics": alignment.diagnostics})
+                pair_results.append(
+                    {"seeds": [a.seed, b.seed], **result, "seconds": seconds, "diagnostics": alignment.diagnostics}
+                )
             methods[name] = summarise(pair_results)
             log.info("%s: barrier %.4f", name, methods[name]["barrier"])
         results = {
@@ -136,8 +150,12 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
             "split": cfg.eval.split,
             "device": str(device),
             "endpoints": [
-                {"seed": e.seed, "test_loss": e.test_loss,
-                 "test_accuracy": e.test_accuracy if task == "classification" else None, "cached": e.cached}
+                {
+                    "seed": e.seed,
+                    "test_loss": e.test_loss,
+                    "test_accuracy": e.test_accuracy if task == "classification" else None,
+                    "cached": e.cached,
+                }
                 for e in endpoints
             ],
             "methods": methods,

@@ -14,12 +14,13 @@ up on one dashboard; the group, job type and run name say where a run belongs.
 `Tracker` is a context manager: on exit the open W&B run is finished (exit code 1 when an exception
 is propagating), so the next job of a multirun starts a fresh run instead of logging into a dead one.
 """
+
 from __future__ import annotations
 
 import logging
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import OmegaConf
@@ -59,7 +60,7 @@ class Tracker:
 
     # -- context manager -------------------------------------------------------------------------
 
-    def __enter__(self) -> "Tracker":
+    def __enter__(self) -> Tracker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -128,7 +129,7 @@ class Tracker:
             return WandbLogger(experiment=run, save_dir=str(self.run_dir), project=self.cfg.logger.project)
         return False
 
-    def log_results(self, results: dict[str, Any]) -> Optional[Any]:
+    def log_results(self, results: dict[str, Any]) -> Any | None:
         """The evaluate run: barrier curves (table and line plots), barriers and endpoint metrics in
         the summary, barrier.png, and results.json/barrier.csv/barrier.png as a "results" artifact.
 

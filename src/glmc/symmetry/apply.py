@@ -121,7 +121,9 @@ def apply_dense(matrices: dict[str, Tensor], spec: SymmetrySpec, params: dict[st
         for ax in space.acts_on:
             t = out[ax.param]
             if m.shape[-1] != t.shape[ax.axis] - ax.extra:
-                raise ValueError(f"{space.name}: a {tuple(m.shape)} matrix acts on {ax.param} axis {ax.axis} "
-                                 f"of size {t.shape[ax.axis] - ax.extra}")
+                raise ValueError(
+                    f"{space.name}: a {tuple(m.shape)} matrix acts on {ax.param} axis {ax.axis} "
+                    f"of size {t.shape[ax.axis] - ax.extra}"
+                )
             out[ax.param] = _contract(t, m.to(t.dtype), ax)
     return out

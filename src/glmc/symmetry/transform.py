@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from glmc.symmetry.groups import Element, Invertible, Orthogonal, OrthogonalScale, Permutation, SemiPermutation
+from glmc.symmetry.groups import CLASSES, Element, Invertible, Orthogonal, OrthogonalScale, Permutation, SemiPermutation
 from glmc.symmetry.spec import SymmetrySpec
 
 
@@ -28,6 +28,8 @@ class Transform(dict[str, Element]):
             kind = classes.get(space.kind)
             if kind is None:
                 continue
+            if kind not in CLASSES:
+                raise ValueError(f"class {kind!r} for space {space.name} is not one of {sorted(CLASSES)}")
             n = space.size
             if kind == "permutation":
                 g = Permutation.sample(n, generator)
@@ -39,7 +41,7 @@ class Transform(dict[str, Element]):
                 heads = heads_after.get(space.layer, space.heads)
                 g = (Invertible if kind == "invertible" else OrthogonalScale).sample(heads, n, generator, dtype)
             else:
-                raise ValueError(f"unknown class {kind!r} for space {space.name}")
+                raise NotImplementedError(f"sampling {kind} elements")
             if space.kind == "heads":
                 heads_after[space.layer] = len(g.src) if kind == "semi_permutation" else n
             out[space.name] = g

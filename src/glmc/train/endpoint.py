@@ -1,4 +1,5 @@
 """LightningModule that trains one endpoint model (a HF ViT or GPT-2)."""
+
 from __future__ import annotations
 
 import lightning as L
@@ -8,7 +9,6 @@ import torch.nn.functional as F
 from glmc.config import TrainConfig
 from glmc.eval.metrics import logits_of, loss_and_correct
 from glmc.train.schedule import warmup_cosine
-
 
 # Biases, norms, position embeddings and the class token are not decayed (ViT/GPT-2 practice).
 NO_DECAY = ("position_embeddings", "cls_token", "wpe")

@@ -1,4 +1,5 @@
 """AdamW with linear warm-up and cosine decay, per optimisation step."""
+
 from __future__ import annotations
 
 import math

@@ -1,8 +1,10 @@
 """The `trainer` config group -> Lightning Trainers (built by `instantiate`) and the evaluation device."""
+
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
