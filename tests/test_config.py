@@ -91,3 +91,11 @@ def test_misspelled_choice_names_the_key(override, key):
     with pytest.raises((ConfigCompositionException, OmegaConfBaseException)) as err:
         compose_config(override)
     assert key in str(err.value) + str(err.value.__cause__)
+
+
+def test_any_trainer_argument_reaches_the_trainer():
+    from glmc.train.trainer import trainer_factory
+
+    cfg = compose_config("debug=fast", "+trainer.detect_anomaly=true", "trainer.log_every_n_steps=3")
+    trainer = trainer_factory(cfg.trainer)(logger=False)
+    assert trainer._detect_anomaly and trainer.log_every_n_steps == 3

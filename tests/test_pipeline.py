@@ -121,3 +121,25 @@ def test_unknown_method_fails_before_training(tmp_path, tiny_overrides):
     with pytest.raises(ValueError, match="wieght"):
         run_pipeline(cfg, tmp_path / "run")
     assert not (tmp_path / "endpoints").exists()
+
+
+def test_eval_split_train_evaluates_paths_on_the_unaugmented_training_split(tmp_path, tiny_overrides):
+    from glmc.data.module import DataModule
+    from glmc.eval.evaluator import evaluate
+    from glmc.pipeline.cache import EndpointCache
+
+    cfg = compose_config(*tiny_overrides, "eval.split=train", "matcher.methods=[vanilla]")
+    results = run_pipeline(cfg, tmp_path / "run")
+    assert results["split"] == "train"
+    data = DataModule(cfg.data, seed=0)
+    data.setup()
+    loader = data.eval_dataloader("train")
+    assert len(loader.dataset) == cfg.data.limit_train
+    from glmc.models.build import build_model
+
+    model_a = build_model(cfg.model)
+    EndpointCache(tmp_path / "endpoints").load(cache_key(cfg), 0, model_a)
+    train_loss, _ = evaluate(model_a, loader)
+    curve = results["methods"]["vanilla"]["test_loss"]
+    assert math.isclose(curve[-1], train_loss, rel_tol=1e-5)  # lambda = 1 is A, on the training split
+    assert not math.isclose(curve[-1], results["endpoints"][0]["test_loss"], rel_tol=1e-3)
