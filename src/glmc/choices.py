@@ -15,6 +15,14 @@ class Dataset(StrEnum):
     cifar10 = "cifar10"
     cifar100 = "cifar100"
     tiny_imagenet = "tiny_imagenet"
+    pydoc = "pydoc"  # embedded text: CPython's help topics
+    tiny_shakespeare = "tiny_shakespeare"
+    bookcorpus = "bookcorpus"
+
+
+class TokenizerKind(StrEnum):
+    char = "char"  # one id per character of the corpus
+    gpt2 = "gpt2"  # GPT-2's byte-level BPE (50,257 ids)
 
 
 class Task(StrEnum):

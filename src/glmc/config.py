@@ -23,6 +23,7 @@ from glmc.choices import (
     Pairing,
     ResidualClass,
     Task,
+    TokenizerKind,
     UnitClass,
 )
 from glmc.matching.registry import MatcherConfig
@@ -57,13 +58,18 @@ class DataConfig:
     task: Task = Task.classification
     batch_size: int = 64
     eval_batch_size: int = 512
-    test_fraction: float = 0.2  # digits: held-out share, stratified
+    test_fraction: float = 0.2  # held-out share (digits: stratified; text: the last block)
+    val_fraction: float = 0.05  # text: the validation block before the test block
     split_seed: int = 0  # the train/test split is fixed independently of the endpoint seeds
     augment: bool = False
     download: bool = False  # real datasets only; the default run never touches the network
     num_workers: int = 0
     limit_train: int | None = None  # keep the first N training examples (debugging)
     limit_test: int | None = None
+    # text only
+    tokenizer: TokenizerKind = TokenizerKind.char
+    tokenizer_path: str | None = None  # a folder saved with save_pretrained (data.tokenizer=gpt2)
+    seq_len: int = 128  # tokens per window (bookcorpus: per example, padded with EOS)
 
 
 @dataclass
@@ -76,6 +82,8 @@ class TrainConfig:
     warmup_fraction: float = 0.05
     label_smoothing: float = 0.0
     gradient_clip_val: float = 1.0
+    accumulate_grad_batches: int = 1
+    early_stopping_patience: int | None = None  # validations without a better val_loss before stopping
 
 
 @dataclass

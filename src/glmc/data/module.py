@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import importlib
+from dataclasses import dataclass
+from typing import Any
 
 import lightning as L
 import torch
@@ -11,20 +14,46 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from glmc.config import DataConfig
 
 
-def load_splits(cfg: DataConfig) -> tuple[Dataset, Dataset]:
+@dataclass
+class Splits:
+    """A dataset's splits. `val` is None where the dataset has no validation split of its own (the
+    vision sets: their validation loop then watches the test split, for logging only); `tokenizer`
+    is the text datasets'."""
+
+    train: Dataset
+    test: Dataset
+    val: Dataset | None = None
+    tokenizer: Any = None
+
+
+def load_splits(cfg: DataConfig) -> Splits:
     if cfg.name == "digits":
         from glmc.data.digits import digits_splits
 
-        return digits_splits(cfg)
+        return Splits(*digits_splits(cfg))
     if cfg.name in ("cifar10", "cifar100"):
         from glmc.data.cifar import cifar_splits
 
-        return cifar_splits(cfg)
+        return Splits(*cifar_splits(cfg))
     if cfg.name == "tiny_imagenet":
         from glmc.data.tiny_imagenet import tiny_imagenet_splits
 
-        return tiny_imagenet_splits(cfg)
-    raise ValueError(f"data.name={cfg.name!r} is not a known dataset (digits, cifar10, cifar100, tiny_imagenet)")
+        return Splits(*tiny_imagenet_splits(cfg))
+    if cfg.name in TEXT_LOADERS:
+        module, function = TEXT_LOADERS[cfg.name]
+        train, val, test, tokenizer = getattr(importlib.import_module(module), function)(cfg)
+        return Splits(train, test, val, tokenizer)
+    raise ValueError(
+        f"data.name={cfg.name!r} is not a known dataset (digits, cifar10, cifar100, tiny_imagenet, "
+        f"{', '.join(TEXT_LOADERS)})"
+    )
+
+
+TEXT_LOADERS = {
+    "pydoc": ("glmc.data.pydoc_corpus", "pydoc_splits"),
+    "tiny_shakespeare": ("glmc.data.tiny_shakespeare", "tiny_shakespeare_splits"),
+    "bookcorpus": ("glmc.data.bookcorpus", "bookcorpus_splits"),
+}
 
 
 def _limit(dataset: Dataset, n: int | None) -> Dataset:
@@ -39,13 +68,25 @@ class DataModule(L.LightningDataModule):
         self.cfg = cfg
         self.seed = seed
         self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
+        self.tokenizer = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
-            train, test = load_splits(self.cfg)
-            self.train_set = _limit(train, self.cfg.limit_train)
-            self.test_set = _limit(test, self.cfg.limit_test)
+            splits = load_splits(self.cfg)
+            self.train_set = _limit(splits.train, self.cfg.limit_train)
+            self.test_set = _limit(splits.test, self.cfg.limit_test)
+            self.val_set = None if splits.val is None else _limit(splits.val, self.cfg.limit_test)
+            self.tokenizer = splits.tokenizer
+
+    @property
+    def has_validation_split(self) -> bool:
+        return self.val_set is not None
+
+    @property
+    def vocab_size(self) -> int | None:
+        return None if self.tokenizer is None else self.tokenizer.vocab_size
 
     def train_dataloader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)
@@ -61,7 +102,10 @@ class DataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.test_set, batch_size=self.cfg.eval_batch_size, num_workers=self.cfg.num_workers)
 
-    val_dataloader = test_dataloader
+    def val_dataloader(self) -> DataLoader:
+        if self.val_set is None:
+            return self.test_dataloader()
+        return DataLoader(self.val_set, batch_size=self.cfg.eval_batch_size, num_workers=self.cfg.num_workers)
 
     def eval_dataloader(self, split: str) -> DataLoader:
         """A fixed-order loader of `split` (test or train) for evaluation: the training split
@@ -74,5 +118,5 @@ class DataModule(L.LightningDataModule):
         if self.cfg.augment:
             plain = copy.deepcopy(self.cfg)
             plain.augment = False
-            train = _limit(load_splits(plain)[0], self.cfg.limit_train)
+            train = _limit(load_splits(plain).train, self.cfg.limit_train)
         return DataLoader(train, batch_size=self.cfg.eval_batch_size, num_workers=self.cfg.num_workers)

@@ -111,7 +111,9 @@ class Evaluator:
             with self._autocast():
                 logits = forward(inputs)
             loss, correct, count = loss_and_correct(logits.float(), targets, self.task)
-            totals += torch.stack([loss.double(), correct.double(), loss.new_tensor(count, dtype=torch.float64)])
+            totals += torch.stack(
+                [loss.double(), correct.double(), torch.as_tensor(count, dtype=torch.float64, device=self.device)]
+            )
         if _world()[1] > 1:
             dist.all_reduce(totals)
         loss_sum, correct, count = totals.tolist()  # one device sync per model

@@ -61,11 +61,22 @@ class MatchContext:
     logger: Callable[[str], Any] | None = None
     run_dir: Path = Path("outputs/match")
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    _token_ids: torch.Tensor | None = field(default=None, repr=False)
 
     def train_batches(self, method: str) -> Iterable:
         if self.data is None:
             raise ValueError(f"{method} learns from data: pass data=<training DataLoader> (context.data is None)")
         return self.data.train_dataloader() if hasattr(self.data, "train_dataloader") else self.data
+
+    def token_ids(self, vocab_size: int) -> torch.Tensor:
+        """The token ids that occur as targets in the training data (text only), sorted."""
+        if self._token_ids is None:
+            counts = torch.zeros(vocab_size, dtype=torch.long)
+            for _, targets in self.train_batches("vocabulary restriction"):
+                targets = targets[targets >= 0]  # padding targets are negative
+                counts += torch.bincount(targets.flatten(), minlength=vocab_size)[:vocab_size]
+            self._token_ids = counts.nonzero().flatten()
+        return self._token_ids
 
     def fit_data(self) -> dict[str, Any]:
         """Trainer.fit's data argument: a DataModule is handed over as one (each spawned rank builds

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored, settings_hash
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
-from glmc.matching.weight import weight_matching
+from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
 
@@ -86,7 +86,9 @@ class LearnedMatcher:
         self.weight_max_iter, self.weight_tol = weight_max_iter, weight_tol
         self.settings = LearnedSettings(**settings, where=f"matcher.{name}")
 
-    def initial_transform(self, a: CanonicalTransformer, b: CanonicalTransformer, spec: SymmetrySpec):
+    def initial_transform(
+        self, a: CanonicalTransformer, b: CanonicalTransformer, spec: SymmetrySpec, tokens: Tensor | None = None
+    ):
         spaces = [s for s in spec if self.kinds.get(s.kind, "none") != "none"]
         if self.init == "identity":
             return Transform({s.name: Permutation.identity(s.size) for s in spaces}), {}
@@ -99,6 +101,7 @@ class LearnedMatcher:
             mlp=self.kinds["mlp"] != "none",
             max_iter=self.weight_max_iter,
             tol=self.weight_tol,
+            tokens=tokens,
         )
         return transform, {"iterations": diagnostics["iterations"], "final_distance": diagnostics["final_distance"]}
 
@@ -119,7 +122,7 @@ class LearnedMatcher:
         kinds = {s.name: self.kinds[s.kind] for s in spec if self.kinds.get(s.kind, "none") != "none"}
 
         tick = time.perf_counter()
-        start, wm = self.initial_transform(a, b, spec)
+        start, wm = self.initial_transform(a, b, spec, used_tokens(b, context))
         seconds_init = time.perf_counter() - tick
         module = LearnedMatchingModule(
             a, b, {n: _dense(g) for n, g in start.items()}, kinds, self.settings, b.task, self.circuits

@@ -50,6 +50,7 @@ class WeightMatcherConfig:
     vo: HeadForm = "${symmetry.vo}"  # type: ignore[assignment]
     max_iter: int = 15
     tol: float = 1e-6
+    vocabulary: str = "train"  # language models: embedding rows of tokens in the training data (or "all")
 
 
 @dataclass

@@ -95,15 +95,20 @@ def relative_distance(pa: Params, pb: Params) -> float:
 RESIDUAL_ONLY = ("embed.patch_w", "embed.patch_b", "embed.cls", "embed.tokens", "embed.pos", "head.w")
 
 
-def _embedding_blocks(pa: Params, pb: Params) -> list[tuple[Tensor, Tensor]]:
-    """Residual-side blocks outside the layers as (D, n) matrices: writers as they are, readers transposed."""
+def _embedding_blocks(pa: Params, pb: Params, tokens: Tensor | None = None) -> list[tuple[Tensor, Tensor]]:
+    """Residual-side blocks outside the layers as (D, n) matrices: writers as they are, readers
+    transposed. `tokens` keeps only those rows of the token embedding and the unembedding (ids that
+    occur in the training data: the rest of a 50,257-token vocabulary is untrained noise)."""
     blocks = []
     for name in ("embed.patch_w", "embed.patch_b", "embed.cls"):
         if name in pa:
             blocks.append((pa[name].reshape(pa[name].shape[0], -1), pb[name].reshape(pb[name].shape[0], -1)))
     for name in ("embed.tokens", "embed.pos", "head.w"):
         if name in pa:
-            blocks.append((pa[name].T, pb[name].T))
+            a, b = pa[name], pb[name]
+            if tokens is not None and name != "embed.pos":
+                a, b = a[tokens], b[tokens]
+            blocks.append((a.T, b.T))
     return blocks
 
 
@@ -149,12 +154,14 @@ def weight_matching(
     max_iter: int = 15,
     tol: float = 1e-6,
     dtype: torch.dtype = torch.float32,
+    tokens: Tensor | None = None,
 ) -> tuple[Transform, dict[str, Any]]:
     """Transform T with T(B) close to A in weight space; diagnostics hold the per-iteration objective.
 
     The search runs in `dtype`; the Procrustes projection and the objective's cancellations are
     computed in float64. float32 recovers a hidden symmetry to a relative distance of about 1e-5,
-    float64 to 1e-7. The returned elements are float32; `apply` uses them in float64."""
+    float64 to 1e-7. The returned elements are float32; `apply` uses them in float64. `tokens`: the
+    vocabulary rows that enter the residual map and the objective (None: all)."""
     if residual not in ("orthogonal", "permutation", "none"):
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
@@ -164,7 +171,7 @@ def weight_matching(
     pb = {k: v.detach().to(dtype) for k, v in model_b.params().items()}
     # Embeddings and the classifier only see the residual map: their share of the Procrustes
     # matrix and of the objective is computed once (a GPT-2 vocabulary makes them the costliest part).
-    emb = _embedding_blocks(pa, pb)
+    emb = _embedding_blocks(pa, pb, tokens)
     c_emb_raw = sum(a.double() @ b.double().T for a, b in emb)  # float64: the objective cancels
     c_emb = sum(a.double() @ b.double().T / a.shape[1] for a, b in emb)
     emb_aa, emb_bb = (
@@ -272,15 +279,31 @@ class WeightMatcher:
         vo: str = "circuit",
         max_iter: int = 15,
         tol: float = 1e-6,
+        vocabulary: str = "train",
     ):
         if max_iter < 1:
             raise ValueError(f"matcher.{name}.max_iter={max_iter}: at least one iteration")
+        if vocabulary not in ("train", "all"):
+            raise ValueError(f"matcher.{name}.vocabulary={vocabulary!r} is not one of train, all")
         self.name, self.residual, self.heads, self.mlp = name, residual, heads != "none", mlp != "none"
-        self.circuits, self.max_iter, self.tol = circuit_pairs(qk, vo), max_iter, tol
+        self.circuits, self.max_iter, self.tol, self.vocabulary = circuit_pairs(qk, vo), max_iter, tol, vocabulary
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)
-        transform, diagnostics = weight_matching(a, b, self.residual, self.heads, self.mlp, self.max_iter, self.tol)
+        tokens = used_tokens(b, context) if self.vocabulary == "train" else None
+        transform, diagnostics = weight_matching(
+            a, b, self.residual, self.heads, self.mlp, self.max_iter, self.tol, tokens=tokens
+        )
+        if tokens is not None:
+            diagnostics["vocabulary_rows"] = int(tokens.numel())
         return Alignment(
             reference=a, model=apply(transform, b), transform=transform, circuits=self.circuits, diagnostics=diagnostics
         )
+
+
+def used_tokens(model: CanonicalTransformer, context: MatchContext | None) -> Tensor | None:
+    """For a language model with training data in the context: the ids that occur in it (paper 001's
+    restriction of the embedding rows). None for image models or without data."""
+    if model.task != "causal_lm" or context is None or context.data is None:
+        return None
+    return context.token_ids(model.params()["embed.tokens"].shape[0])

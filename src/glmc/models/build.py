@@ -40,6 +40,9 @@ def build_gpt2(cfg: ModelConfig) -> GPT2LMHeadModel:
         embd_pdrop=cfg.dropout,
         attn_pdrop=cfg.dropout,
         layer_norm_epsilon=cfg.layer_norm_eps,
+        # GPT-2's BOS/EOS id 50256 exists only in its own vocabulary; a character vocabulary has none
+        bos_token_id=50256 if cfg.vocab_size > 50256 else None,
+        eos_token_id=50256 if cfg.vocab_size > 50256 else None,
     )
     return GPT2LMHeadModel(config)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import OmegaConf
 
 from glmc.config import Config
@@ -43,16 +44,29 @@ def train_endpoint(cfg: Config, seed: int, run_dir: Path, logger: Any) -> torch.
     L.seed_everything(seed, workers=True, verbose=False)  # seed 0 is a seed like any other
     model = build_model(cfg.model)
     module = EndpointModule(model, cfg.train, cfg.data.task)
+    data = DataModule(cfg.data, seed)
+    data.setup()
+    callbacks = []
+    if cfg.train.early_stopping_patience is not None:
+        if not data.has_validation_split:
+            raise ValueError(
+                f"train.early_stopping_patience needs a validation split, and data={cfg.data.name} has none "
+                "(its validation loop watches the test split)"
+            )
+        callbacks.append(EarlyStopping(monitor="val_loss", patience=cfg.train.early_stopping_patience))
+    every = 1 if callbacks else max(1, cfg.train.max_epochs // 5)  # early stopping validates every epoch
     trainer = trainer_factory(cfg.trainer)(
         default_root_dir=str(run_dir),
         logger=logger,
         max_epochs=cfg.train.max_epochs,
         gradient_clip_val=cfg.train.gradient_clip_val,
+        accumulate_grad_batches=cfg.train.accumulate_grad_batches,
+        callbacks=callbacks,
         enable_checkpointing=False,
         num_sanity_val_steps=0,
-        check_val_every_n_epoch=max(1, cfg.train.max_epochs // 5),
+        check_val_every_n_epoch=every,
     )
-    trainer.fit(module, datamodule=DataModule(cfg.data, seed))
+    trainer.fit(module, datamodule=data)
     return module.model.cpu().eval()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +25,31 @@ def write_results(results: dict[str, Any], run_dir: Path) -> None:
 
 
 def format_table(results: dict[str, Any]) -> str:
+    """The endpoints and one row per method; language models show perplexity where images show accuracy."""
+    lm = results.get("task") == "causal_lm"
     lines = ["endpoints:"]
     for e in results["endpoints"]:
-        acc = "-" if e["test_accuracy"] is None else f"{100 * e['test_accuracy']:.2f}%"
+        if lm:
+            quality = f"perplexity {math.exp(e['test_loss']):.2f}"
+        else:
+            quality = "accuracy " + ("-" if e["test_accuracy"] is None else f"{100 * e['test_accuracy']:.2f}%")
         lines.append(
-            f"  seed {e['seed']:>3}  test loss {e['test_loss']:.4f}  accuracy {acc}"
+            f"  seed {e['seed']:>3}  test loss {e['test_loss']:.4f}  {quality}"
             + ("  (cached)" if e.get("cached") else "")
         )
-    header = f"{'method':<18}{'barrier':>16}{'vs mean':>10}{'mid loss':>10}{'mid acc':>9}{'seconds':>9}"
+    third = "mid ppl" if lm else "mid acc"
+    header = f"{'method':<18}{'barrier':>16}{'vs mean':>10}{'mid loss':>10}{third:>9}{'seconds':>9}"
     lines += ["", header, "-" * len(header)]
     for name, m in results["methods"].items():
         mid = len(m["lambdas"]) // 2
         spread = f" ± {m['barrier_se']:.3f}" if m.get("barrier_se") is not None else ""
         b = f"{m['barrier']:.4f}{spread}"
         acc = m["test_accuracy"][mid]
+        if lm:
+            quality = f"{math.exp(m['test_loss'][mid]):.2f}"
+        else:
+            quality = "-" if acc is None else f"{100 * acc:.1f}%"
         lines.append(
-            f"{name:<18}{b:>16}{m['barrier_vs_mean']:>10.4f}{m['test_loss'][mid]:>10.4f}"
-            f"{'-' if acc is None else f'{100 * acc:.1f}%':>9}{m['seconds']:>9.2f}"
+            f"{name:<18}{b:>16}{m['barrier_vs_mean']:>10.4f}{m['test_loss'][mid]:>10.4f}{quality:>9}{m['seconds']:>9.2f}"
         )
     return "\n".join(lines)

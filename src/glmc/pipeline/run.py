@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 import warnings
@@ -49,6 +50,9 @@ def summarise(pairs: list[dict[str, Any]]) -> dict[str, Any]:
         None if any(v is None for v in vals) else float(np.mean(vals))  # noqa: E731
         for vals in zip(*(p[key] for p in pairs))
     ]
+    perplexity = (
+        {"test_perplexity": [math.exp(x) for x in mean_curve("test_loss")]} if "test_perplexity" in pairs[0] else {}
+    )
     return {
         "barrier": float(barriers.mean()),
         "barrier_se": float(barriers.std(ddof=1) / np.sqrt(len(barriers))) if len(barriers) > 1 else None,
@@ -56,6 +60,7 @@ def summarise(pairs: list[dict[str, Any]]) -> dict[str, Any]:
         "lambdas": pairs[0]["lambdas"],
         "test_loss": mean_curve("test_loss"),
         "test_accuracy": mean_curve("test_accuracy"),
+        **perplexity,
         "seconds": float(np.mean([p["seconds"] for p in pairs])),
         "pairs": pairs,
     }
@@ -85,9 +90,21 @@ def evaluate_alignment(
         "lambdas": lambdas,
         "test_loss": curve["loss"],
         "test_accuracy": curve["accuracy"] if task == "classification" else [None] * len(lambdas),
+        **({"test_perplexity": [math.exp(x) for x in curve["loss"]]} if task == "causal_lm" else {}),
         "endpoint_deviation": relative_deviation(evaluator.logits(alignment.model), evaluator.logits(b.model)),
         "function_preserving": alignment.function_preserving,
     }
+
+
+def check_vocabulary(cfg: Config, data: DataModule) -> None:
+    """A text dataset's tokenizer must fit the model's embedding."""
+    if data.vocab_size is not None and cfg.model.vocab_size < data.vocab_size:
+        raise ValueError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the {data.vocab_size} ids of "
+            f"data.tokenizer={cfg.data.tokenizer} on data={cfg.data.name}"
+        )
+    if data.vocab_size is not None and cfg.model.family != "gpt2":
+        raise ValueError(f"data={cfg.data.name} is text: choose a GPT-2 model (model.family=gpt2)")
 
 
 def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
@@ -104,6 +121,7 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
     with Tracker(cfg, run_dir) as tracker:
         data = DataModule(cfg.data, seed=0)
         data.setup()
+        check_vocabulary(cfg, data)
         options = dict(
             task=task,
             device=device,
@@ -147,6 +165,7 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
             "experiment": cfg.experiment,
             "model": cfg.model.name,
             "dataset": cfg.data.name,
+            "task": task,
             "split": cfg.eval.split,
             "device": str(device),
             "endpoints": [

@@ -1,4 +1,4 @@
-"""LightningModule that trains one endpoint model (a HF ViT or GPT-2)."""
+"""LightningModule that trains one endpoint model: a HF ViT (classification) or GPT-2 (causal LM)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ class EndpointModule(L.LightningModule):
     def validation_step(self, batch, batch_idx):
         inputs, targets = batch
         loss, correct, count = loss_and_correct(self(inputs), targets, self.task)
+        count = int(count)  # Lightning weights the epoch mean by it
         self.log("val_loss", loss / count, prog_bar=True, batch_size=count)
         self.log("val_acc", correct.float() / count, prog_bar=True, batch_size=count)
 

@@ -1,0 +1,136 @@
+"""Shared pieces of the text datasets: tokenizers, contiguous splits and fixed token windows.
+
+A corpus is split into contiguous train / validation / test blocks (by `data.val_fraction` and
+`data.test_fraction` of its characters, in that order), each block tokenized on its own and cut into
+non-overlapping windows of `data.seq_len` tokens. The test windows are fixed, so every method is
+evaluated on the same tokens. A window is (inputs, targets) with targets = inputs: the causal-LM
+loss shifts them (glmc.eval.metrics); target id -100 marks padding that no loss counts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from glmc.config import DataConfig
+from glmc.eval.metrics import IGNORE_INDEX as IGNORE
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+class CharTokenizer:
+    """One id per character of the corpus, in code-point order: the same corpus gives the same ids."""
+
+    def __init__(self, text: str):
+        self.chars = sorted(set(text))
+        self.index = {c: i for i, c in enumerate(self.chars)}
+        self.vocab_size = len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.index[c] for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer (GPT-2's byte-level BPE) behind the same two members."""
+
+    def __init__(self, tokenizer):
+        self.hf = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.eos_id = tokenizer.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf(text, add_special_tokens=False)["input_ids"]
+
+
+def gpt2_tokenizer(cfg: DataConfig) -> HFTokenizer:
+    """`data.tokenizer_path` (a folder saved with save_pretrained) or, with data.download=true, the
+    hub's `gpt2`. Offline and without a folder this fails naming both settings."""
+    from transformers import AutoTokenizer
+
+    if cfg.tokenizer_path:
+        path = Path(cfg.tokenizer_path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"data.tokenizer_path={path} is not a folder holding a saved tokenizer")
+        return HFTokenizer(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
+    if not cfg.download:
+        raise FileNotFoundError(
+            "data.tokenizer=gpt2 needs data.tokenizer_path=<folder saved with save_pretrained> "
+            "or data.download=true on a machine with network"
+        )
+    return HFTokenizer(AutoTokenizer.from_pretrained("gpt2"))
+
+
+def make_tokenizer(cfg: DataConfig, corpus: str) -> Tokenizer:
+    if cfg.tokenizer == "char":
+        return CharTokenizer(corpus)
+    if cfg.tokenizer == "gpt2":
+        return gpt2_tokenizer(cfg)
+    raise ValueError(f"data.tokenizer={cfg.tokenizer!r} is not one of char, gpt2")
+
+
+def split_text(text: str, val_fraction: float, test_fraction: float) -> tuple[str, str, str]:
+    """Contiguous train / validation / test blocks."""
+    if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
+        raise ValueError(
+            f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} must be in (0, 1) "
+            "and leave a training block"
+        )
+    n = len(text)
+    a, b = round(n * (1 - val_fraction - test_fraction)), round(n * (1 - test_fraction))
+    return text[:a], text[a:b], text[b:]
+
+
+class TokenWindows(Dataset):
+    """Non-overlapping windows of `seq_len` tokens; the tail shorter than a window is dropped."""
+
+    def __init__(self, tokens: Tensor, seq_len: int):
+        if tokens.numel() < seq_len:
+            raise ValueError(f"{tokens.numel()} tokens cannot fill one window of data.seq_len={seq_len}")
+        self.windows = tokens[: tokens.numel() // seq_len * seq_len].view(-1, seq_len).clone()
+
+    def __len__(self) -> int:
+        return self.windows.shape[0]
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.windows[i], self.windows[i]
+
+
+class PaddedSequences(Dataset):
+    """One example per row, cut or padded to `seq_len` with EOS; targets ignore the padding after
+    the first EOS (the model learns to end a sequence, not to repeat padding)."""
+
+    def __init__(self, sequences: list[list[int]], seq_len: int, eos_id: int):
+        inputs = torch.full((len(sequences), seq_len), eos_id, dtype=torch.long)
+        targets = torch.full((len(sequences), seq_len), IGNORE, dtype=torch.long)
+        for row, ids in enumerate(sequences):
+            ids = ids[:seq_len]
+            inputs[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            targets[row, : len(ids)] = inputs[row, : len(ids)]
+            if len(ids) < seq_len:
+                targets[row, len(ids)] = eos_id
+        self.inputs, self.targets = inputs, targets
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.inputs[i], self.targets[i]
+
+
+def text_splits(cfg: DataConfig, text: str) -> tuple[TokenWindows, TokenWindows, TokenWindows, Tokenizer]:
+    """A whole corpus -> fixed-window train / validation / test sets and the tokenizer."""
+    tokenizer = make_tokenizer(cfg, text)
+    blocks = split_text(text, cfg.val_fraction, cfg.test_fraction)
+    sets = [TokenWindows(torch.tensor(tokenizer.encode(b), dtype=torch.long), cfg.seq_len) for b in blocks]
+    return sets[0], sets[1], sets[2], tokenizer
