@@ -7,6 +7,7 @@ barriers, curves and result files are the pipeline's (glmc.eval.evaluator).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -67,6 +68,13 @@ class MatchContext:
         if self.data is None:
             raise ValueError(f"{method} learns from data: pass data=<training DataLoader> (context.data is None)")
         return self.data.train_dataloader() if hasattr(self.data, "train_dataloader") else self.data
+
+    def validation_batches(self, method: str, fallback_batches: int = 8) -> Iterable:
+        """Held-out batches for choices a method makes on data: the DataModule's validation split,
+        or the first training batches where there is none (never the test split)."""
+        if getattr(self.data, "has_validation_split", False):
+            return self.data.val_dataloader()
+        return list(itertools.islice(iter(self.train_batches(method)), fallback_batches))
 
     def token_ids(self, vocab_size: int) -> torch.Tensor:
         """The token ids that occur as targets in the training data (text only), sorted."""

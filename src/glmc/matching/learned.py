@@ -9,8 +9,10 @@ through the same Lightning Trainer settings as the endpoints, with checkpoints u
 <context.run_dir>/pair_<hash>/checkpoints, the hash covering the endpoints and every setting: a run
 started again with the same endpoints and settings resumes from last.ckpt, any other starts afresh.
 The returned transform is the hard projection of the latents, so the aligned model B computes B's
-function; the Sinkhorn matcher returns the soft-aligned B instead (the path it trained), marked as
-not function-preserving, with the hard projection as a variant path.
+function, unless its path is worse than the start's on held-out batches (the validation split, or
+training batches where the dataset has none): then the start is returned (`kept_start`). The
+Sinkhorn matcher returns the soft-aligned B instead (the path it trained), marked as not
+function-preserving, with the hard projection as a variant path.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
+from glmc.eval.evaluator import Evaluator
 from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored, settings_hash
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.matching.weight import used_tokens, weight_matching
@@ -180,8 +183,18 @@ class LearnedMatcher:
         }
         hard_alignment = Alignment(reference=a, model=aligned, transform=hard, circuits=self.circuits)
         if "sinkhorn" not in kinds.values():
-            hard_alignment.diagnostics = diagnostics
-            return hard_alignment
+            # never worse than the start: compare both paths on held-out batches, keep the better
+            check = Evaluator(context.validation_batches(self.name), b.task, context.device, progress=False)
+            start_alignment = Alignment(reference=a, model=apply(start, b), transform=start, circuits=self.circuits)
+            worst = {
+                name: max(check.path(al, GUARD_LAMBDAS)["loss"])
+                for name, al in (("start", start_alignment), ("learned", hard_alignment))
+            }
+            diagnostics["validation_path_max_loss"] = worst
+            diagnostics["kept_start"] = worst["learned"] > worst["start"]
+            chosen = start_alignment if diagnostics["kept_start"] else hard_alignment
+            chosen.diagnostics = diagnostics
+            return chosen
         with torch.no_grad():
             soft = {n: m.double() for n, m in module.matrices().items()}
             params = apply_dense(soft, spec, {k: v.double() for k, v in b.params().items()})
@@ -196,6 +209,9 @@ class LearnedMatcher:
             function_preserving=False,
             variants={"hard_projection": hard_alignment},
         )
+
+
+GUARD_LAMBDAS = (0.25, 0.5, 0.75)  # interior points: the endpoints are the same for both paths
 
 
 def _changes(start: Transform, final: Transform) -> dict[str, float]:

@@ -1,0 +1,73 @@
+"""BookCorpus through Hugging Face datasets: one example (a sentence) per row of a "text" column.
+
+On disk it is `<data.root>/bookcorpus`, a folder written by `save_to_disk` (a `Dataset`, or a
+`DatasetDict` whose "train" split is used). With `data.download=true` and no such folder, the hub's
+`bookcorpus` is loaded once and saved there, so later runs are offline.
+
+The rows are split by their order: the last `data.test_fraction` are the test split, the
+`data.val_fraction` before them validation, the rest training. Each example is tokenized with GPT-2's
+tokenizer and becomes one row of `data.seq_len` tokens padded with EOS (`PaddedSequences`).
+`data.limit_train` / `data.limit_test` keep the first rows of each split before tokenizing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from glmc.config import DataConfig
+from glmc.data.text import HFTokenizer, PaddedSequences, make_tokenizer, split_text
+
+CHUNK = 10_000  # rows per tokenizer call: fast batch encoding without one huge list of lists
+
+
+def bookcorpus_dataset(cfg: DataConfig):
+    """The saved dataset under `<data.root>/bookcorpus`, downloading it first where allowed."""
+    import datasets
+
+    path = Path(cfg.root) / "bookcorpus"
+    if not path.is_dir():
+        if not cfg.download:
+            raise FileNotFoundError(
+                f"{path} is missing: set data.root to the folder holding bookcorpus/ (saved with "
+                "save_to_disk) or data.download=true on a machine with network"
+            )
+        partial = path.with_name(path.name + ".part")
+        datasets.load_dataset("bookcorpus", split="train").save_to_disk(str(partial))
+        partial.rename(path)  # a broken save never looks like the corpus
+    data = datasets.load_from_disk(str(path))
+    if isinstance(data, datasets.DatasetDict):
+        if "train" not in data:
+            raise ValueError(f"{path} holds splits {list(data)}, not a 'train' split")
+        data = data["train"]
+    if "text" not in data.column_names:
+        raise ValueError(f"{path} has columns {data.column_names}, not a 'text' column")
+    return data
+
+
+def encode_rows(tokenizer: HFTokenizer, texts: list[str], seq_len: int) -> list[list[int]]:
+    ids: list[list[int]] = []
+    for start in range(0, len(texts), CHUNK):
+        batch = tokenizer.hf(texts[start : start + CHUNK], add_special_tokens=False)["input_ids"]
+        ids.extend(row[:seq_len] for row in batch)  # PaddedSequences cuts there anyway
+    return ids
+
+
+def bookcorpus_splits(cfg: DataConfig):
+    if cfg.tokenizer != "gpt2":
+        raise ValueError(f"data.tokenizer={cfg.tokenizer!r}: bookcorpus needs data.tokenizer=gpt2")
+    tokenizer = make_tokenizer(cfg, "")
+    data = bookcorpus_dataset(cfg)
+    # split_text slices anything with len(): on a range it gives contiguous row ranges
+    blocks = split_text(range(len(data)), cfg.val_fraction, cfg.test_fraction)
+    sets = []
+    for name, rows, limit in zip(("train", "val", "test"), blocks, (cfg.limit_train, cfg.limit_test, cfg.limit_test)):
+        if len(rows) == 0:
+            raise ValueError(
+                f"the {name} split of {len(data)} bookcorpus rows is empty with "
+                f"data.val_fraction={cfg.val_fraction} and data.test_fraction={cfg.test_fraction}"
+            )
+        if limit is not None:
+            rows = rows[:limit]  # before tokenizing: small runs never touch the whole corpus
+        texts = data[rows.start : rows.stop]["text"]
+        sets.append(PaddedSequences(encode_rows(tokenizer, texts, cfg.seq_len), cfg.seq_len, tokenizer.eos_id))
+    return sets[0], sets[1], sets[2], tokenizer
