@@ -1,7 +1,9 @@
-"""Barrier curves as a picture: loss and accuracy against lambda, one curve per method."""
+"""Barrier curves as a picture: loss and accuracy (language models: perplexity) against lambda,
+one curve per method."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,17 +13,25 @@ matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt
 
 
+def _is_lm(m: dict[str, Any]) -> bool:
+    return all(a is None for a in m["test_accuracy"])
+
+
+def _second(m: dict[str, Any]) -> list:
+    """The right panel's curve: perplexity for language models (no accuracy), accuracy otherwise."""
+    return [math.exp(x) for x in m["test_loss"]] if _is_lm(m) else m["test_accuracy"]
+
+
 def plot_barrier_curves(methods: dict[str, dict[str, Any]], path: Path, title: str = "") -> Path:
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     for name, m in methods.items():
         lam = m["lambdas"]
         label = f"{name} (barrier {m['barrier']:.3f})"
         (line,) = ax_loss.plot(lam, m["test_loss"], marker=".", label=label)
-        if any(a is not None for a in m["test_accuracy"]):
-            ax_acc.plot(lam, m["test_accuracy"], marker=".", color=line.get_color(), label=name)
+        ax_acc.plot(lam, _second(m), marker=".", color=line.get_color(), label=name)
     # The endpoints are the trained models themselves: mark them once, from the first method.
     first = next(iter(methods.values()))
-    lam, loss, acc = first["lambdas"], first["test_loss"], first["test_accuracy"]
+    lam, loss, acc = first["lambdas"], first["test_loss"], _second(first)
     for ax, ys in ((ax_loss, loss), (ax_acc, acc)):
         if ys[0] is None:
             continue
@@ -31,7 +41,7 @@ def plot_barrier_curves(methods: dict[str, dict[str, Any]], path: Path, title: s
         ax.set_xlabel("λ   (θ = λ·θ_A + (1−λ)·θ_B)")
         ax.grid(alpha=0.3)
     ax_loss.set_ylabel("test loss (nats)")
-    ax_acc.set_ylabel("test accuracy")
+    ax_acc.set_ylabel("test perplexity" if _is_lm(first) else "test accuracy")
     ax_loss.legend(fontsize=8)
     ax_acc.legend(fontsize=8)
     if title:
