@@ -99,3 +99,16 @@ def test_any_trainer_argument_reaches_the_trainer():
     cfg = compose_config("debug=fast", "+trainer.detect_anomaly=true", "trainer.log_every_n_steps=3")
     trainer = trainer_factory(cfg.trainer)(logger=False)
     assert trainer._detect_anomaly and trainer.log_every_n_steps == 3
+
+
+def test_paper_scale_gpt2_matches_table_3():
+    cfg = compose_config("experiment=shakespeare_gpt2")
+    m = cfg.model
+    assert (m.num_layers, m.num_heads, m.hidden_size, m.mlp_size, m.max_positions) == (6, 4, 256, 1024, 256)
+    assert (cfg.data.seq_len, cfg.data.batch_size, cfg.train.early_stopping_patience) == (256, 32, 5)
+    assert cfg.train.weight_decay == 0.01 and cfg.data.tokenizer == "gpt2" and m.vocab_size == 50257
+    cfg = compose_config("experiment=bookcorpus_gpt2")
+    m = cfg.model
+    assert (m.num_layers, m.num_heads, m.hidden_size, m.mlp_size, m.max_positions) == (6, 8, 512, 2048, 512)
+    assert cfg.trainer.devices * cfg.data.batch_size == 64 and cfg.trainer.precision == "16-mixed"
+    assert (cfg.train.max_epochs, cfg.train.warmup_fraction, cfg.data.seq_len) == (5, 0.05, 512)
