@@ -4,9 +4,9 @@
 
 Pairs: two CIFAR ViTs (6 layers, width 256, MLP 512, 8 heads, patch 4) and two BookCorpus GPT-2s
 (6 layers, width 512, MLP 2048, 8 heads, vocabulary 50257), the latter with the embedding rows
-restricted to the tokens a training split uses (as the pipeline does) and unrestricted. The models are randomly initialised:
-the cost of an iteration does not depend on the weights, and the tolerance is set so that every
-run does exactly the requested number of iterations. Prints the median and the breakdown by step,
+restricted to the tokens a training split uses (as the pipeline does) and unrestricted. The models
+are randomly initialised: the cost of an iteration does not depend on the weights, and the tolerance
+is set so that every run does exactly the requested number of iterations. Prints the median and the breakdown by step,
 and the ViT time as a ratio to the 1 s target.
 """
 
