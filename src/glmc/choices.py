@@ -89,3 +89,23 @@ class EvalPrecision(StrEnum):
 class EvalSplit(StrEnum):
     test = "test"
     train = "train"  # the training split in a fixed order, no augmentation
+
+
+class ActivationResidual(StrEnum):
+    """Which stream states fit activation matching's residual map (paper 003 §3.3)."""
+
+    first = "first"  # the embedding output
+    last = "last"  # the final normalised stream
+    all = "all"  # every layer's stream after attention and after the MLP
+    separate = "separate"  # one permutation per state: not a symmetry, evaluated for comparison
+
+
+class ResidualMap(StrEnum):
+    permutation = "permutation"
+    orthogonal = "orthogonal"
+
+
+class HeadAssignment(StrEnum):
+    two_stage = "two_stage"  # heads on their best in-head costs, then dimensions inside (paper 003)
+    monotonic = "monotonic"  # heads in place, dimensions permuted inside each
+    none = "none"

@@ -16,7 +16,17 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from glmc.choices import HeadForm, LambdaScheme, LearnedInit, ResidualClass, UnitClass, UnitLatent
+from glmc.choices import (
+    ActivationResidual,
+    HeadAssignment,
+    HeadForm,
+    LambdaScheme,
+    LearnedInit,
+    ResidualClass,
+    ResidualMap,
+    UnitClass,
+    UnitLatent,
+)
 
 
 @dataclass
@@ -82,6 +92,39 @@ class LearnedMatcherConfig:
     seed: int = 0  # latent noise and the lambda sequence
 
 
+@dataclass
+class ActivationMatcherConfig:
+    """Paper 003 activation matching; attention weights interpolated factored, as in that paper."""
+
+    _target_: str = "glmc.matching.activation.ActivationMatcher"
+    name: str = "activation"
+    residual: ActivationResidual = ActivationResidual.all
+    residual_map: ResidualMap = ResidualMap.permutation
+    heads: HeadAssignment = HeadAssignment.two_stage
+    mlp: UnitClass = UnitClass.permutation
+    qk: HeadForm = HeadForm.none
+    vo: HeadForm = HeadForm.none
+    batches: int = 16  # training batches whose activations are recorded
+
+
+@dataclass
+class RotationMatcherConfig:
+    """Paper 002: per-head closed-form rotation of Q/K and V/O with rescaling, MLP permutations by
+    weight matching, the residual stream not aligned (or `orthogonal`: ours); factored interpolation."""
+
+    _target_: str = "glmc.matching.rotation.RotationMatcher"
+    name: str = "rotation"
+    residual: ResidualClass = ResidualClass.none
+    heads: UnitClass = UnitClass.none  # paper 002 keeps heads in place
+    mlp: UnitClass = UnitClass.permutation
+    rescale: bool = True
+    qk: HeadForm = HeadForm.none
+    vo: HeadForm = HeadForm.none
+    max_iter: int = "${matcher.weight.max_iter}"  # type: ignore[assignment]
+    tol: float = "${matcher.weight.tol}"  # type: ignore[assignment]
+    vocabulary: str = "${matcher.weight.vocabulary}"
+
+
 def _variant(base: str, cls: type, **own) -> Any:
     """A method that shares `matcher.<base>`'s settings (by interpolation) except `own`."""
     skip = {"_target_", "residual", "heads", "mlp", "units", "qk", "vo", *own}
@@ -95,6 +138,11 @@ METHODS: dict[str, Any] = {
     "canonical": CanonicalMatcherConfig,
     "weight_perm": _variant("weight", WeightMatcherConfig, name="weight_perm", residual=ResidualClass.permutation),
     "weight": WeightMatcherConfig,
+    "activation": ActivationMatcherConfig,
+    "activation_orth": _variant(
+        "activation", ActivationMatcherConfig, name="activation_orth", residual_map=ResidualMap.orthogonal
+    ),
+    "rotation": RotationMatcherConfig,
     "learned": LearnedMatcherConfig,
     "learned_perm": _variant("learned", LearnedMatcherConfig, name="learned_perm", residual=ResidualClass.permutation),
     "learned_sinkhorn": _variant("learned", LearnedMatcherConfig, name="learned_sinkhorn", units=UnitLatent.sinkhorn),
@@ -111,6 +159,9 @@ class MatcherConfig:
     canonical: CanonicalMatcherConfig = field(default_factory=METHODS["canonical"])
     weight_perm: WeightMatcherConfig = field(default_factory=METHODS["weight_perm"])
     weight: WeightMatcherConfig = field(default_factory=METHODS["weight"])
+    activation: ActivationMatcherConfig = field(default_factory=METHODS["activation"])
+    activation_orth: ActivationMatcherConfig = field(default_factory=METHODS["activation_orth"])
+    rotation: RotationMatcherConfig = field(default_factory=METHODS["rotation"])
     learned: LearnedMatcherConfig = field(default_factory=METHODS["learned"])
     learned_perm: LearnedMatcherConfig = field(default_factory=METHODS["learned_perm"])
     learned_sinkhorn: LearnedMatcherConfig = field(default_factory=METHODS["learned_sinkhorn"])

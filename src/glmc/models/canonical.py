@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+Recorder = Callable[[str, Tensor], None]
 
 # Hugging Face activation names -> canonical names.
 _ACTIVATION_ALIASES = {
@@ -127,15 +130,17 @@ def _embed(config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Ten
     return x + p["embed.pos"][: x.shape[1]]
 
 
-def _attention_factored(config, p, pre, h):
+def _attention_factored(config, p, pre, h, record=None):
     q = torch.einsum("btd,hed->bhte", h, p[pre + "q_w"]) + p[pre + "q_b"][:, None]
     k = torch.einsum("btd,hed->bhte", h, p[pre + "k_w"]) + p[pre + "k_b"][:, None]
     v = torch.einsum("btd,hed->bhte", h, p[pre + "v_w"]) + p[pre + "v_b"][:, None]
     z = F.scaled_dot_product_attention(q, k, v, is_causal=config.causal, scale=1.0)
+    if record is not None:
+        record(pre + "heads", z)
     return torch.einsum("bhte,hde->btd", z, p[pre + "o_w"])
 
 
-def _attention_circuit(config, p, pre, h):
+def _attention_circuit(config, p, pre, h, record=None):
     ht = torch.cat([h, h.new_ones(*h.shape[:-1], 1)], dim=-1)  # x~ = [x; 1]
     scores = torch.einsum("bid,hde,bje->bhij", ht, p[pre + "qk"], ht)
     if config.causal:
@@ -147,20 +152,38 @@ def _attention_circuit(config, p, pre, h):
     return torch.einsum("bhij,bhjd->bid", att, values)
 
 
-def canonical_forward(config: CanonicalConfig, params: dict[str, Tensor], inputs: Tensor) -> Tensor:
-    """Logits of the canonical model; differentiable with respect to every tensor in params."""
+def canonical_forward(
+    config: CanonicalConfig, params: dict[str, Tensor], inputs: Tensor, record: Recorder | None = None
+) -> Tensor:
+    """Logits of the canonical model; differentiable with respect to every tensor in params.
+
+    `record(name, tensor)`, if given, receives the intermediate states that activation-based methods
+    read (activation matching, RegMean): "embed" and per layer l "blocks.{l}." + attn_in (the
+    normalised input of attention), heads (per-head attention outputs before o_w, (B, H, T, dv),
+    factored form only), attn_out (the stream after attention), mlp_in, mlp_act (the MLP units after
+    the activation), mlp_out (the stream after the MLP); "final" is the normalised stream the head reads."""
     p = params
     act = _ACTIVATIONS[config.activation]
     norm = lambda x: rms_norm(x, config.norm_dim, config.norm_eps)  # noqa: E731
     attention = _attention_circuit if config.form == "circuit" else _attention_factored
+    rec = record or (lambda name, t: None)
 
     x = _embed(config, p, inputs)
+    rec("embed", x)
     for layer in range(num_layers(p)):
         pre = f"blocks.{layer}."
-        x = x + attention(config, p, pre, norm(x)) + p[pre + "o_b"]
-        a = act(F.linear(norm(x), p[pre + "in_w"], p[pre + "in_b"]))
+        h = norm(x)
+        rec(pre + "attn_in", h)
+        x = x + attention(config, p, pre, h, record) + p[pre + "o_b"]
+        rec(pre + "attn_out", x)
+        h = norm(x)
+        rec(pre + "mlp_in", h)
+        a = act(F.linear(h, p[pre + "in_w"], p[pre + "in_b"]))
+        rec(pre + "mlp_act", a)
         x = x + F.linear(a, p[pre + "out_w"], p[pre + "out_b"])
+        rec(pre + "mlp_out", x)
     x = norm(x)
+    rec("final", x)
     if config.pooling == "cls":
         x = x[:, 0]
     return F.linear(x, p["head.w"], p["head.b"])

@@ -1,0 +1,275 @@
+"""Activation matching (paper 003, Verma & Elbayad): units paired by how their activations correlate.
+
+Both canonical models run on the same training batches; every unit's activation is recorded at
+every token (padding excluded) and A's units are compared with B's by the standardised
+cross-correlation corr(X_A, X_B) (Eq. 1). Assignments maximise the summed correlation (Eq. 2,
+scipy's linear_sum_assignment):
+  residual  one permutation of the stream for the whole model, from the embedding output (`first`),
+            the final normalised stream (`last`), or every layer's stream after attention and after
+            the MLP (`all`: the states' correlation matrices summed, each standardised on its own).
+            `separate` gives each of those states its own permutation: not a symmetry of the model
+            (the skip connections add differently permuted vectors), evaluated as paper 003 did.
+            residual_map=orthogonal (`activation_orth`) instead fits an orthogonal map by Procrustes
+            on the residual activations, O = polar(sum_t x_A,t x_B,t^T): the data-driven counterpart
+            of weight matching's residual map.
+  mlp       per layer, the units after the activation.
+  heads     per layer, the two-stage assignment on the heads' outputs before W_O (Eq. 5-6): for each
+            head pair (j, k) the best in-head permutation of its dv x dv correlation block and its
+            summed correlation, then heads assigned on those sums; the in-head permutation acts on
+            V/O and on Q/K alike (an exact symmetry). `monotonic` keeps heads in place and only
+            permutes inside them.
+Permuted factored weights are interpolated as they are (qk = vo = none), as in paper 003.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor
+
+from glmc.eval.metrics import IGNORE_INDEX
+from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored
+from glmc.models.canonical import CanonicalTransformer, canonical_forward
+from glmc.symmetry import Orthogonal, OrthogonalScale, Permutation, Transform, apply
+
+STRATEGIES = ("first", "last", "all", "separate")
+
+
+class CrossMoments:
+    """Running sums of two feature sets over tokens, enough for their correlation and cross-moment."""
+
+    def __init__(self):
+        self.n = 0
+        self.sum_a = self.sum_b = self.sq_a = self.sq_b = self.cross = 0.0
+
+    def update(self, a: Tensor, b: Tensor) -> None:
+        a, b = a.double(), b.double()  # (tokens, units)
+        self.n += a.shape[0]
+        self.sum_a = self.sum_a + a.sum(0)
+        self.sum_b = self.sum_b + b.sum(0)
+        self.sq_a = self.sq_a + a.pow(2).sum(0)
+        self.sq_b = self.sq_b + b.pow(2).sum(0)
+        self.cross = self.cross + a.T @ b
+
+    def correlation(self) -> Tensor:
+        """Standardised cross-correlation (units_A, units_B); constant units correlate with nothing."""
+        mu_a, mu_b = self.sum_a / self.n, self.sum_b / self.n
+        cov = self.cross / self.n - torch.outer(mu_a, mu_b)
+        sd_a = (self.sq_a / self.n - mu_a.pow(2)).clamp_min(0).sqrt()
+        sd_b = (self.sq_b / self.n - mu_b.pow(2)).clamp_min(0).sqrt()
+        return cov / torch.outer(sd_a, sd_b).clamp_min(1e-12)
+
+    def normalised_cross(self) -> Tensor:
+        """sum_t a_t b_t^T scaled so that every recorded state counts alike when summed."""
+        return self.cross / (self.sq_a.sum() * self.sq_b.sum()).sqrt().clamp_min(1e-12)
+
+
+def residual_states(num_layers: int, strategy: str) -> list[str]:
+    """The recorded stream states a residual strategy reads (canonical_forward's record names)."""
+    if strategy == "first":
+        return ["embed"]
+    if strategy == "last":
+        return ["final"]
+    layers = [f"blocks.{l}.{s}" for l in range(num_layers) for s in ("attn_out", "mlp_out")]
+    return ["embed"] + layers if strategy == "separate" else layers
+
+
+def record_moments(
+    a: CanonicalTransformer, b: CanonicalTransformer, batches, names: set[str], task: str, device: torch.device
+) -> dict[str, CrossMoments]:
+    """Run A and B on the same batches and accumulate the cross-moments of the named states."""
+    moments = {n: CrossMoments() for n in names}
+    pa = {k: v.detach().to(device) for k, v in a.params().items()}
+    pb = {k: v.detach().to(device) for k, v in b.params().items()}
+    with torch.inference_mode():
+        for inputs, targets in batches:
+            inputs, targets = inputs.to(device), targets.to(device)
+            keep = (targets != IGNORE_INDEX).reshape(-1) if task == "causal_lm" else None
+            states: dict[tuple[str, str], Tensor] = {}
+            for key, config, params in (("a", a.config, pa), ("b", b.config, pb)):
+                canonical_forward(config, params, inputs, _recorder(states, key, names))
+            for name in names:
+                xa, xb = (_tokens(states[k, name]) for k in ("a", "b"))
+                if keep is not None:
+                    xa, xb = xa[keep], xb[keep]
+                moments[name].update(xa, xb)
+    return moments
+
+
+def _recorder(states: dict, key: str, names: set[str]):
+    def record(name: str, t: Tensor) -> None:
+        if name in names:
+            states[key, name] = t
+
+    return record
+
+
+def _tokens(t: Tensor) -> Tensor:
+    """(B, T, n) or per-head (B, H, T, dv) -> (B*T, units), heads in order, dims within each head."""
+    if t.dim() == 4:
+        t = t.permute(0, 2, 1, 3).flatten(2)
+    return t.reshape(-1, t.shape[-1])
+
+
+def assign(similarity: Tensor) -> tuple[np.ndarray, float]:
+    """Permutation maximising sum_i similarity[i, perm[i]] and that sum."""
+    s = similarity.detach().cpu().double().numpy()
+    rows, cols = linear_sum_assignment(s, maximize=True)
+    return cols, float(s[rows, cols].sum())
+
+
+def two_stage_heads(corr: Tensor, heads: int, monotonic: bool = False) -> tuple[Permutation, Tensor]:
+    """Paper 003 Algorithm 1: head assignment on the best in-head costs, then the in-head permutations.
+
+    Returns the head permutation (new head i = B's head perm[i]) and (H, dv, dv) permutation matrices,
+    one per new head, mapping its B dimensions onto A's."""
+    dv = corr.shape[0] // heads
+    blocks = corr.reshape(heads, dv, heads, dv).permute(0, 2, 1, 3)  # (H_A, H_B, dv, dv)
+    inner: dict[tuple[int, int], np.ndarray] = {}
+    cost = torch.full((heads, heads), -float("inf"), dtype=torch.float64)
+    pairs = [(j, j) for j in range(heads)] if monotonic else itertools.product(range(heads), range(heads))
+    for j, k in pairs:
+        inner[j, k], cost[j, k] = assign(blocks[j, k])
+    outer = torch.arange(heads) if monotonic else torch.as_tensor(assign(cost)[0])
+    matrices = torch.stack([torch.eye(dv)[torch.as_tensor(inner[i, int(outer[i])])] for i in range(heads)])
+    return Permutation(outer), matrices
+
+
+def mean_matched(corr: Tensor, perm: Tensor | None = None) -> float:
+    """Mean correlation of A's unit i with its partner (B's unit perm[i], or unit i)."""
+    idx = torch.arange(corr.shape[0]) if perm is None else perm.cpu()
+    return float(corr[torch.arange(corr.shape[0]), idx].mean())
+
+
+def _permute_residual_separately(model: CanonicalTransformer, perms: dict[str, Tensor]) -> CanonicalTransformer:
+    """Each stream state gets its own permutation: writers into a state and readers of it use that
+    state's. Not function-preserving (paper 003's `separate`)."""
+    p = {k: v.detach().clone() for k, v in model.params().items()}
+    layers = model.num_layers
+    # writers: the D axis of each tensor writing into a state
+    write = {"embed": [(n, -1) for n in ("embed.patch_w", "embed.patch_b", "embed.cls", "embed.tokens", "embed.pos")]}
+    read = {}
+    previous = "embed"
+    for l in range(layers):
+        pre, a, f = f"blocks.{l}.", f"blocks.{l}.attn_out", f"blocks.{l}.mlp_out"
+        read.setdefault(previous, []).extend((pre + n, -1) for n in ("q_w", "k_w", "v_w"))
+        write[a] = [(pre + "o_w", 1), (pre + "o_b", 0)]
+        read[a] = [(pre + "in_w", 1)]
+        write[f] = [(pre + "out_w", 0), (pre + "out_b", 0)]
+        previous = f
+    read.setdefault(previous, []).append(("head.w", 1))
+    for state, perm in perms.items():
+        for name, axis in write.get(state, []) + read.get(state, []):
+            if name not in p:
+                continue
+            # patch_w is (D, C, p, p) and patch_b/cls (D): their D axis is the first
+            ax = 0 if name in ("embed.patch_w", "embed.patch_b", "embed.cls") else axis
+            p[name] = p[name].index_select(ax, perm.to(p[name].device))
+    return CanonicalTransformer(model.config, p)
+
+
+class ActivationMatcher:
+    """`activation` (residual permutation) and `activation_orth` (residual Procrustes); see the module docstring.
+
+    residual: first | last | all | separate (which stream states fit the residual map)
+    residual_map: permutation | orthogonal;  heads: two_stage | monotonic | none;  mlp: permutation | none
+    batches: training batches whose activations are recorded; qk / vo: circuit | none (interpolation)."""
+
+    def __init__(
+        self,
+        name: str = "activation",
+        residual: str = "all",
+        residual_map: str = "permutation",
+        heads: str = "two_stage",
+        mlp: str = "permutation",
+        qk: str = "none",
+        vo: str = "none",
+        batches: int = 16,
+    ):
+        checks = {
+            "residual": (residual, STRATEGIES),
+            "residual_map": (residual_map, ("permutation", "orthogonal")),
+            "heads": (heads, ("two_stage", "monotonic", "none")),
+            "mlp": (mlp, ("permutation", "none")),
+        }
+        for key, (value, allowed) in checks.items():
+            if value not in allowed:
+                raise ValueError(f"matcher.{name}.{key}={value!r} is not one of {', '.join(allowed)}")
+        if residual == "separate" and residual_map == "orthogonal":
+            raise ValueError(f"matcher.{name}.residual=separate fits permutations only: use residual_map=permutation")
+        if batches < 1:
+            raise ValueError(f"matcher.{name}.batches={batches}: record at least one batch")
+        self.name, self.residual, self.residual_map = name, residual, residual_map
+        self.heads, self.mlp, self.batches = heads, mlp, batches
+        self.circuits = circuit_pairs(qk, vo)
+
+    def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
+        require_factored(self.name, a, b)
+        context = context or MatchContext()
+        start = time.perf_counter()
+        layers = a.num_layers
+        states = residual_states(layers, self.residual)
+        names = set(states)
+        names |= {f"blocks.{l}.mlp_act" for l in range(layers)} if self.mlp != "none" else set()
+        names |= {f"blocks.{l}.heads" for l in range(layers)} if self.heads != "none" else set()
+        batches = itertools.islice(iter(context.train_batches(self.name)), self.batches)
+        moments = record_moments(a, b, batches, names, a.task, context.device)
+        recorded = time.perf_counter()
+
+        transform, correlation = Transform(), {}
+        for l in range(layers):
+            if self.mlp != "none":
+                corr = moments[f"blocks.{l}.mlp_act"].correlation()
+                transform[f"mlp.{l}"] = Permutation(torch.as_tensor(assign(corr)[0]))
+                correlation[f"mlp.{l}"] = (mean_matched(corr), mean_matched(corr, transform[f"mlp.{l}"].perm))
+            if self.heads != "none":
+                corr = moments[f"blocks.{l}.heads"].correlation()
+                h = a.params()[f"blocks.{l}.v_w"].shape[0]
+                outer, inner = two_stage_heads(corr, h, monotonic=self.heads == "monotonic")
+                transform[f"heads.{l}"] = outer
+                transform[f"vo.{l}"] = OrthogonalScale(inner, torch.ones(h))
+                if a.params()[f"blocks.{l}.q_w"].shape[1] == inner.shape[-1]:  # same dims: Q/K take V's permutation
+                    transform[f"qk.{l}"] = OrthogonalScale(inner, torch.ones(h))
+                dv = inner.shape[-1]
+                full = (outer.perm[:, None] * dv + inner.argmax(-1)).flatten()  # A feature -> B feature
+                correlation[f"heads.{l}"] = (mean_matched(corr), mean_matched(corr, full))
+
+        function_preserving = True
+        separate = {}
+        if self.residual == "separate":
+            for state in states:
+                corr = moments[state].correlation()
+                separate[state] = torch.as_tensor(assign(corr)[0])
+                correlation[state] = (mean_matched(corr), mean_matched(corr, separate[state]))
+            function_preserving = False
+        elif self.residual_map == "permutation":
+            corr = sum(moments[s].correlation() for s in states) / len(states)
+            transform["residual"] = Permutation(torch.as_tensor(assign(corr)[0]))
+            correlation["residual"] = (mean_matched(corr), mean_matched(corr, transform["residual"].perm))
+        else:
+            cross = sum(moments[s].normalised_cross() for s in states)
+            transform["residual"] = Orthogonal(Orthogonal.project(cross).matrix.float())
+        aligned = apply(transform, b)
+        if separate:
+            aligned = _permute_residual_separately(aligned, separate)
+        diagnostics: dict[str, Any] = {
+            "tokens": moments[next(iter(sorted(names)))].n,
+            "batches": self.batches,
+            "seconds_recording": recorded - start,
+            "seconds_assignment": time.perf_counter() - recorded,
+            # mean correlation of matched units: (before, after) per space
+            "mean_correlation": {k: list(v) for k, v in correlation.items()},
+        }
+        return Alignment(
+            reference=a,
+            model=aligned,
+            transform=transform if not separate else None,
+            circuits=self.circuits,
+            diagnostics=diagnostics,
+            function_preserving=function_preserving,
+        )
