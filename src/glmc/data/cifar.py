@@ -1,7 +1,9 @@
 """CIFAR-10/100 from the python-pickle batches that the official archives unpack to.
 
 The files are read directly (not through torchvision's dataset class, whose checksum test rejects
-anything but the full release), so small files in the same format work for tests.
+anything but the full release), so small files in the same format work for tests. They are
+unpickled by `BatchUnpickler`, which admits only the numpy array reconstruction that the batches
+use: a planted file cannot run code.
 """
 
 from __future__ import annotations
@@ -23,6 +25,44 @@ LAYOUT = {
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 
+# (module, name) pairs that numpy arrays and scalars pickle to, under numpy 1.x and 2.x names, at
+# protocols 2 (the release files) to 5; plain containers (dict, list, bytes) need no globals.
+_ALLOWED = {
+    (module, name)
+    for core in ("numpy.core", "numpy._core")
+    for module, name in (
+        (f"{core}.multiarray", "_reconstruct"),
+        (f"{core}.multiarray", "scalar"),
+        (f"{core}.numeric", "_frombuffer"),
+    )
+} | {
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),  # how protocol 2 writes bytes from Python 3
+}
+
+
+class BatchUnpickler(pickle.Unpickler):
+    """Unpickler for CIFAR batches: any global outside `_ALLOWED` is refused, naming the file."""
+
+    def __init__(self, file, path: Path):
+        super().__init__(file, encoding="bytes")  # the release format: dicts of numpy arrays, bytes keys
+        self.path = path
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(
+                f"{self.path} is not a CIFAR batch: it asks to load {module}.{name}, and only numpy arrays "
+                "and plain containers are accepted (the file may have been tampered with; replace it)"
+            )
+        return super().find_class(module, name)
+
+
+def load_batch(path: Path) -> dict:
+    with open(path, "rb") as f:
+        return BatchUnpickler(f, path).load()
+
+
 def _read_batches(folder: Path, names: list[str], label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
     images, labels = [], []
     for name in names:
@@ -32,8 +72,9 @@ def _read_batches(folder: Path, names: list[str], label_key: bytes) -> tuple[np.
                 f"{path} is missing: set data.root to the folder holding {folder.name}/ "
                 "or data.download=true on a machine with network"
             )
-        with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")  # the release format: dicts of numpy arrays
+        batch = load_batch(path)
+        if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:
+            raise ValueError(f"{path} is not a CIFAR batch: expected a dict with b'data' and {label_key!r}")
         images.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
         labels.append(np.asarray(batch[label_key], dtype=np.int64))
     return np.concatenate(images), np.concatenate(labels)

@@ -18,6 +18,8 @@ function-preserving, with the hard projection as a variant path.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import pickle
 import time
 import warnings
 from pathlib import Path
@@ -32,6 +34,7 @@ from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_f
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
+from glmc.safe_files import move_aside
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
 
 
@@ -47,6 +50,30 @@ class _SaveLast(Callback):
 
 def _dense(g) -> Tensor:
     return g.matrix if isinstance(g, Orthogonal) else g.dense()
+
+
+def resumable(last: Path) -> Path | None:
+    """`last` if it exists and loads as a checkpoint of tensors and plain data; a damaged one (a run
+    killed while writing it, a full disk) is moved aside with a warning, so the rerun starts afresh
+    instead of failing in Lightning's restore."""
+    if not last.exists():
+        return None
+    try:
+        torch.load(last, map_location="cpu", weights_only=True)
+    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as err:
+        reason = f"cannot be resumed from ({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]})"
+        try:
+            move_aside(last, reason)
+        except FileNotFoundError:  # another rank moved it first
+            pass
+        return None
+    return last
+
+
+def _fit(trainer, module, data: dict[str, Any], resume: Path | None) -> None:
+    # Restore with weights_only=True, as torch.load does by default since torch 2.6 (the floor).
+    restricted = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
+    trainer.fit(module, **data, ckpt_path=resume, **restricted)
 
 
 def _default_trainer(**kwargs):
@@ -133,7 +160,7 @@ class LearnedMatcher:
 
         pair_dir = context.run_dir / f"pair_{self.checkpoint_key(a, b)}"
         last = pair_dir / "checkpoints" / "last.ckpt"
-        resume = last if last.exists() else None
+        resume = resumable(last)
         checkpoints = ModelCheckpoint(
             dirpath=pair_dir / "checkpoints",
             save_last=True,
@@ -156,7 +183,7 @@ class LearnedMatcher:
         tick = time.perf_counter()
         with warnings.catch_warnings():  # the DataModule's test split is its val loader; matching has no val loop
             warnings.filterwarnings("ignore", message=".*val_dataloader.*validation_step")
-            trainer.fit(module, **context.fit_data(), ckpt_path=resume)
+            _fit(trainer, module, context.fit_data(), resume)
         seconds_train = time.perf_counter() - tick
         module = module.cpu()
 

@@ -3,7 +3,13 @@
 Each entry is `model.safetensors` (tensors only, so loading never unpickles code) and `meta.json`
 (the config that produced it and the endpoint's metrics). An entry is written into a temporary
 folder beside its final place and renamed into place only when complete, so a killed run leaves at
-most a stray temporary folder, never an entry that a later run would trust.
+most a stray temporary folder, never an entry that a later run would trust; such folders older than
+an hour are removed when the cache is opened.
+
+meta.json records the sha256 of model.safetensors. An entry whose checksum does not match, whose
+files are truncated, missing or unreadable, or whose weights are not finite is moved aside to
+`seed_<n>.corrupt-<timestamp>` with a warning, and `load` raises `CorruptEntryError`, so the caller
+trains the endpoint again instead of using it.
 """
 
 from __future__ import annotations
@@ -13,14 +19,19 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
+from glmc.safe_files import move_aside
+
 WEIGHTS, META = "model.safetensors", "meta.json"
+STALE_TMP_SECONDS = 3600  # a temporary folder this old belongs to no live writer
 # Data settings that change which examples a model sees, or in which order.
 DATA_KEYS = ("name", "task", "batch_size", "test_fraction", "split_seed", "augment", "limit_train")
 
@@ -34,34 +45,109 @@ def config_hash(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class CorruptEntryError(RuntimeError):
+    """A cache entry failed its integrity checks; it has been moved aside."""
+
+
 @dataclass
 class EndpointCache:
     root: Path
 
+    def __post_init__(self):
+        self.root = Path(self.root)
+        self.remove_stale_tmp()
+
+    def remove_stale_tmp(self, max_age: float = STALE_TMP_SECONDS) -> list[Path]:
+        """Temporary folders of writers killed before they finished (older than `max_age` seconds)."""
+        removed = []
+        now = time.time()
+        for tmp in self.root.glob("*/.tmp-*"):
+            try:
+                if now - tmp.stat().st_mtime > max_age:
+                    shutil.rmtree(tmp)
+                    removed.append(tmp)
+            except FileNotFoundError:  # another process removed it first
+                pass
+        return removed
+
     def entry(self, key: dict[str, Any], seed: int) -> Path:
-        return Path(self.root) / config_hash(key) / f"seed_{seed}"
+        return self.root / config_hash(key) / f"seed_{seed}"
 
     def has(self, key: dict[str, Any], seed: int) -> bool:
+        """Whether a complete entry exists; an entry missing a file is moved aside (False)."""
         entry = self.entry(key, seed)
-        return (entry / WEIGHTS).is_file() and (entry / META).is_file()
+        if not entry.exists():
+            return False
+        missing = [name for name in (WEIGHTS, META) if not (entry / name).is_file()]
+        if missing:
+            self._discard(entry, f"lacks {' and '.join(missing)}")
+            return False
+        return True
+
+    def _discard(self, entry: Path, reason: str) -> None:
+        try:
+            move_aside(entry, f"is a damaged endpoint cache entry ({reason})")
+        except FileNotFoundError:  # another process moved it first
+            pass
+
+    def _corrupt(self, entry: Path, reason: str) -> CorruptEntryError:
+        self._discard(entry, reason)
+        return CorruptEntryError(f"cache entry {entry} {reason}; moved aside")
 
     def load(self, key: dict[str, Any], seed: int, model: torch.nn.Module) -> dict[str, Any]:
-        """Fill `model` (already built from the same config) in place; return the stored metadata."""
+        """Fill `model` (already built from the same config) in place; return the stored metadata.
+
+        Raises CorruptEntryError (after moving the entry aside) when the entry fails its checks."""
         entry = self.entry(key, seed)
-        meta = json.loads((entry / META).read_text())
+        try:
+            meta = json.loads((entry / META).read_text())
+            if not isinstance(meta, dict) or not isinstance(meta.get("metrics"), dict) or "key" not in meta:
+                raise ValueError("not an entry's metadata")
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise self._corrupt(entry, f"has an unreadable {META} ({err})") from err
         if meta["key"] != json.loads(json.dumps(key)):
             raise RuntimeError(f"{entry} holds a different config than its hash claims; delete the folder")
-        load_model(model, str(entry / WEIGHTS), strict=True, device="cpu")
+        # Entries written before checksums were recorded have none: accepted as they are (legacy), still
+        # checked by the strict load and the finiteness test below.
+        expected = meta.get("sha256")
+        if expected is not None:
+            try:
+                actual = file_sha256(entry / WEIGHTS)
+            except OSError as err:
+                raise self._corrupt(entry, f"has an unreadable {WEIGHTS} ({err})") from err
+            if actual != expected:
+                raise self._corrupt(
+                    entry, f"has a {WEIGHTS} whose sha256 {actual[:12]}... is not the recorded {expected[:12]}..."
+                )
+        try:
+            load_model(model, str(entry / WEIGHTS), strict=True, device="cpu")
+        except (SafetensorError, RuntimeError, OSError, ValueError) as err:
+            raise self._corrupt(entry, f"has a {WEIGHTS} that does not load ({err})") from err
+        bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise self._corrupt(entry, f"holds non-finite weights ({bad[0]})")
         return meta
 
     def save(self, key: dict[str, Any], seed: int, model: torch.nn.Module, metrics: dict[str, Any]) -> Path:
         final = self.entry(key, seed)
+        bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise ValueError(f"refusing to cache seed {seed} at {final}: {bad[0]} is not finite")
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
         try:
             save_model(model, str(tmp / WEIGHTS))
-            meta = {"key": key, "seed": seed, "metrics": metrics}
-            (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True))
+            meta = {"key": key, "seed": seed, "metrics": metrics, "sha256": file_sha256(tmp / WEIGHTS)}
+            # allow_nan=False: non-finite metrics are an error, not a JSON extension
+            (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True, allow_nan=False))
             if final.exists():  # a concurrent run finished the same entry first: keep theirs
                 shutil.rmtree(tmp)
             else:

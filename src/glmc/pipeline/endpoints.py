@@ -18,7 +18,8 @@ from glmc.eval.evaluator import Evaluator
 from glmc.models.build import build_model
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.convert import to_canonical
-from glmc.pipeline.cache import EndpointCache, endpoint_key
+from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
+from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
 from glmc.train.endpoint import EndpointModule
 from glmc.train.trainer import trainer_factory
 
@@ -40,13 +41,18 @@ def cache_key(cfg: Config) -> dict[str, Any]:
     return endpoint_key(as_dict(cfg.model), as_dict(cfg.data), as_dict(cfg.train))
 
 
+def divergence_hint(cfg: Config) -> str:
+    clip = cfg.train.gradient_clip_val
+    return f"lower train.lr (now {cfg.train.lr:g})" + ("" if clip else " or set train.gradient_clip_val (e.g. 1.0)")
+
+
 def train_endpoint(cfg: Config, seed: int, run_dir: Path, logger: Any) -> torch.nn.Module:
     L.seed_everything(seed, workers=True, verbose=False)  # seed 0 is a seed like any other
     model = build_model(cfg.model)
     module = EndpointModule(model, cfg.train, cfg.data.task)
     data = DataModule(cfg.data, seed)
     data.setup()
-    callbacks = []
+    callbacks: list[Any] = [DivergenceGuard(f"seed {seed}", divergence_hint(cfg))]
     if cfg.train.early_stopping_patience is not None:
         if not data.has_validation_split:
             raise ValueError(
@@ -54,7 +60,8 @@ def train_endpoint(cfg: Config, seed: int, run_dir: Path, logger: Any) -> torch.
                 "(its validation loop watches the test split)"
             )
         callbacks.append(EarlyStopping(monitor="val_loss", patience=cfg.train.early_stopping_patience))
-    every = 1 if callbacks else max(1, cfg.train.max_epochs // 5)  # early stopping validates every epoch
+    # early stopping validates every epoch
+    every = 1 if cfg.train.early_stopping_patience is not None else max(1, cfg.train.max_epochs // 5)
     trainer = trainer_factory(cfg.trainer)(
         default_root_dir=str(run_dir),
         logger=logger,
@@ -76,16 +83,22 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
     key = cache_key(cfg)
     endpoints = []
     for seed in cfg.seeds:
+        meta = None
         if cache.has(key, seed):
             model = build_model(cfg.model)
-            meta = cache.load(key, seed, model)
-            log.info("seed %d: loaded from %s", seed, cache.entry(key, seed))
+            try:
+                meta = cache.load(key, seed, model)  # a damaged entry is moved aside and retrained below
+                log.info("seed %d: loaded from %s", seed, cache.entry(key, seed))
+            except CorruptEntryError as err:
+                log.warning("seed %d: %s; training it again", seed, err)
+        if meta is not None:
             metrics, cached = meta["metrics"], True
         else:
             log.info("seed %d: training (cache entry %s)", seed, cache.entry(key, seed))
             model = train_endpoint(cfg, seed, run_dir, tracker.lightning_logger(f"seed_{seed}", "train"))
             loss, acc = evaluator.evaluate(model)
             metrics, cached = {"test_loss": loss, "test_accuracy": acc}, False
+            check_finite_endpoint(model, metrics, f"seed {seed}", divergence_hint(cfg))  # before caching
             cache.save(key, seed, model, metrics)
         model.eval()
         endpoints.append(

@@ -1,4 +1,8 @@
-"""Stage 4: results.json, barrier.csv, barrier.png and a printed table."""
+"""Stage 4: results.json, barrier.csv, barrier.png and a printed table.
+
+results.json is strict JSON: NaN and infinities (a diverged path, an empty metric) are written as
+null. Every file is written atomically (a temporary file renamed into place).
+"""
 
 from __future__ import annotations
 
@@ -9,19 +13,32 @@ from pathlib import Path
 from typing import Any
 
 from glmc.eval.plots import plot_barrier_curves
+from glmc.safe_files import atomic_path, atomic_write_text
+
+
+def finite_or_none(value: Any) -> Any:
+    """A copy of nested dicts/lists/tuples with every NaN or infinite float replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
 
 
 def write_results(results: dict[str, Any], run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
-    with open(run_dir / "barrier.csv", "w", newline="") as f:
+    atomic_write_text(run_dir / "results.json", json.dumps(finite_or_none(results), indent=2, allow_nan=False))
+    with atomic_path(run_dir / "barrier.csv") as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["method", "lambda", "split", "loss", "accuracy"])
         for name, m in results["methods"].items():
             for lam, loss, acc in zip(m["lambdas"], m["test_loss"], m["test_accuracy"]):
                 writer.writerow([name, lam, results.get("split", "test"), loss, acc])
     title = f"{results['model']} on {results['dataset']}, seeds {[e['seed'] for e in results['endpoints']]}"
-    plot_barrier_curves(results["methods"], run_dir / "barrier.png", title=title)
+    with atomic_path(run_dir / "barrier.png") as tmp:
+        plot_barrier_curves(results["methods"], tmp, title=title)
 
 
 def format_table(results: dict[str, Any]) -> str:

@@ -1,0 +1,58 @@
+"""Safe file handling: atomic writes of outputs, and moving damaged files aside instead of trusting them.
+
+`atomic_write` writes into a temporary file in the destination's folder and renames it into place,
+so a reader (or a run killed mid-write) sees the old file or the new one, never half of one.
+`move_aside` renames a damaged file or folder to `<name>.corrupt-<timestamp>` (kept for inspection,
+ignored by every loader) and warns, naming both paths.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path beside `path` (same suffix, so writers that infer a format from it work)
+    that replaces `path` when the block exits normally, and is removed when it raises."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write(path: Path, write: Callable[[Path], object]) -> Path:
+    """`write(tmp)` fills a temporary file, which then replaces `path` in one rename."""
+    with atomic_path(path) as tmp:
+        write(tmp)
+    return Path(path)
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def move_aside(path: Path, reason: str) -> Path:
+    """Rename `path` to `<path>.corrupt-<timestamp>` and warn why; returns the new path."""
+    path = Path(path)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while target.exists():  # two in the same second
+        target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        n += 1
+    os.replace(path, target)
+    warnings.warn(f"{path} {reason}: moved it aside to {target.name}", RuntimeWarning, stacklevel=2)
+    return target
