@@ -109,3 +109,8 @@ class HeadAssignment(StrEnum):
     two_stage = "two_stage"  # heads on their best in-head costs, then dimensions inside (paper 003)
     monotonic = "monotonic"  # heads in place, dimensions permuted inside each
     none = "none"
+
+
+class MergeKind(StrEnum):
+    fisher = "fisher"  # diagonal-Fisher-weighted average
+    regmean = "regmean"  # per linear map, the least-squares merge on both models' inputs

@@ -20,6 +20,7 @@ from glmc.choices import (
     HeadForm,
     LoggerKind,
     LoggerMode,
+    MergeKind,
     Pairing,
     ResidualClass,
     Task,
@@ -136,6 +137,18 @@ class EvalConfig:
 
 
 @dataclass
+class MergeConfig:
+    """Merges beyond the straight line, evaluated beside each method's plain average (paper 002's
+    fusion baselines): `merge=all` (fisher and regmean), `merge=fisher`, `merge=regmean`, `merge=none`."""
+
+    name: str = "none"
+    kinds: list[MergeKind] = field(default_factory=list)
+    batches: int = 16  # training batches for the Fisher diagonals and RegMean's Gram matrices
+    regmean_alpha: float = 0.9  # RegMean: off-diagonal Gram entries scaled by alpha
+    export: bool = False  # write each pair's midpoint model as a Hugging Face folder where it has HF shape
+
+
+@dataclass
 class Config:
     experiment: str = "demo"
     seeds: list[int] = field(default_factory=lambda: [0, 1])
@@ -149,6 +162,7 @@ class Config:
     symmetry: SymmetryConfig = field(default_factory=SymmetryConfig)
     matcher: MatcherConfig = field(default_factory=MatcherConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    merge: MergeConfig = field(default_factory=MergeConfig)
 
 
 def register_configs() -> None:

@@ -22,6 +22,7 @@ from glmc.matching.base import Alignment, MatchContext
 from glmc.matching.registry import build_matcher, check_methods, method_config
 from glmc.models.canonical import relative_deviation
 from glmc.pipeline.endpoints import Endpoint, get_endpoints
+from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
 from glmc.pipeline.report import format_table, write_results
 from glmc.pipeline.tracking import Tracker
 from glmc.train.trainer import resolve_device, trainer_factory
@@ -53,7 +54,18 @@ def summarise(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     perplexity = (
         {"test_perplexity": [math.exp(x) for x in mean_curve("test_loss")]} if "test_perplexity" in pairs[0] else {}
     )
+    merges = {}
+    for kind in pairs[0].get("merges", {}):
+        losses = np.array([p["merges"][kind]["test_loss"] for p in pairs])
+        accuracies = [p["merges"][kind]["test_accuracy"] for p in pairs]
+        merges[kind] = {
+            "test_loss": float(losses.mean()),
+            "test_loss_se": float(losses.std(ddof=1) / np.sqrt(len(losses))) if len(losses) > 1 else None,
+            "test_accuracy": None if None in accuracies else float(np.mean(accuracies)),
+            "seconds": float(np.mean([p["merges"][kind]["seconds"] for p in pairs])),
+        }
     return {
+        **({"merges": merges} if merges else {}),
         "barrier": float(barriers.mean()),
         "barrier_se": float(barriers.std(ddof=1) / np.sqrt(len(barriers))) if len(barriers) > 1 else None,
         "barrier_vs_mean": float(np.mean([p["barrier_vs_mean"] for p in pairs])),
@@ -152,6 +164,20 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
                 result = evaluate_alignment(evaluator, alignment, b, lambdas, task, desc=f"{name} {label}")
                 for variant, other in alignment.variants.items():  # e.g. a Sinkhorn run's hard projection
                     result[variant] = evaluate_alignment(evaluator, other, b, lambdas, task, f"{name} {variant}")
+                if cfg.merge.kinds:
+                    result["merges"] = evaluate_merges(
+                        list(cfg.merge.kinds),
+                        alignment,
+                        a.canonical,
+                        b.canonical,
+                        evaluator,
+                        context.train_batches("merging"),
+                        cfg.merge.batches,
+                        cfg.merge.regmean_alpha,
+                    )
+                if cfg.merge.export and (ia, ib) == pairs[0]:
+                    inputs = next(iter(data.test_dataloader()))[0][:8]
+                    result["export"] = export_midpoint(alignment, a.model, run_dir / name / f"hf_{label}", inputs)
                 if alignment.diagnostics:  # e.g. weight matching's objective per iteration
                     diag_file = run_dir / name / f"diagnostics_{label}.json"
                     diag_file.parent.mkdir(parents=True, exist_ok=True)
@@ -184,6 +210,6 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
             write_results(results, run_dir)
             tracker.log_results(results)
     if is_global_zero():
-        print(format_table(results))
+        print(format_table(results) + format_merges(results))
         print(f"\nwrote {run_dir / 'results.json'}, barrier.csv, barrier.png")
     return results

@@ -1,0 +1,327 @@
+"""Merging aligned models beyond the straight line: Fisher-weighted averaging and RegMean.
+
+Both act on factored canonical models of identical shapes (align first, then merge) and take
+non-negative `weights` (default uniform), normalised to sum to one.
+
+fisher_merge (Matena & Raffel, 2022): theta = sum_i w_i F_i theta_i / sum_i w_i F_i per element, with
+  F_i the diagonal empirical Fisher of model i at its own parameters, estimated on training batches.
+
+regmean_merge (Jin et al., 2023): every linear map y = W x + b is merged as the minimiser of
+  sum_i w_i ||X_i W^T - X_i W_i^T||^2 over the inputs X_i that map sees in model i, i.e.
+  W = (sum_i w_i W_i G_i) (sum_i w_i G_i)^-1 with G_i = X_i^T X_i, whose off-diagonal entries are
+  scaled by alpha. Biases are merged with their weights through an augmented input [x; 1]. The
+  remaining tensors (embeddings, positions, ViT patch embedding and class token) are averaged.
+
+Batches are read once; every model sees the same batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from glmc.eval.interpolation import interpolate
+from glmc.eval.metrics import IGNORE_INDEX, loss_and_correct
+from glmc.models.canonical import CanonicalTransformer, canonical_forward
+
+MERGE_KINDS = ("average", "fisher", "regmean")
+
+
+# -- checks ------------------------------------------------------------------------------------
+def _check_models(models: Sequence[torch.nn.Module], method: str) -> list[CanonicalTransformer]:
+    models = list(models)
+    if not models:
+        raise ValueError(f"{method}: no models to merge")
+    for i, m in enumerate(models):
+        if not isinstance(m, CanonicalTransformer):
+            raise TypeError(f"{method} merges canonical models (glmc.to_canonical); model {i} is {type(m).__name__}")
+        if m.config.form != "factored":
+            raise ValueError(
+                f"{method} merges factored canonical models; model {i} is in circuit form (merge before .to_circuit())"
+            )
+    first, ref = models[0].config, models[0].params()
+    for i, m in enumerate(models[1:], 1):
+        for key in ("family", "activation", "causal", "pooling", "norm_dim", "norm_eps", "patch_size"):
+            if getattr(m.config, key) != getattr(first, key):
+                raise ValueError(
+                    f"{method}: model {i} has {key}={getattr(m.config, key)!r} but model 0 has {getattr(first, key)!r}"
+                )
+        params = m.params()
+        if params.keys() != ref.keys():
+            raise ValueError(f"{method}: model {i} has other parameters than model 0: {sorted(set(params) ^ set(ref))}")
+        for name, t in params.items():
+            if t.shape != ref[name].shape:
+                raise ValueError(
+                    f"{method}: {name} has shape {tuple(t.shape)} in model {i} but {tuple(ref[name].shape)} in "
+                    "model 0; merging needs models of identical shapes (circuit merges stack heads)"
+                )
+    return models
+
+
+def _normalised_weights(weights: Sequence[float] | None, n: int) -> list[float]:
+    if weights is None:
+        return [1.0 / n] * n
+    weights = [float(w) for w in weights]
+    if len(weights) != n:
+        raise ValueError(f"{n} models but {len(weights)} weights")
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError(f"weights {weights} must be non-negative with a positive sum")
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def _batches(batches: Iterable, max_batches: int | None, method: str):
+    if batches is None:
+        raise ValueError(f"{method} needs training batches (inputs, targets)")
+    if max_batches is not None and max_batches < 1:
+        raise ValueError(f"max_batches={max_batches} must be positive")
+    return itertools.islice(iter(batches), max_batches)
+
+
+def _device(model: CanonicalTransformer) -> torch.device:
+    return next(iter(model.params().values())).device
+
+
+# -- Fisher ------------------------------------------------------------------------------------
+def fisher_information(
+    models: Sequence[CanonicalTransformer],
+    batches: Iterable,
+    task: str | None = None,
+    max_batches: int | None = None,
+) -> list[dict[str, Tensor]]:
+    """Diagonal empirical Fisher of each model at its own parameters (float64, keyed like params()).
+
+    Per batch, the gradient of the mean log-likelihood of the batch's targets is squared; the Fisher
+    is the mean of these squared batch gradients over the batches. This approximates the per-example
+    empirical Fisher (the mean of squared per-example gradients), which would cost one backward pass
+    per example: the batch gradient averages out part of the per-example noise, so prefer small
+    batches. The scale of the estimate is the same for all models, so the merge is unaffected by it.
+    Causal LM targets equal to IGNORE_INDEX (padding) are not counted (glmc.eval.metrics)."""
+    models = _check_models(models, "fisher")
+    task = task or models[0].task
+    fishers = [{k: torch.zeros_like(v, dtype=torch.float64) for k, v in m.params().items()} for m in models]
+    leaves = [{k: v.detach().clone().requires_grad_(True) for k, v in m.params().items()} for m in models]
+    seen = 0
+    for inputs, targets in _batches(batches, max_batches, "fisher"):
+        for model, params, fisher in zip(models, leaves, fishers):
+            device = _device(model)
+            x, y = inputs.to(device), targets.to(device)
+            with torch.enable_grad():
+                logits = canonical_forward(model.config, params, x)
+                loss, _, count = loss_and_correct(logits.float(), y, task)
+                count = torch.as_tensor(count, device=device).clamp(min=1)
+                grads = torch.autograd.grad(loss / count, list(params.values()), allow_unused=True)
+            for name, g in zip(params, grads):
+                if g is not None:
+                    fisher[name] += g.double().square()
+        seen += 1
+    if seen == 0:
+        raise ValueError("fisher: the batches are empty")
+    for fisher in fishers:
+        for t in fisher.values():
+            t /= seen
+    return fishers
+
+
+def fisher_average(
+    params: Sequence[dict[str, Tensor]],
+    fishers: Sequence[dict[str, Tensor]],
+    weights: Sequence[float] | None = None,
+    eps: float = 1e-8,
+) -> dict[str, Tensor]:
+    """sum_i w_i (F_i + eps) theta_i / sum_i w_i (F_i + eps) per element, in the dtype of params[0].
+
+    eps is a floor on every Fisher (Matena & Raffel's fisher_floor): where all models have zero
+    Fisher (e.g. embeddings of tokens that never occur) the merge falls back to the weighted average."""
+    weights = _normalised_weights(weights, len(params))
+    out = {}
+    for name, ref in params[0].items():
+        num = torch.zeros_like(ref, dtype=torch.float64)
+        den = torch.zeros_like(ref, dtype=torch.float64)
+        for w, p, f in zip(weights, params, fishers):
+            wf = w * (f[name].to(num.device, torch.float64) + eps)
+            num += wf * p[name].detach().double()
+            den += wf
+        out[name] = (num / den).to(ref.dtype)
+    return out
+
+
+def fisher_merge(
+    models: Sequence[CanonicalTransformer],
+    batches: Iterable,
+    weights: Sequence[float] | None = None,
+    task: str | None = None,
+    eps: float = 1e-8,
+    max_batches: int | None = None,
+) -> CanonicalTransformer:
+    """Fisher-weighted average of factored canonical models (module docstring); `task` defaults to
+    the models' own ("classification" or "causal_lm"), eps floors the Fisher (fisher_average)."""
+    models = _check_models(models, "fisher")
+    weights = _normalised_weights(weights, len(models))
+    fishers = fisher_information(models, batches, task, max_batches)
+    with torch.no_grad():
+        merged = fisher_average([m.params() for m in models], fishers, weights, eps)
+    return CanonicalTransformer(models[0].config, merged)
+
+
+# -- RegMean -----------------------------------------------------------------------------------
+_READS = {"q": "attn_in", "k": "attn_in", "v": "attn_in", "o": "heads", "in": "mlp_in", "out": "mlp_act"}
+
+
+def linear_maps(params: dict[str, Tensor]) -> dict[str, tuple[str, str]]:
+    """Map name -> (recorded input name, weight parameter name): every linear map of the model.
+    A map's bias is the parameter named like the weight with _b (head.b for head.w)."""
+    maps = {"head": ("final", "head.w")}
+    for name in params:
+        m = re.match(r"(blocks\.\d+\.)(q|k|v|o|in|out)_w$", name)
+        if m:
+            maps[m.group(1) + m.group(2)] = (m.group(1) + _READS[m.group(2)], name)
+    return maps
+
+
+def _bias_name(weight_name: str) -> str:
+    return weight_name[:-1] + "b"
+
+
+def augmented_matrix(params: dict[str, Tensor], weight_name: str) -> Tensor:
+    """A map's [W | b] as an (out, in + 1) matrix. q/k/v (H, d, D) -> (H d, D); o_w (H, D, dv) -> (D, H dv)
+    with the input index h dv + e, matching the heads concatenated along (H, dv)."""
+    w, b = params[weight_name], params[_bias_name(weight_name)]
+    if weight_name.endswith(".o_w"):
+        w = w.permute(1, 0, 2).reshape(w.shape[1], -1)
+    else:
+        w = w.reshape(-1, w.shape[-1])
+    return torch.cat([w, b.reshape(-1, 1)], dim=1)
+
+
+def _split_matrix(matrix: Tensor, like: dict[str, Tensor], weight_name: str) -> dict[str, Tensor]:
+    """Inverse of augmented_matrix, with the shapes and dtypes of `like`."""
+    w_ref, b_ref = like[weight_name], like[_bias_name(weight_name)]
+    w, b = matrix[:, :-1], matrix[:, -1]
+    if weight_name.endswith(".o_w"):
+        H, D, dv = w_ref.shape
+        w = w.reshape(D, H, dv).permute(1, 0, 2)
+    w, b = w.reshape(w_ref.shape).to(w_ref.dtype), b.reshape(b_ref.shape).to(b_ref.dtype)
+    return {weight_name: w, _bias_name(weight_name): b}
+
+
+def _rows(name: str, t: Tensor, keep: Tensor | None, cls_only: bool) -> Tensor:
+    """A recorded input as rows (tokens, features) + a constant-1 column, padding dropped."""
+    if name.endswith("heads"):  # (B, H, T, dv) -> (B, T, H dv)
+        t = t.permute(0, 2, 1, 3).flatten(2)
+    if name == "final" and cls_only:
+        t, keep = t[:, :1], None
+    if keep is not None:
+        t = t[keep]
+    t = t.reshape(-1, t.shape[-1]).double()
+    return torch.cat([t, t.new_ones(len(t), 1)], dim=1)
+
+
+def gram_matrices(
+    models: Sequence[CanonicalTransformer], batches: Iterable, max_batches: int | None = None
+) -> list[dict[str, Tensor]]:
+    """Per model, recorded input name -> X^T X (float64) of the augmented inputs [x; 1] of its linear
+    maps, summed over the tokens of at most max_batches batches. Causal LM positions whose target is
+    IGNORE_INDEX (padding) are left out; for pooling="cls" the head's input is position 0 only."""
+    models = _check_models(models, "regmean")
+    grams: list[dict[str, Tensor]] = [{} for _ in models]
+    wanted = {reads for reads, _ in linear_maps(models[0].params()).values()}
+    seen = 0
+    for inputs, targets in _batches(batches, max_batches, "regmean"):
+        for model, gram in zip(models, grams):
+            device = _device(model)
+            x = inputs.to(device)
+            keep = targets.to(device) != IGNORE_INDEX if model.task == "causal_lm" else None
+            cls_only = model.config.pooling == "cls"
+
+            def record(name, t, gram=gram, keep=keep, cls_only=cls_only):
+                if name in wanted:
+                    rows = _rows(name, t.detach(), keep, cls_only)
+                    g = rows.T @ rows
+                    gram[name] = gram[name] + g if name in gram else g
+
+            with torch.no_grad():
+                canonical_forward(model.config, model.params(), x, record)
+        seen += 1
+    if seen == 0:
+        raise ValueError("regmean: the batches are empty")
+    return grams
+
+
+def regularised_gram(gram: Tensor, alpha: float) -> Tensor:
+    """alpha G + (1 - alpha) diag(G): off-diagonal entries scaled by alpha."""
+    return alpha * gram + (1 - alpha) * torch.diag_embed(gram.diagonal())
+
+
+def regmean_linear(
+    matrices: Sequence[Tensor],
+    grams: Sequence[Tensor],
+    weights: Sequence[float] | None = None,
+    alpha: float = 0.9,
+    rtol: float = 1e-10,
+) -> Tensor:
+    """W = (sum_i w_i W_i G_i) (sum_i w_i G_i)^+ for (out, in) matrices W_i and (in, in) Gram matrices
+    with off-diagonals scaled by alpha, in float64, cast to the dtype of matrices[0].
+
+    Where sum_i w_i G_i is singular (directions no input reaches, e.g. the all-ones direction of the
+    mean-zero residual stream) the minimiser is not unique: there W takes the weighted average of the
+    W_i, so a model merged with itself is returned unchanged. Eigenvalues below rtol times the largest
+    count as zero."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha={alpha} must lie in [0, 1]")
+    weights = _normalised_weights(weights, len(matrices))
+    a = sum(w * regularised_gram(g.double(), alpha) for w, g in zip(weights, grams))
+    b = sum(w * m.double() @ regularised_gram(g.double(), alpha) for w, m, g in zip(weights, matrices, grams))
+    mean = sum(w * m.double() for w, m in zip(weights, matrices))
+    values, vectors = torch.linalg.eigh((a + a.T) / 2)
+    kept = values > rtol * values.abs().max().clamp(min=torch.finfo(torch.float64).tiny)
+    u, s = vectors[:, kept], values[kept]
+    solved = (b @ u) / s @ u.T
+    out = solved + mean - (mean @ u) @ u.T
+    return out.to(matrices[0].dtype)
+
+
+def regmean_merge(
+    models: Sequence[CanonicalTransformer],
+    batches: Iterable,
+    weights: Sequence[float] | None = None,
+    alpha: float = 0.9,
+    max_batches: int | None = None,
+) -> CanonicalTransformer:
+    """RegMean merge of factored canonical models (module docstring). Linear maps: per layer q, k, v
+    (reading attn_in), o (reading the heads concatenated, H dv), in (mlp_in), out (mlp_act), and the
+    head (reading "final"); each merged with its bias through the augmented input [x; 1]."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha={alpha} must lie in [0, 1]")
+    models = _check_models(models, "regmean")
+    weights = _normalised_weights(weights, len(models))
+    grams = gram_matrices(models, batches, max_batches)
+    params = [{k: v.detach() for k, v in m.params().items()} for m in models]
+    merged: dict[str, Tensor] = {}
+    with torch.no_grad():
+        for reads, weight_name in linear_maps(params[0]).values():
+            mats = [augmented_matrix(p, weight_name) for p in params]
+            gs = [g[reads].to(mats[0].device) for g in grams]
+            merged.update(_split_matrix(regmean_linear(mats, gs, weights, alpha), params[0], weight_name))
+        for name, ref in params[0].items():
+            if name not in merged:
+                merged[name] = sum(w * p[name].double() for w, p in zip(weights, params)).to(ref.dtype)
+    return CanonicalTransformer(models[0].config, {k: merged[k] for k in params[0]})
+
+
+# -- dispatch ----------------------------------------------------------------------------------
+def _average(models, batches=None, weights=None):
+    return interpolate(list(models), _normalised_weights(weights, len(models)))
+
+
+def merged_model(kind: str, models: Sequence[torch.nn.Module], batches: Iterable | None = None, **options):
+    """Merge `models` by `kind`: "average" (weighted average of the parameters, uniform by default;
+    batches unused), "fisher" (fisher_merge) or "regmean" (regmean_merge); options go to the method."""
+    methods = {"average": _average, "fisher": fisher_merge, "regmean": regmean_merge}
+    if kind not in methods:
+        raise ValueError(f"unknown merge kind {kind!r}; allowed: {list(MERGE_KINDS)}")
+    return methods[kind](models, batches, **options)

@@ -1,0 +1,108 @@
+"""Merges at the midpoint beyond the plain average (Fisher, RegMean) and the Hugging Face export of
+a pair's midpoint model: both run after a method's path has been evaluated."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from glmc.eval.evaluator import Evaluator
+from glmc.eval.merging import merged_model
+from glmc.matching.base import Alignment
+from glmc.models.canonical import CanonicalTransformer, relative_deviation
+
+log = logging.getLogger(__name__)
+
+
+def canonical_pair(
+    alignment: Alignment, a: CanonicalTransformer, b: CanonicalTransformer
+) -> list[CanonicalTransformer]:
+    """The factored canonical models a merge combines: the aligned pair, or for vanilla (which
+    interpolates the original models) the unaligned canonical forms of A and B."""
+    if isinstance(alignment.reference, CanonicalTransformer) and isinstance(alignment.model, CanonicalTransformer):
+        return [alignment.reference, alignment.model]
+    return [a, b]
+
+
+def evaluate_merges(
+    kinds: list[str],
+    alignment: Alignment,
+    a: CanonicalTransformer,
+    b: CanonicalTransformer,
+    evaluator: Evaluator,
+    train_batches,
+    batches: int,
+    regmean_alpha: float,
+) -> dict[str, dict[str, Any]]:
+    """Test loss and accuracy of each merge of the pair at equal weights, and its seconds."""
+    models = canonical_pair(alignment, a, b)
+    out = {}
+    for kind in kinds:
+        options = {"alpha": regmean_alpha} if kind == "regmean" else {}
+        start = time.perf_counter()
+        merged = merged_model(kind, models, itertools.islice(iter(train_batches), batches), **options)
+        seconds = time.perf_counter() - start
+        loss, accuracy = evaluator.evaluate(merged)
+        out[kind] = {
+            "test_loss": loss,
+            "test_accuracy": accuracy if evaluator.task == "classification" else None,
+            "seconds": seconds,
+        }
+    return out
+
+
+def export_midpoint(alignment: Alignment, template: torch.nn.Module, folder: Path, inputs: torch.Tensor) -> dict:
+    """Write the pair's midpoint model as a Hugging Face folder and check that it loads back with the
+    same outputs. Methods without an HF-shaped midpoint (circuit interpolation, residual maps that
+    leave the mean-zero stream) are reported with the reason instead of failing the run."""
+    from glmc.models.export import export_hf
+
+    mid = alignment.interpolate(0.5)
+    try:
+        if isinstance(mid, CanonicalTransformer):
+            if alignment.circuits:
+                raise ValueError(
+                    f"interpolated as circuits ({', '.join(alignment.circuits)}): the merged heads have rank "
+                    "up to 2 d_head and no Hugging Face shape (set the method's qk=none vo=none to export)"
+                )
+            export_hf(mid, template, folder)
+        else:  # vanilla: the interpolated original model is already an HF model
+            mid.save_pretrained(folder)  # safetensors
+    except ValueError as err:
+        log.warning("not exported to %s: %s", folder, err)
+        return {"exported": False, "reason": str(err)}
+    loaded = type(template).from_pretrained(folder).eval()
+    with torch.no_grad():
+        expected = mid(inputs)
+        expected = getattr(expected, "logits", expected)
+        deviation = relative_deviation(loaded(inputs).logits, expected)
+    return {"exported": True, "path": str(folder), "relative_deviation": deviation}
+
+
+def format_merges(results: dict[str, Any]) -> str:
+    """One row per method: the midpoint's test loss (accuracy or perplexity) for the plain average
+    and for each merge; empty when no merge was asked for."""
+    methods = {n: m for n, m in results["methods"].items() if "merges" in m}
+    if not methods:
+        return ""
+    kinds = list(next(iter(methods.values()))["merges"])
+    lm = results.get("task") == "causal_lm"
+
+    def cell(loss: float, accuracy: float | None) -> str:
+        quality = f"ppl {math.exp(loss):.2f}" if lm else ("" if accuracy is None else f"{100 * accuracy:.1f}%")
+        return f"{loss:.4f} {quality}"
+
+    header = f"{'method':<18}" + "".join(f"{k:>22}" for k in ["average", *kinds])
+    lines = ["", "midpoint merges (test loss):", header, "-" * len(header)]
+    for name, m in methods.items():
+        mid = len(m["lambdas"]) // 2
+        row = [cell(m["test_loss"][mid], m["test_accuracy"][mid])]
+        row += [cell(m["merges"][k]["test_loss"], m["merges"][k]["test_accuracy"]) for k in kinds]
+        lines.append(f"{name:<18}" + "".join(f"{c:>22}" for c in row))
+    return "\n".join(lines)
