@@ -1,13 +1,19 @@
 """Reliability: nothing runs code from data files, damaged checkpoints and cache entries are moved aside
-and redone, diverged endpoints are refused, results are strict JSON, and `align` names mismatches."""
+and redone, diverged endpoints are refused, results are strict JSON, `align` names mismatches, bad
+settings and failed downloads fail early and clearly, a finished run folder is not mixed with another
+config's results, and interrupted or killed runs resume where they stopped."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,10 +21,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import read_write
 from torch.utils.data import DataLoader, TensorDataset
 
 from glmc import align
 from glmc.data.cifar import cifar_splits, load_batch
+from glmc.data.download import DownloadError
 from glmc.data.module import DataModule
 from glmc.eval.evaluator import Evaluator
 from glmc.matching.learned import resumable
@@ -26,9 +35,11 @@ from glmc.models import to_canonical
 from glmc.models.build import build_model
 from glmc.models.canonical import CanonicalTransformer
 from glmc.pipeline import endpoints as endpoints_module
-from glmc.pipeline.cache import META, WEIGHTS, CorruptEntryError, EndpointCache, endpoint_key
+from glmc.pipeline.cache import META, WEIGHTS, CorruptEntryError, EndpointCache, config_hash, endpoint_key
 from glmc.pipeline.endpoints import cache_key, get_endpoints
 from glmc.pipeline.report import finite_or_none, write_results
+from glmc.pipeline.run import run_pipeline
+from glmc.pipeline.validate import ConfigError, RunFolderGuard, validate_config
 from glmc.train.divergence import DivergenceError
 
 from conftest import ROOT, compose_config
@@ -179,7 +190,7 @@ def test_huge_learning_rate_stops_at_first_nonfinite_loss_and_caches_nothing(tmp
 def test_nonfinite_trained_weights_are_refused(tmp_path, tiny_overrides, monkeypatch):
     cfg = compose_config(*tiny_overrides, "seeds=[0,5]")
 
-    def nan_for_seed_5(cfg, seed, run_dir, logger):
+    def nan_for_seed_5(cfg, seed, run_dir, logger, checkpoint_dir=None):
         torch.manual_seed(seed)
         model = build_model(cfg.model)
         if seed == 5:
@@ -343,7 +354,7 @@ def test_pipeline_retrains_an_entry_holding_another_seeds_weights(tmp_path, tiny
     cfg = compose_config(*tiny_overrides, "seeds=[0,1]")
     trained = []
 
-    def fake_training(cfg, seed, run_dir, logger):  # a seeded init stands in for training
+    def fake_training(cfg, seed, run_dir, logger, checkpoint_dir=None):  # a seeded init stands in for training
         trained.append(seed)
         torch.manual_seed(seed)
         return build_model(cfg.model)
@@ -386,3 +397,247 @@ def test_align_names_the_first_mismatch(model_a, model_b, message):
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         align(model_a, model_b, "weight", max_iter=2)
     print(f"\n  {err.value}")
+
+
+# 8. settings that cannot work fail before any data or training, naming the key
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["seeds=[0,0]"], "seeds=[0, 0]: seed 0 appears more than once"),
+        (["seeds=[-1,1]"], "seeds=[-1, 1]: seed -1 is negative"),
+        (["eval.num_lambdas=2"], "eval.num_lambdas=2: a barrier needs a point between the endpoints"),
+        (["train.lr=0"], "train.lr=0.0: the learning rate must be positive"),
+        (["train.weight_decay=-0.1"], "train.weight_decay=-0.1"),
+        (["matcher.methods=[vanilla,learned_perm]", "matcher.learned.lr=-1"], "matcher.learned_perm.lr=-1.0"),
+        (["train.max_epochs=-1"], "train.max_epochs=-1: train for at least 1 epoch"),
+        (["data.limit_test=0"], "data.limit_test=0: keep at least 1 example"),
+        (["data.limit_train=0"], "data.limit_train=0: keep at least 1 example"),
+        (["data.batch_size=0"], "data.batch_size=0: use a batch size of at least 1"),
+        (["eval.cache_batches_mb=-1"], "eval.cache_batches_mb=-1"),
+        (["+model.widht=3"], "model.widht: not a setting of model"),
+    ],
+)
+def test_invalid_settings_fail_before_any_work(tmp_path, tiny_overrides, overrides, message):
+    cfg = compose_config(*tiny_overrides, *overrides)
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        run_pipeline(cfg, tmp_path / "run")
+    print(f"\n  {' '.join(overrides)}: {err.value}")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "endpoints").exists()
+
+
+def test_every_problem_is_listed_at_once_and_a_valid_config_passes(tiny_overrides):
+    validate_config(compose_config(*tiny_overrides))
+    with pytest.raises(ConfigError) as err:
+        validate_config(compose_config(*tiny_overrides, "seeds=[1,1]", "train.lr=-1", "data.limit_test=0"))
+    assert str(err.value).count("\n") == 3
+
+
+@pytest.mark.parametrize("dataset", ["tiny_shakespeare", "cifar10"])
+def test_failed_download_is_one_clear_error(tmp_path, monkeypatch, dataset):
+    import urllib.error
+    import urllib.request
+
+    import torchvision.datasets.cifar
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(urllib.request, "urlretrieve", offline)
+    monkeypatch.setattr(torchvision.datasets.cifar, "download_and_extract_archive", offline)
+    cfg = compose_config(f"data={dataset}", f"data.root={tmp_path}", "data.download=true")
+    with pytest.raises(DownloadError) as err:
+        DataModule(cfg.data, seed=0).setup()
+    print(f"\n  {dataset} offline: {err.value}")
+    message = str(err.value)
+    assert "Temporary failure in name resolution" in message and f"data.root={tmp_path}" in message
+    assert ("raw.githubusercontent.com" if dataset == "tiny_shakespeare" else "cs.toronto.edu") in message
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+    assert not list(tmp_path.rglob("*.part"))
+
+
+# 9. a finished run folder is not silently mixed with another config's results
+
+
+def test_rerun_into_a_finished_folder_needs_the_same_config_or_overwrite(tmp_path, tiny_overrides):
+    run_dir = tmp_path / "run"
+    base = [*tiny_overrides, "matcher.methods=[vanilla]"]
+    run_pipeline(compose_config(*base), run_dir)
+    saved = (run_dir / "results.json").read_bytes()
+    (run_dir / "notes.txt").write_text("kept")
+
+    changed = compose_config(*base, "train.lr=0.01")
+    with pytest.raises(FileExistsError) as err:
+        run_pipeline(changed, run_dir)
+    print(f"\n  different config: {err.value}")
+    assert str(run_dir) in str(err.value) and "train.lr: 0.003 -> 0.01" in str(err.value)
+    assert "overwrite=true" in str(err.value)
+    assert not EndpointCache(tmp_path / "endpoints").has(cache_key(changed), 0)  # refused before training
+    assert (run_dir / "results.json").read_bytes() == saved
+    # run.py refuses it before Hydra writes the run's .hydra/ files
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        full = compose(config_name="config", overrides=[*base, "train.lr=0.01"], return_hydra_config=True)
+    with read_write(full):
+        full.hydra.run.dir = str(run_dir)
+    with pytest.raises(FileExistsError, match=re.escape("train.lr: 0.003 -> 0.01")):
+        RunFolderGuard().on_run_start(config=full, config_name="config")
+
+    # keys that change no result may differ
+    same = compose_config(*base, "trainer.enable_progress_bar=true", "logger.project=other")
+    assert all(e["cached"] for e in run_pipeline(same, run_dir)["endpoints"])
+
+    again = run_pipeline(compose_config(*base, "eval.num_lambdas=5", "overwrite=true"), run_dir)
+    assert again["methods"]["vanilla"]["lambdas"] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert json.loads((run_dir / "results.json").read_text())["methods"]["vanilla"]["lambdas"][1] == 0.25
+    assert (run_dir / "notes.txt").read_text() == "kept"
+
+
+def test_a_rerun_in_the_same_folder_keeps_earlier_csv_logs(tmp_path):
+    from glmc.pipeline.tracking import Tracker
+
+    cfg = compose_config("debug=fast", "logger=csv")
+    loggers = []
+    for loss in (1.5, 0.5):
+        with Tracker(cfg, tmp_path) as tracker:
+            logger = tracker.lightning_logger("learned_0-1", "match")
+            logger.log_metrics({"match_loss": loss}, step=0)
+            logger.save()
+            loggers.append(Path(logger.log_dir))
+    assert loggers == [tmp_path / "logs" / "learned_0-1", tmp_path / "logs" / "learned_0-1.2"]
+    assert "1.5" in (loggers[0] / "metrics.csv").read_text() and "0.5" in (loggers[1] / "metrics.csv").read_text()
+
+
+# 10. Ctrl-C says where the checkpoints are, and the same command resumes from them
+
+
+def _interrupt_once(cls, when):
+    """`cls.training_step` raising KeyboardInterrupt the first time `when(module, batch_idx)` holds."""
+    original, fired = cls.training_step, []
+
+    def training_step(self, batch, batch_idx):
+        if not fired and when(self, batch_idx):
+            fired.append(True)
+            raise KeyboardInterrupt
+        return original(self, batch, batch_idx)
+
+    return training_step
+
+
+def _interrupted_run(cfg, run_dir, caplog) -> str:
+    handler = signal.getsignal(signal.SIGINT)
+    caplog.clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="glmc"), pytest.raises((KeyboardInterrupt, SystemExit)) as err:
+            run_pipeline(cfg, run_dir)
+        assert isinstance(err.value, KeyboardInterrupt) or err.value.code == 1  # Lightning exits with 1
+        assert signal.getsignal(signal.SIGINT) is handler  # Ctrl-C works again
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("interrupted")]
+    return line
+
+
+def test_ctrl_c_during_endpoint_training_resumes_to_the_same_endpoints(tmp_path, monkeypatch, caplog):
+    from glmc.train.endpoint import EndpointModule
+
+    def overrides(name):
+        return ["debug=fast", "logger=none", "matcher.methods=[vanilla]", "train.max_epochs=3", f"cache_dir={name}"]
+
+    cfg = compose_config(*overrides(tmp_path / "endpoints"))
+    # seed 0, second epoch: the first epoch's checkpoint is written
+    when = lambda module, batch_idx: module.trainer.current_epoch == 1 and batch_idx == 1
+    monkeypatch.setattr(EndpointModule, "training_step", _interrupt_once(EndpointModule, when))
+    line = _interrupted_run(cfg, tmp_path / "run", caplog)
+    print(f"\n  Ctrl-C in endpoint training: {line}")
+    last = tmp_path / "endpoints" / config_hash(cache_key(cfg)) / ".train_seed_0" / "last.ckpt"
+    assert str(last) in line and "run the same command again to resume" in line
+    assert torch.load(last, weights_only=True)["epoch"] == 0
+    monkeypatch.undo()
+
+    with caplog.at_level(logging.INFO, logger="glmc"):
+        resumed = run_pipeline(cfg, tmp_path / "run")
+    assert f"seed 0: resuming training from {last}" in caplog.text
+    assert not last.parent.exists()  # removed once the endpoint is cached
+    fresh = run_pipeline(compose_config(*overrides(tmp_path / "fresh")), tmp_path / "fresh_run")
+    # the random state travels in the checkpoint: the resumed endpoint is the uninterrupted one, exactly
+    assert [e["test_loss"] for e in resumed["endpoints"]] == [e["test_loss"] for e in fresh["endpoints"]]
+
+
+def test_ctrl_c_during_learned_matching_resumes_in_the_same_folder(tmp_path, monkeypatch, caplog):
+    from glmc.matching.learned_module import LearnedMatchingModule
+
+    run_dir = tmp_path / "run"
+    cfg = compose_config(
+        "debug=fast",
+        "logger=csv",
+        f"cache_dir={tmp_path / 'endpoints'}",
+        "matcher.methods=[learned]",
+        "matcher.learned.max_steps=6",
+        "matcher.learned.checkpoint_every=2",
+    )
+    when = lambda module, batch_idx: module.global_step == 3
+    monkeypatch.setattr(LearnedMatchingModule, "training_step", _interrupt_once(LearnedMatchingModule, when))
+    line = _interrupted_run(cfg, run_dir, caplog)
+    print(f"\n  Ctrl-C in learned matching: {line}")
+    (last,) = (run_dir / "learned").glob("pair_*/checkpoints/last.ckpt")
+    assert line.startswith("interrupted during learned matching of seeds 0-1") and str(last) in line
+    assert f"hydra.run.dir={run_dir}" in line
+    metrics = run_dir / "logs" / "learned_0-1" / "metrics.csv"
+    logged = metrics.read_text()
+    monkeypatch.undo()
+
+    results = run_pipeline(cfg, run_dir)
+    diagnostics = results["methods"]["learned"]["pairs"][0]["diagnostics"]
+    assert diagnostics["resumed_from"] == str(last) and diagnostics["steps"] == 6
+    assert metrics.read_text() == logged  # the interrupted run's log is kept beside the new one
+    assert (run_dir / "logs" / "learned_0-1.2" / "metrics.csv").exists()
+
+
+# 11. a killed endpoint training resumes from its last epoch
+
+
+def _cli(cache: Path, run: Path) -> list[str]:
+    return [
+        sys.executable,
+        "run.py",
+        "debug=fast",
+        "logger=none",
+        "matcher.methods=[vanilla]",
+        "train.max_epochs=6",
+        f"cache_dir={cache}",
+        f"hydra.run.dir={run}",
+    ]
+
+
+def _endpoint_losses(run: Path) -> list[float]:
+    return [e["test_loss"] for e in json.loads((run / "results.json").read_text())["endpoints"]]
+
+
+def test_endpoint_training_killed_with_sigkill_resumes_to_the_same_endpoint(tmp_path):
+    cache, run = tmp_path / "killed", tmp_path / "run_killed"
+    with open(tmp_path / "first.log", "w") as out:
+        proc = subprocess.Popen(_cli(cache, run), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        found: list[Path] = []
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline and not found:
+            found = list(cache.glob("*/.train_seed_*/last.ckpt"))
+            time.sleep(0.02)
+        proc.kill()  # SIGKILL: no handler runs
+        proc.wait()
+    assert found, "no epoch checkpoint appeared: " + (tmp_path / "first.log").read_text()[-2000:]
+    assert found[0].exists() and not (run / "results.json").exists()  # killed mid-training, nothing cached for it
+    print(f"\n  killed after {found[0]} (epoch {torch.load(found[0], weights_only=True)['epoch']})")
+
+    again = subprocess.run(_cli(cache, run), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"resuming training from {found[0]}" in again.stdout + again.stderr
+    assert not list(cache.glob("*/.train_seed_*"))  # removed once cached
+    fresh = subprocess.run(
+        _cli(tmp_path / "fresh", tmp_path / "run_fresh"), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    # Equal exactly: the checkpoint carries the weights, optimiser, scheduler, loop counters and every
+    # random state (torch, numpy, Python, the training loader's shuffling generator). A difference would
+    # mean some state is left out (e.g. a loader with workers or another sampler) or nondeterministic kernels.
+    assert _endpoint_losses(run) == _endpoint_losses(tmp_path / "run_fresh")

@@ -154,6 +154,7 @@ class Config:
     seeds: list[int] = field(default_factory=lambda: [0, 1])
     pairing: Pairing = Pairing.disjoint  # disjoint: (s0,s1),(s2,s3),...; all: every pair
     cache_dir: str = "outputs/endpoints"
+    overwrite: bool = False  # replace results.json of a different config in a reused run folder
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

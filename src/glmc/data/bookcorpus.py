@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from glmc.config import DataConfig
+from glmc.data.download import fetching
 from glmc.data.text import HFTokenizer, PaddedSequences, make_tokenizer, split_text
 
 CHUNK = 10_000  # rows per tokenizer call: fast batch encoding without one huge list of lists
@@ -32,7 +33,9 @@ def bookcorpus_dataset(cfg: DataConfig):
                 "save_to_disk) or data.download=true on a machine with network"
             )
         partial = path.with_name(path.name + ".part")
-        datasets.load_dataset("bookcorpus", split="train").save_to_disk(str(partial))
+        instead = f"save the dataset with save_to_disk to {path} (data.root={cfg.root}) and set data.download=false"
+        with fetching("BookCorpus", "the Hugging Face hub (https://huggingface.co/datasets/bookcorpus)", instead):
+            datasets.load_dataset("bookcorpus", split="train").save_to_disk(str(partial))
         partial.rename(path)  # a broken save never looks like the corpus
     data = datasets.load_from_disk(str(path))
     if isinstance(data, datasets.DatasetDict):

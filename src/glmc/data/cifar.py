@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 from torchvision import transforms
 
 from glmc.config import DataConfig
+from glmc.data.download import fetching
 
 LAYOUT = {
     "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels"),
@@ -98,7 +99,13 @@ def cifar_splits(cfg: DataConfig) -> tuple[Dataset, Dataset]:
     if cfg.download and not (root / folder_name).exists():
         from torchvision import datasets
 
-        (datasets.CIFAR10 if cfg.name == "cifar10" else datasets.CIFAR100)(root, download=True)
+        dataset = datasets.CIFAR10 if cfg.name == "cifar10" else datasets.CIFAR100
+        instead = (
+            f"extract {dataset.filename} so that {root / folder_name} exists (data.root={cfg.root}) "
+            "and set data.download=false"
+        )
+        with fetching(cfg.name.upper().replace("CIFAR", "CIFAR-"), dataset.url, instead):
+            dataset(root, download=True)
     normalise = transforms.Normalize(MEAN, STD)
     train_tf = normalise
     if cfg.augment:  # paper 001 Table 3: crop with padding, flip, colour jitter

@@ -61,7 +61,8 @@ def _limit(dataset: Dataset, n: int | None) -> Dataset:
 
 
 class DataModule(L.LightningDataModule):
-    """Train loader shuffled by a generator seeded from the endpoint seed; test loader fixed."""
+    """Train loader shuffled by a generator seeded from the endpoint seed (or continued from
+    `train_generator_state` when training resumes); test loader fixed."""
 
     def __init__(self, cfg: DataConfig, seed: int = 0):
         super().__init__()
@@ -71,6 +72,8 @@ class DataModule(L.LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
         self.tokenizer = None
+        # set by a resumed run: the state of the shuffling generator where the interrupted run stopped
+        self.train_generator_state: torch.Tensor | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
@@ -90,6 +93,8 @@ class DataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)
+        if self.train_generator_state is not None:
+            generator.set_state(self.train_generator_state)
         return DataLoader(
             self.train_set,
             batch_size=self.cfg.batch_size,

@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from glmc.config import DataConfig
+from glmc.data.download import fetching
 from glmc.eval.metrics import IGNORE_INDEX as IGNORE
 
 
@@ -68,7 +69,9 @@ def gpt2_tokenizer(cfg: DataConfig) -> HFTokenizer:
             "data.tokenizer=gpt2 needs data.tokenizer_path=<folder saved with save_pretrained> "
             "or data.download=true on a machine with network"
         )
-    return HFTokenizer(AutoTokenizer.from_pretrained("gpt2"))
+    instead = "save it with save_pretrained into a folder and set data.tokenizer_path to that folder"
+    with fetching("the GPT-2 tokenizer", "the Hugging Face hub (https://huggingface.co/gpt2)", instead):
+        return HFTokenizer(AutoTokenizer.from_pretrained("gpt2"))
 
 
 def make_tokenizer(cfg: DataConfig, corpus: str) -> Tokenizer:

@@ -7,6 +7,7 @@ import urllib.request
 from pathlib import Path
 
 from glmc.config import DataConfig
+from glmc.data.download import DownloadError, fetching
 from glmc.data.text import text_splits
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -22,7 +23,13 @@ def shakespeare_file(cfg: DataConfig) -> Path:
             )
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".part")
-        urllib.request.urlretrieve(URL, partial)
+        instead = f"place the corpus at {path} (data.root={cfg.root}) and set data.download=false"
+        try:
+            with fetching("Tiny Shakespeare", URL, instead):
+                urllib.request.urlretrieve(URL, partial)
+        except DownloadError:
+            partial.unlink(missing_ok=True)
+            raise
         partial.rename(path)  # a broken download never looks like the corpus
     return path
 

@@ -6,6 +6,9 @@ folder beside its final place and renamed into place only when complete, so a ki
 most a stray temporary folder, never an entry that a later run would trust; such folders older than
 an hour are removed when the cache is opened.
 
+Training in progress checkpoints into `<hash>/.train_seed_<n>/last.ckpt` (`training_dir`), which a
+rerun of the same config resumes from and which is removed once the entry is cached.
+
 meta.json records the sha256 of model.safetensors. An entry whose checksum does not match, whose
 files are truncated, missing or unreadable, or whose weights are not finite is moved aside to
 `seed_<n>.corrupt-<timestamp>` with a warning, and `load` raises `CorruptEntryError`, so the caller
@@ -80,6 +83,10 @@ class EndpointCache:
 
     def entry(self, key: dict[str, Any], seed: int) -> Path:
         return self.root / config_hash(key) / f"seed_{seed}"
+
+    def training_dir(self, key: dict[str, Any], seed: int) -> Path:
+        """Where the training of `seed` checkpoints until its entry is cached."""
+        return self.root / config_hash(key) / f".train_seed_{seed}"
 
     def has(self, key: dict[str, Any], seed: int) -> bool:
         """Whether a complete entry exists; an entry missing a file is moved aside (False)."""

@@ -1,8 +1,14 @@
-"""Stage 1: train N endpoints from N seeds, or load them from the cache."""
+"""Stage 1: train N endpoints from N seeds, or load them from the cache.
+
+Training checkpoints after every epoch into the cache's `.train_seed_<n>` folder of its config
+(glmc.pipeline.cache), so the same command run again after a kill resumes there; the folder is
+removed once the endpoint is cached."""
 
 from __future__ import annotations
 
+import inspect
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,12 +21,14 @@ from omegaconf import OmegaConf
 from glmc.config import Config
 from glmc.data.module import DataModule
 from glmc.eval.evaluator import Evaluator
+from glmc.matching.learned import resumable
 from glmc.models.build import build_model
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.convert import to_canonical
 from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
 from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
 from glmc.train.endpoint import EndpointModule
+from glmc.train.resume import EpochCheckpoint
 from glmc.train.trainer import trainer_factory
 
 log = logging.getLogger(__name__)
@@ -46,13 +54,24 @@ def divergence_hint(cfg: Config) -> str:
     return f"lower train.lr (now {cfg.train.lr:g})" + ("" if clip else " or set train.gradient_clip_val (e.g. 1.0)")
 
 
-def train_endpoint(cfg: Config, seed: int, run_dir: Path, logger: Any) -> torch.nn.Module:
+def train_endpoint(
+    cfg: Config, seed: int, run_dir: Path, logger: Any, checkpoint_dir: Path | None = None
+) -> torch.nn.Module:
+    """Train one endpoint. With `checkpoint_dir`, write last.ckpt there after every epoch and resume
+    from an intact one found there (a damaged one is moved aside and training starts afresh)."""
     L.seed_everything(seed, workers=True, verbose=False)  # seed 0 is a seed like any other
     model = build_model(cfg.model)
     module = EndpointModule(model, cfg.train, cfg.data.task)
     data = DataModule(cfg.data, seed)
     data.setup()
     callbacks: list[Any] = [DivergenceGuard(f"seed {seed}", divergence_hint(cfg))]
+    resume = None
+    if checkpoint_dir is not None:
+        last = Path(checkpoint_dir) / "last.ckpt"
+        resume = resumable(last)
+        if resume is not None:
+            log.info("seed %d: resuming training from %s", seed, resume)
+        callbacks.append(EpochCheckpoint(last, data))
     if cfg.train.early_stopping_patience is not None:
         if not data.has_validation_split:
             raise ValueError(
@@ -69,11 +88,13 @@ def train_endpoint(cfg: Config, seed: int, run_dir: Path, logger: Any) -> torch.
         gradient_clip_val=cfg.train.gradient_clip_val,
         accumulate_grad_batches=cfg.train.accumulate_grad_batches,
         callbacks=callbacks,
-        enable_checkpointing=False,
+        enable_checkpointing=checkpoint_dir is not None,
         num_sanity_val_steps=0,
         check_val_every_n_epoch=every,
     )
-    trainer.fit(module, datamodule=data)
+    # Restore with weights_only=True where Lightning accepts it (the checkpoint holds tensors and plain data).
+    restricted = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
+    trainer.fit(module, datamodule=data, ckpt_path=resume, **restricted)
     return module.model.cpu().eval()
 
 
@@ -84,6 +105,7 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
     endpoints = []
     for seed in cfg.seeds:
         meta = None
+        training_dir = cache.training_dir(key, seed)
         if cache.has(key, seed):
             model = build_model(cfg.model)
             try:
@@ -95,11 +117,13 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
             metrics, cached = meta["metrics"], True
         else:
             log.info("seed %d: training (cache entry %s)", seed, cache.entry(key, seed))
-            model = train_endpoint(cfg, seed, run_dir, tracker.lightning_logger(f"seed_{seed}", "train"))
+            logger = tracker.lightning_logger(f"seed_{seed}", "train")
+            model = train_endpoint(cfg, seed, run_dir, logger, checkpoint_dir=training_dir)
             loss, acc = evaluator.evaluate(model)
             metrics, cached = {"test_loss": loss, "test_accuracy": acc}, False
             check_finite_endpoint(model, metrics, f"seed {seed}", divergence_hint(cfg))  # before caching
             cache.save(key, seed, model, metrics)
+        shutil.rmtree(training_dir, ignore_errors=True)  # cached: its training checkpoints are done with
         model.eval()
         endpoints.append(
             Endpoint(seed, model, to_canonical(model), metrics["test_loss"], metrics["test_accuracy"], cached)

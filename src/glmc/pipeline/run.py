@@ -6,6 +6,8 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -21,10 +23,13 @@ from glmc.eval.evaluator import Evaluator
 from glmc.matching.base import Alignment, MatchContext
 from glmc.matching.registry import build_matcher, check_methods, method_config
 from glmc.models.canonical import relative_deviation
-from glmc.pipeline.endpoints import Endpoint, get_endpoints
+from glmc.pipeline.cache import config_hash
+from glmc.pipeline.endpoints import Endpoint, cache_key, get_endpoints
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
 from glmc.pipeline.report import format_table, write_results
 from glmc.pipeline.tracking import Tracker
+from glmc.pipeline.validate import check_run_dir, validate_config
+from glmc.safe_files import atomic_write_text
 from glmc.train.trainer import resolve_device, trainer_factory
 
 log = logging.getLogger(__name__)
@@ -119,9 +124,67 @@ def check_vocabulary(cfg: Config, data: DataModule) -> None:
         raise ValueError(f"data={cfg.data.name} is text: choose a GPT-2 model (model.family=gpt2)")
 
 
+def interrupted_message(cfg: Config, run_dir: Path, stage: dict[str, str]) -> str:
+    """One line for a Ctrl-C: where the checkpoints of the interrupted stage are and how to resume."""
+    cache = Path(cfg.cache_dir) / config_hash(cache_key(cfg))
+    if stage.get("name") == "endpoints":
+        found = sorted(str(p) for p in cache.glob(".train_seed_*/last.ckpt"))
+        where = (
+            f"the endpoints' last finished epochs are checkpointed in {', '.join(found)}"
+            if found
+            else f"no epoch had finished yet (checkpoints go to {cache}/.train_seed_<n>/last.ckpt)"
+        )
+        return (
+            f"interrupted while training endpoints: {where}; run the same command again to resume "
+            "(cached endpoints are reused)"
+        )
+    if stage.get("name") == "matching" and "checkpoint_every" not in cfg.matcher[stage["method"]]:
+        return (
+            f"interrupted during {stage['method']} matching of seeds {stage['pair']} (a method without "
+            f"checkpoints): run the same command again; endpoints are cached in {cache}"
+        )
+    if stage.get("name") == "matching":
+        method = stage["method"]
+        found = sorted(str(p) for p in (run_dir / method).glob("pair_*/checkpoints/last.ckpt"))
+        where = f"checkpoints are in {', '.join(found)}" if found else "no checkpoint had been written yet"
+        return (
+            f"interrupted during {method} matching of seeds {stage['pair']}: {where}; to resume, run the same "
+            f"command again into the same folder (hydra.run.dir={run_dir}); endpoints are cached in {cache}"
+        )
+    return f"interrupted: endpoints are cached in {cache}; run the same command again to continue"
+
+
+def _interrupted(err: BaseException) -> bool:
+    """A Ctrl-C, or Lightning's exit after one (it turns KeyboardInterrupt into SystemExit(1))."""
+    return isinstance(err, KeyboardInterrupt) or (
+        isinstance(err, SystemExit) and isinstance(err.__context__, KeyboardInterrupt)
+    )
+
+
 def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
-    quiet_lightning()
+    """Validate, then run every stage; on Ctrl-C say where the checkpoints are before exiting."""
     run_dir = Path(run_dir)
+    validate_config(cfg)
+    check_run_dir(cfg, run_dir)
+    stage: dict[str, str] = {}
+    sigint = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    try:
+        return _run(cfg, run_dir, stage)
+    except (KeyboardInterrupt, SystemExit) as err:
+        if not _interrupted(err):
+            raise
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)  # Lightning ignores further Ctrl-C after the first
+        try:
+            message = interrupted_message(cfg, run_dir, stage)
+        except Exception as failure:  # never hide the interrupt behind a failing message
+            message = f"interrupted (no checkpoint summary: {failure})"
+        log.error(message)
+        raise
+
+
+def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
+    quiet_lightning()
     run_dir.mkdir(parents=True, exist_ok=True)
     task = cfg.data.task
     # bad seeds, methods or method settings fail here, before any training
@@ -143,6 +206,7 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
         )
         test = Evaluator(data.test_dataloader(), **options)
         evaluator = test if cfg.eval.split == "test" else Evaluator(data.eval_dataloader(cfg.eval.split), **options)
+        stage["name"] = "endpoints"
         endpoints = get_endpoints(cfg, run_dir, tracker, test)
         make_trainer = trainer_factory(cfg.trainer)
         methods: dict[str, Any] = {}
@@ -151,6 +215,7 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
             for ia, ib in pairs:
                 a, b = endpoints[ia], endpoints[ib]
                 label = f"{a.seed}-{b.seed}"
+                stage.update(name="matching", method=name, pair=label)
                 context = MatchContext(
                     data=data,
                     trainer=make_trainer,
@@ -180,11 +245,11 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
                     result["export"] = export_midpoint(alignment, a.model, run_dir / name / f"hf_{label}", inputs)
                 if alignment.diagnostics:  # e.g. weight matching's objective per iteration
                     diag_file = run_dir / name / f"diagnostics_{label}.json"
-                    diag_file.parent.mkdir(parents=True, exist_ok=True)
-                    diag_file.write_text(json.dumps(alignment.diagnostics, indent=2))
+                    atomic_write_text(diag_file, json.dumps(alignment.diagnostics, indent=2))
                 pair_results.append(
                     {"seeds": [a.seed, b.seed], **result, "seconds": seconds, "diagnostics": alignment.diagnostics}
                 )
+            stage.clear()
             methods[name] = summarise(pair_results)
             log.info("%s: barrier %.4f", name, methods[name]["barrier"])
         results = {

@@ -113,12 +113,13 @@ class Tracker:
         """A Lightning logger for one training stage.
 
         name: `seed_<n>` for an endpoint (job_type "train"), `<method>_<a>-<b>` for a learned-matching
-        pair (job_type "match"). csv: `<run_dir>/logs/<name>/metrics.csv`; wandb: a new run in the
+        pair (job_type "match"). csv: `<run_dir>/logs/<name>/metrics.csv` (`<name>.2`, ... when a rerun
+        in the same folder finds earlier logs there: they are kept); wandb: a new run in the
         experiment's group, whose metric keys are the ones the LightningModule logs, unprefixed;
         none: False (Lightning's "no logger").
         """
         if self.kind == "csv":
-            return CSVLogger(save_dir=str(self.run_dir), name="logs", version=name)
+            return CSVLogger(save_dir=str(self.run_dir), name="logs", version=self._fresh_version(name))
         if self.kind == "wandb":
             from lightning.pytorch.loggers import WandbLogger
 
@@ -128,6 +129,16 @@ class Tracker:
             run.define_metric("*", step_metric="trainer/global_step", step_sync=True)
             return WandbLogger(experiment=run, save_dir=str(self.run_dir), project=self.cfg.logger.project)
         return False
+
+    def _fresh_version(self, name: str) -> str:
+        """`name`, or `name.2`, `name.3`, ... where the folder already holds logs of an earlier run
+        (Lightning's CSVLogger deletes the metrics.csv of a non-empty folder it writes to)."""
+        logs = self.run_dir / "logs"
+        version, n = name, 1
+        while (logs / version).is_dir() and any((logs / version).iterdir()):
+            n += 1
+            version = f"{name}.{n}"
+        return version
 
     def log_results(self, results: dict[str, Any]) -> Any | None:
         """The evaluate run: barrier curves (table and line plots), barriers and endpoint metrics in

@@ -27,6 +27,12 @@ class DivergenceGuard(Callback):
         self.label, self.hint = label, hint
         self.step = 0  # training batches seen (optimisation steps without gradient accumulation)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}  # a resumed run counts on
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.step = int(state_dict.get("step", 0))
+
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         step, self.step = self.step, self.step + 1
