@@ -1,0 +1,212 @@
+"""Embedding a canonical Transformer into a wider one that computes exactly the same function.
+
+The residual stream is mapped by U (M x m) with orthonormal columns (paper 001 §3.2.3, Appendix E):
+writers W -> U W, readers W -> W U^T, as `apply` does with an Orthogonal element. The RMS reference
+width then becomes N (default M), so that the result can be matched and interpolated with a model
+trained at width M (paper 001 Fig. 3c). With n = config.norm_dim and |U x| = |x|,
+
+  sqrt(|U x|^2 / N + eps n / N) = sqrt(n / N) sqrt(|x|^2 / n + eps),
+
+so eps -> eps n / N and every weight that reads the normalised stream (q_w, k_w, v_w, in_w, head.w;
+the residual block of qk and ov in circuit form) is scaled by sqrt(n / N). Biases are added after
+the product and stay as they are.
+
+Heads, head dimensions and MLP units are padded with zeros: padded heads and units write nothing
+through their zero output weights, whatever the activation gives at 0; zero query/key dimensions add
+0 to the scores; zero value dimensions meet zero columns of o_w. Padding goes at the end; a matcher
+permutes it into place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from glmc.models.canonical import CanonicalTransformer
+from glmc.symmetry import Orthogonal, SymmetrySpec, Transform, apply_params
+from glmc.symmetry.groups import random_orthogonal
+
+PerLayer = Sequence[int] | int | None
+READERS = ("q_w", "k_w", "v_w", "in_w")
+
+
+def layer_sizes(model: CanonicalTransformer) -> dict[str, list[int]]:
+    """Per layer: heads, qk_dim and vo_dim (factored form only) and mlp units."""
+    p = model.params()
+    blocks = [f"blocks.{l}." for l in range(model.num_layers)]
+    attn = "qk" if model.config.form == "circuit" else "q_w"
+    sizes = {"heads": [p[b + attn].shape[0] for b in blocks]}
+    if model.config.form == "factored":
+        sizes["qk_dim"] = [p[b + "q_w"].shape[1] for b in blocks]
+        sizes["vo_dim"] = [p[b + "v_w"].shape[1] for b in blocks]
+    sizes["mlp"] = [p[b + "in_w"].shape[0] for b in blocks]
+    return sizes
+
+
+def _per_layer(name: str, value: PerLayer, current: list[int]) -> list[int]:
+    if value is None:
+        return list(current)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value] * len(current)
+    value = list(value)
+    if len(value) != len(current):
+        raise ValueError(f"{name}={value}: {len(value)} entries for {len(current)} layers")
+    for l, (v, c) in enumerate(zip(value, current)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < c:
+            raise ValueError(f"{name}[{l}]={v!r}: must be an int of at least the model's {c}")
+    return value
+
+
+def _pad(t: Tensor, axis: int, size: int) -> Tensor:
+    """t with zeros appended along axis up to size."""
+    extra = size - t.shape[axis]
+    if extra == 0:
+        return t
+    shape = list(t.shape)
+    shape[axis] = extra
+    return torch.cat([t, t.new_zeros(shape)], axis)
+
+
+def _residual_map(residual_map: Tensor | None, width: int, m: int, generator) -> Tensor:
+    if residual_map is None:
+        return random_orthogonal(width, m, generator, dtype=torch.float64)
+    u = residual_map.detach().double().cpu()
+    if tuple(u.shape) != (width, m):
+        raise ValueError(f"residual_map has shape {tuple(u.shape)}, expected (width, model width) = {(width, m)}")
+    if not torch.allclose(u.T @ u, torch.eye(m, dtype=u.dtype), atol=1e-5):
+        raise ValueError("residual_map must have orthonormal columns (U^T U = I)")
+    return u
+
+
+def _scale_readers(p: dict[str, Tensor], s: float) -> None:
+    """Multiply every weight that reads the normalised stream by s (in place on the dict)."""
+    for name, t in p.items():
+        key = name.rsplit(".", 1)[-1]
+        if name == "head.w" or (name.startswith("blocks.") and key in READERS):
+            p[name] = t * s
+        elif key == "qk":  # [h; 1]^T QK [h; 1]: both residual sides, not the constant coordinate
+            t = t.clone()
+            t[:, :-1, :] *= s
+            t[:, :, :-1] *= s
+            p[name] = t
+        elif key == "ov":
+            t = t.clone()
+            t[..., :-1] *= s
+            p[name] = t
+
+
+@torch.no_grad()
+def embed_width(
+    model: CanonicalTransformer,
+    width: int,
+    heads: PerLayer = None,
+    mlp: PerLayer = None,
+    generator: torch.Generator | None = None,
+    residual_map: Tensor | None = None,
+    *,
+    qk_dim: PerLayer = None,
+    vo_dim: PerLayer = None,
+    norm_dim: int | None = None,
+) -> CanonicalTransformer:
+    """A model of residual width `width` computing exactly what `model` computes.
+
+    heads, qk_dim, vo_dim, mlp: per-layer sizes (an int for every layer, a list per layer, None to
+    keep), each at least the model's; qk_dim / vo_dim only in factored form. residual_map: the
+    (width, model.width) map with orthonormal columns (default Haar-random from `generator`).
+    norm_dim: the RMS reference width of the result (default `width`). Runs in float64 and casts
+    back to each tensor's dtype."""
+    config = model.config
+    m = model.width
+    if not isinstance(width, int) or isinstance(width, bool) or width < m:
+        raise ValueError(f"width={width!r}: must be an int of at least the model's width {m}")
+    norm_dim = width if norm_dim is None else norm_dim
+    if not isinstance(norm_dim, int) or isinstance(norm_dim, bool) or norm_dim < 1:
+        raise ValueError(f"norm_dim={norm_dim!r}: must be a positive int")
+    current = layer_sizes(model)
+    if config.form == "circuit" and (qk_dim is not None or vo_dim is not None):
+        raise ValueError("qk_dim / vo_dim: a circuit-form model has no head dimensions to pad")
+    target = {"heads": _per_layer("heads", heads, current["heads"]), "mlp": _per_layer("mlp", mlp, current["mlp"])}
+    if config.form == "factored":
+        target["qk_dim"] = _per_layer("qk_dim", qk_dim, current["qk_dim"])
+        target["vo_dim"] = _per_layer("vo_dim", vo_dim, current["vo_dim"])
+    u = _residual_map(residual_map, width, m, generator)
+
+    original = model.params()
+    p = {k: v.detach().double() for k, v in original.items()}
+    spec = SymmetrySpec.from_params(config, p)
+    p = apply_params(Transform({"residual": Orthogonal(u)}), spec, p)
+    _scale_readers(p, math.sqrt(config.norm_dim / norm_dim))
+
+    for l in range(model.num_layers):
+        b = f"blocks.{l}."
+        if config.form == "factored":
+            for n in ("q_w", "q_b", "k_w", "k_b"):
+                p[b + n] = _pad(p[b + n], 1, target["qk_dim"][l])
+            for n in ("v_w", "v_b"):
+                p[b + n] = _pad(p[b + n], 1, target["vo_dim"][l])
+            p[b + "o_w"] = _pad(p[b + "o_w"], 2, target["vo_dim"][l])
+            attention = ("q_w", "q_b", "k_w", "k_b", "v_w", "v_b", "o_w")
+        else:
+            attention = ("qk", "ov")
+        for n in attention:
+            p[b + n] = _pad(p[b + n], 0, target["heads"][l])
+        p[b + "in_w"] = _pad(p[b + "in_w"], 0, target["mlp"][l])
+        p[b + "in_b"] = _pad(p[b + "in_b"], 0, target["mlp"][l])
+        p[b + "out_w"] = _pad(p[b + "out_w"], 1, target["mlp"][l])
+
+    out = {k: v.to(original[k].dtype) for k, v in p.items()}
+    eps = config.norm_eps if norm_dim == config.norm_dim else config.norm_eps * config.norm_dim / norm_dim
+    new_config = dataclasses.replace(config, norm_dim=norm_dim, norm_eps=eps)
+    return CanonicalTransformer(new_config, out)
+
+
+_SAME_CONFIG = ("family", "form", "activation", "causal", "pooling", "patch_size", "num_channels")
+
+
+@torch.no_grad()
+def match_widths(
+    wide: CanonicalTransformer, narrow: CanonicalTransformer, generator: torch.Generator | None = None
+) -> CanonicalTransformer:
+    """`narrow` embedded to exactly the parameter shapes and norm_dim of `wide`, so that any matcher
+    for equal shapes can align it to `wide`. The norm_eps of the result is narrow's eps rescaled
+    (narrow.config.norm_eps * narrow.config.norm_dim / wide.config.norm_dim), which in general
+    differs from wide's: no choice of eps makes both the embedding exact and the two eps equal."""
+    for key in _SAME_CONFIG:
+        a, b = getattr(wide.config, key), getattr(narrow.config, key)
+        if a != b:
+            raise ValueError(f"config.{key} differs: wide {a!r}, narrow {b!r}")
+    if wide.num_layers != narrow.num_layers:
+        raise ValueError(f"layers differ: wide {wide.num_layers}, narrow {narrow.num_layers}")
+    pw, pn = wide.params(), narrow.params()
+    # every axis that is not a residual, head or MLP axis: vocabulary, positions, classes, patches
+    fixed = {"embed.tokens": (0,), "embed.pos": (0,), "head.w": (0,), "head.b": (0,), "embed.patch_w": (1, 2, 3)}
+    for name, axes in fixed.items():
+        if name in pw:
+            a, b = [pw[name].shape[i] for i in axes], [pn[name].shape[i] for i in axes]
+            if a != b:
+                raise ValueError(f"{name}: narrow has sizes {b}, wide {a} (vocabulary, positions or classes)")
+    if narrow.width > wide.width:
+        raise ValueError(f"width: narrow {narrow.width} is larger than wide {wide.width}")
+    sizes_w, sizes_n = layer_sizes(wide), layer_sizes(narrow)
+    for key, values in sizes_w.items():
+        for l, (a, b) in enumerate(zip(values, sizes_n[key])):
+            if b > a:
+                raise ValueError(f"{key}: narrow has {b} in layer {l}, larger than wide's {a}")
+    extra = {"qk_dim": sizes_w["qk_dim"], "vo_dim": sizes_w["vo_dim"]} if "qk_dim" in sizes_w else {}
+    out = embed_width(
+        narrow,
+        wide.width,
+        heads=sizes_w["heads"],
+        mlp=sizes_w["mlp"],
+        generator=generator,
+        norm_dim=wide.config.norm_dim,
+        **extra,
+    )
+    po = out.params()
+    if list(po) != list(pw) or any(po[k].shape != pw[k].shape for k in pw):
+        raise RuntimeError("match_widths: parameter shapes differ after embedding")
+    return out

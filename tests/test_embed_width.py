@@ -1,0 +1,168 @@
+"""Embedding a model into a wider residual stream, more heads, larger head dims and more MLP units is exact."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from glmc.matching.weight import WeightMatcher
+from glmc.models import relative_deviation, to_canonical
+from glmc.models.embed_width import embed_width, layer_sizes, match_widths
+from glmc.symmetry.groups import random_orthogonal
+
+from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
+
+TOL = 1e-5
+FAMILIES = {"vit": tiny_vit, "gpt2": tiny_gpt2}
+
+
+def narrow_model(fam, eps=None, seed=0, act=None):
+    extra = {"act": act} if act else {}
+    hf = FAMILIES[fam](seed=seed, hidden=16, heads=2, mlp=32, **extra)
+    model = to_canonical(hf)
+    if eps is not None:  # a large eps makes a wrong eps rescaling visible
+        model.config.norm_eps = eps
+    return model, inputs_for(hf)
+
+
+def deviation(name, reference, new, x):
+    with torch.no_grad():
+        dev = relative_deviation(new(x), reference(x))
+    print(f"\n  {name}: max relative logit deviation {dev:.2e}")
+    return dev
+
+
+CASES = {
+    "residual": {},
+    "residual+heads+dims+mlp": {"heads": 4, "qk_dim": 12, "vo_dim": 10, "mlp": 48},
+    "per-layer sizes": {"heads": [3, 5], "qk_dim": [8, 11], "vo_dim": [9, 8], "mlp": [32, 40]},
+}
+
+
+@pytest.mark.parametrize("eps", [None, 0.5], ids=["hf-eps", "eps0.5"])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("fam", list(FAMILIES))
+def test_embedding_preserves_logits(fam, case, eps):
+    model, x = narrow_model(fam, eps)
+    new = embed_width(model, 32, generator=torch.Generator().manual_seed(0), **CASES[case])
+    assert new.width == 32 and new.config.norm_dim == 32
+    sizes = layer_sizes(new)
+    for key, value in CASES[case].items():
+        assert sizes[key] == (value if isinstance(value, list) else [value, value])
+    assert deviation(f"{fam} {case} eps={model.config.norm_eps}", model, new, x) < TOL
+
+
+@pytest.mark.parametrize("fam", list(FAMILIES))
+def test_norm_dim_and_eps_rescaling(fam):
+    model, x = narrow_model(fam, eps=0.5)
+    new = embed_width(model, 40, heads=3, mlp=40, generator=torch.Generator().manual_seed(1))
+    assert new.config.norm_dim == 40 and new.config.norm_eps == pytest.approx(0.5 * 16 / 40)
+    assert model.config.norm_dim == 16 and model.config.norm_eps == 0.5  # the input is untouched
+    # keeping eps (only the weights rescaled) is visibly wrong at this eps
+    wrong = type(new)(dataclasses.replace(new.config, norm_eps=0.5), new.params())
+    assert deviation(f"{fam} eps kept (should change)", model, wrong, x) > 1e-3
+    # and without the reader scale sqrt(n / N) as well
+    unscaled = embed_width(model, 40, generator=torch.Generator().manual_seed(1), norm_dim=16)
+    assert unscaled.config.norm_dim == 16 and deviation(f"{fam} norm_dim kept", model, unscaled, x) < TOL
+    wrong_norm = type(unscaled)(dataclasses.replace(unscaled.config, norm_dim=40), unscaled.params())
+    assert deviation(f"{fam} norm_dim changed without rescaling (should change)", model, wrong_norm, x) > 1e-3
+
+
+def test_given_residual_map_is_used():
+    model, x = narrow_model("gpt2")
+    u = random_orthogonal(24, 16, torch.Generator().manual_seed(2))
+    new = embed_width(model, 24, residual_map=u)
+    torch.testing.assert_close(new.params()["embed.pos"], model.params()["embed.pos"] @ u.T, atol=1e-6, rtol=0)
+    assert deviation("gpt2 given residual map", model, new, x) < TOL
+
+
+def test_same_width_only_pads():
+    model, x = narrow_model("vit")
+    new = embed_width(model, 16, residual_map=torch.eye(16), mlp=64)
+    assert new.config == model.config
+    p, q = model.params(), new.params()
+    assert torch.equal(q["embed.pos"], p["embed.pos"]) and torch.equal(q["blocks.0.in_w"][:32], p["blocks.0.in_w"])
+    assert deviation("vit same width, mlp padded", model, new, x) < TOL
+
+
+@pytest.mark.parametrize("act", ["sigmoid", "relu", "silu"])
+def test_padding_with_activations_nonzero_or_zero_at_zero(act):
+    model, x = narrow_model("vit", act=act, seed=2)
+    new = embed_width(model, 32, heads=3, mlp=64, generator=torch.Generator().manual_seed(3))
+    assert deviation(f"vit {act} mlp padded", model, new, x) < TOL
+
+
+@pytest.mark.parametrize("fam", list(FAMILIES))
+def test_circuit_form(fam):
+    model, x = narrow_model(fam, eps=0.5)
+    circuit = model.to_circuit()
+    new = embed_width(circuit, 32, heads=4, mlp=48, generator=torch.Generator().manual_seed(4))
+    assert new.config.form == "circuit" and new.params()["blocks.0.qk"].shape == (4, 33, 33)
+    assert deviation(f"{fam} circuit form embedded", model, new, x) < TOL
+    with pytest.raises(ValueError, match="qk_dim"):
+        embed_width(circuit, 32, qk_dim=12)
+
+
+def wide_model(fam, seed=5):
+    return to_canonical(FAMILIES[fam](seed=seed, hidden=32, heads=4, mlp=64))
+
+
+@pytest.mark.parametrize("fam", list(FAMILIES))
+def test_match_widths_then_weight_matching(fam):
+    narrow, x = narrow_model(fam)
+    wide = wide_model(fam)
+    embedded = match_widths(wide, narrow, generator=torch.Generator().manual_seed(6))
+    pw, pe = wide.params(), embedded.params()
+    assert list(pw) == list(pe) and all(pw[k].shape == pe[k].shape for k in pw)
+    assert embedded.config.norm_dim == wide.config.norm_dim == 32
+    assert embedded.config.norm_eps == pytest.approx(narrow.config.norm_eps * 16 / 32)
+    assert deviation(f"{fam} match_widths", narrow, embedded, x) < TOL
+
+    alignment = WeightMatcher().match(wide, embedded)
+    d = alignment.diagnostics
+    assert d["final_distance"] <= d["objective"][0]
+    assert deviation(f"{fam} weight-matched to the wide model", narrow, alignment.model, x) < TOL
+    mid = alignment.interpolate(0.5)  # equal shapes: the path is defined
+    assert torch.isfinite(mid(x)).all()
+
+
+def test_bad_arguments_name_themselves():
+    model, _ = narrow_model("vit")
+    g = torch.Generator().manual_seed(0)
+    cases = {
+        "width": dict(width=8),
+        "heads": dict(width=32, heads=1),
+        "mlp": dict(width=32, mlp=16),
+        "qk_dim": dict(width=32, qk_dim=4),
+        "vo_dim": dict(width=32, vo_dim=[8, 2]),
+        "norm_dim": dict(width=32, norm_dim=0),
+        "residual_map": dict(width=32, residual_map=torch.randn(32, 8)),
+    }
+    for name, kwargs in cases.items():
+        with pytest.raises(ValueError, match=name):
+            embed_width(model, generator=g, **kwargs)
+    with pytest.raises(ValueError, match="heads.*2 layers"):
+        embed_width(model, 32, heads=[4])
+    with pytest.raises(ValueError, match="orthonormal"):
+        embed_width(model, 32, residual_map=torch.randn(32, 16))
+
+
+def test_match_widths_rejects_mismatches():
+    narrow, _ = narrow_model("vit")
+    wide = wide_model("vit")
+    with pytest.raises(ValueError, match="width"):
+        match_widths(narrow, wide)
+    with pytest.raises(ValueError, match="family"):
+        match_widths(wide_model("gpt2"), narrow)
+    with pytest.raises(ValueError, match="layers"):
+        match_widths(to_canonical(tiny_vit(hidden=32, heads=4, mlp=64, layers=3)), narrow)
+    with pytest.raises(ValueError, match="heads"):
+        match_widths(to_canonical(tiny_vit(hidden=32, heads=1, mlp=64)), narrow)
+    with pytest.raises(ValueError, match="mlp"):
+        match_widths(to_canonical(tiny_vit(hidden=32, heads=4, mlp=16)), narrow)
+    with pytest.raises(ValueError, match="embed.pos"):
+        match_widths(to_canonical(tiny_vit(hidden=32, heads=4, mlp=64, image=12)), narrow)
+    gpt2 = wide_model("gpt2")
+    fewer_tokens = {k: v[:50] if k in ("embed.tokens", "head.w", "head.b") else v for k, v in gpt2.params().items()}
+    with pytest.raises(ValueError, match="embed.tokens"):
+        match_widths(type(gpt2)(gpt2.config, fewer_tokens), narrow_model("gpt2")[0])
