@@ -18,12 +18,15 @@ def test_run_reports_merges_and_exports_factored_midpoints(tmp_path, tiny_overri
         "merge=all",
         "merge.batches=2",
         "merge.export=true",
-        "matcher.methods=[vanilla,weight,rotation,activation]",
+        "matcher.methods=[vanilla,weight,rotation,activation,activation_orth]",
         "matcher.activation.batches=2",
     )
     run_pipeline(cfg, tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     for name, method in saved["methods"].items():
+        # on trained endpoints every new matcher keeps B's function
+        assert method["pairs"][0]["function_preserving"], name
+        assert method["pairs"][0]["endpoint_deviation"] < 1e-5, name
         assert set(method["merges"]) == {"fisher", "regmean"}, name
         for merge in method["merges"].values():
             assert math.isfinite(merge["test_loss"]) and 0.0 <= merge["test_accuracy"] <= 1.0
