@@ -5,10 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glmc.matching.weight import WeightMatcher, circuit_cost, relative_distance, weight_matching
+from glmc.matching.registry import build_matcher, default_method_config
+from glmc.matching.weight import (
+    WeightMatcher,
+    circuit_cost,
+    ones_complement,
+    relative_distance,
+    stream_is_centred,
+    weight_matching,
+)
 from glmc.models import relative_deviation, to_canonical
 from glmc.models.canonical import canonical_forward
-from glmc.symmetry import SymmetrySpec, Transform, apply
+from glmc.models.export import export_hf
+from glmc.symmetry import Orthogonal, SymmetrySpec, Transform, apply
 
 from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
 
@@ -73,3 +82,75 @@ def test_permutation_only_cannot_undo_a_rotation():
     _, perm_only = weight_matching(a, b, "permutation")
     _, orthogonal = weight_matching(a, b, "orthogonal")
     assert orthogonal["final_distance"] < 1e-5 < 0.1 < perm_only["final_distance"]
+
+
+def _fixes_ones(transform) -> bool:
+    o = transform["residual"].matrix.double()
+    ones = torch.ones(o.shape[0], dtype=torch.float64)
+    return bool((o @ ones - ones).abs().max() < 1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_keep_mean_fixes_ones_and_keeps_b(family):
+    a, b = to_canonical(FAMILIES[family](seed=0)), FAMILIES[family](seed=1)
+    assert stream_is_centred(a.params()) and stream_is_centred(to_canonical(b).params())
+    transform, _ = weight_matching(a, to_canonical(b), keep_mean=True)
+    assert _fixes_ones(transform)
+    unrestricted, _ = weight_matching(a, to_canonical(b))
+    assert not _fixes_ones(unrestricted)  # plain Procrustes moves 1
+    alignment = WeightMatcher(keep_mean="always").match(a, to_canonical(b))
+    assert alignment.diagnostics["keep_mean"] and _fixes_ones(alignment.transform)
+    assert stream_is_centred(alignment.model.params())
+    x = inputs_for(b)
+    assert relative_deviation(alignment.model(x), b(x).logits) < 1e-4
+    # "auto" restricts for centred streams, "never" does not
+    assert WeightMatcher(max_iter=1, keep_mean="auto").match(a, to_canonical(b)).diagnostics["keep_mean"]
+    assert not WeightMatcher(max_iter=1, keep_mean="never").match(a, to_canonical(b)).diagnostics["keep_mean"]
+
+
+def test_keep_mean_merge_exports_to_hf(tmp_path):
+    a, b = to_canonical(tiny_vit(seed=0)), to_canonical(tiny_vit(seed=1))
+    alignment = WeightMatcher(qk="none", vo="none", keep_mean="auto").match(a, b)
+    assert alignment.circuits == ()
+    mid = alignment.interpolate(0.5)
+    folder = export_hf(mid, a.source, tmp_path / "hf")
+    hf = type(a.source).from_pretrained(folder, attn_implementation="eager").eval()
+    x = inputs_for(a.source)
+    with torch.no_grad():
+        assert relative_deviation(hf(x).logits, mid(x)) < 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_keep_mean_recovers_a_symmetry_that_fixes_ones(family):
+    a = to_canonical(FAMILIES[family](seed=0))
+    spec = SymmetrySpec.from_model(a)
+    g = torch.Generator().manual_seed(3)
+    hidden = Transform.sample(spec, {"heads": "permutation", "mlp": "permutation"}, g)
+    q, width = ones_complement(a.width), a.width
+    rotation = Orthogonal.sample(width - 1, g, dtype=torch.float64).matrix
+    hidden["residual"] = Orthogonal((q @ rotation @ q.T + 1.0 / width).float())
+    b = apply(hidden, a)
+    assert stream_is_centred(b.params())
+    assert relative_distance(_double(a), _double(b)) > 0.5
+    transform, diag = weight_matching(a, b, keep_mean=True)
+    assert _fixes_ones(transform)
+    assert diag["final_distance"] < 1e-4
+    assert relative_distance(_double(a), _double(apply(transform, b))) < 1e-4
+
+
+def test_keep_mean_settings_are_checked():
+    with pytest.raises(ValueError, match=r"matcher\.weight\.keep_mean"):
+        WeightMatcher(keep_mean="yes")
+    with pytest.raises(ValueError, match=r"matcher\.weight\.keep_mean"):
+        build_matcher(default_method_config("weight", keep_mean="sometimes"))
+    # weight_perm shares the setting; permutations fix 1 without it
+    perm = build_matcher(default_method_config("weight_perm"))
+    assert perm.keep_mean == "never" and perm.residual == "permutation"
+    # a rotated (not mean-zero) model: "always" refuses, "auto" falls back to the full group
+    a = to_canonical(tiny_vit(seed=0))
+    rotated = apply(Transform({"residual": Orthogonal.sample(a.width, torch.Generator().manual_seed(0))}), a)
+    assert not stream_is_centred(rotated.params())
+    with pytest.raises(ValueError, match=r"matcher\.weight\.keep_mean=always.*embed\.patch_w"):
+        WeightMatcher(keep_mean="always").match(a, rotated)
+    alignment = WeightMatcher(max_iter=2, keep_mean="auto").match(a, rotated)
+    assert not alignment.diagnostics["keep_mean"]

@@ -61,6 +61,9 @@ class WeightMatcherConfig:
     max_iter: int = 15
     tol: float = 1e-6
     vocabulary: str = "train"  # language models: embedding rows of tokens in the training data (or "all")
+    # auto: the orthogonal residual map fixes the all-ones vector when both streams are mean-zero, so merges
+    # export to HF LayerNorm models; never (default): unrestricted Procrustes; always: restricted or an error
+    keep_mean: str = "never"
 
 
 @dataclass

@@ -10,6 +10,11 @@ Each iteration
   3. assigns MLP neurons per layer on the cosine of the rows [W_in | b_in | W_out^T].
 It stops when the objective, the relative distance between the circuit-form parameters of A and of
 transformed B, stops improving, and returns the best transform seen.
+
+Models converted from Hugging Face have a mean-zero residual stream (every writer is centred over
+the width). With `keep_mean` the orthogonal residual map is restricted to those that fix the
+all-ones vector 1, so the aligned model keeps the stream in the hyperplane orthogonal to 1 and its
+merges still export to a LayerNorm model (glmc.models.export).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from torch import Tensor
 
 from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored
 from glmc.models.canonical import CanonicalTransformer
+from glmc.models.export import _WRITERS as WRITER_AXES
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_params
 
 Params = dict[str, Tensor]
@@ -145,6 +151,40 @@ def mlp_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
     return fa @ fb.T
 
 
+def uncentred_writer(params: Params, tol: float = 1e-6) -> str | None:
+    """The first residual writer whose mean over the width exceeds tol times its largest entry, or None."""
+    for name, t in params.items():
+        axis = WRITER_AXES.get(name, WRITER_AXES.get(name.rsplit(".", 1)[-1]))
+        if axis is None:
+            continue
+        t = t.detach().double()
+        scale = t.abs().max().item()
+        if scale > 0 and t.mean(axis).abs().max().item() > tol * scale:
+            return name
+    return None
+
+
+def stream_is_centred(params: Params, tol: float = 1e-6) -> bool:
+    """Whether every residual writer has zero mean over the width (relative tol): the stream then
+    lies in the hyperplane orthogonal to the all-ones vector."""
+    return uncentred_writer(params, tol) is None
+
+
+def ones_complement(width: int) -> Tensor:
+    """Orthonormal basis (width, width - 1) of the hyperplane orthogonal to the all-ones vector, float64."""
+    m = torch.eye(width, dtype=torch.float64)
+    m[:, 0] = 1.0  # columns 1, e_1, ..., e_{D-1}: QR's first column spans 1, the others its complement
+    return torch.linalg.qr(m).Q[:, 1:]
+
+
+def mean_keeping_projection(c: Tensor, basis: Tensor) -> Tensor:
+    """argmax <O, c> over orthogonal O with O 1 = 1, in float64: Q polar(Q^T c Q) Q^T + 1 1^T / D,
+    with Q = `basis` (from ones_complement)."""
+    width = basis.shape[0]
+    inner = Orthogonal.project(basis.T @ c.double() @ basis).matrix
+    return basis @ inner @ basis.T + torch.full((width, width), 1.0 / width, dtype=torch.float64)
+
+
 def weight_matching(
     model_a: CanonicalTransformer,
     model_b: CanonicalTransformer,
@@ -155,13 +195,16 @@ def weight_matching(
     tol: float = 1e-6,
     dtype: torch.dtype = torch.float32,
     tokens: Tensor | None = None,
+    keep_mean: bool = False,
 ) -> tuple[Transform, dict[str, Any]]:
     """Transform T with T(B) close to A in weight space; diagnostics hold the per-iteration objective.
 
     The search runs in `dtype`; the Procrustes projection and the objective's cancellations are
     computed in float64. float32 recovers a hidden symmetry to a relative distance of about 1e-5,
     float64 to 1e-7. The returned elements are float32; `apply` uses them in float64. `tokens`: the
-    vocabulary rows that enter the residual map and the objective (None: all)."""
+    vocabulary rows that enter the residual map and the objective (None: all). `keep_mean`: an
+    orthogonal residual map fixes the all-ones vector and its complement (for mean-zero streams;
+    permutations always do)."""
     if residual not in ("orthogonal", "permutation", "none"):
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
@@ -192,6 +235,7 @@ def weight_matching(
     if mlp:
         perms.update({f"mlp.{l}": Permutation.identity(spec[f"mlp.{l}"].size) for l in layers})
     width = model_a.width
+    basis = ones_complement(width) if keep_mean and residual == "orthogonal" else None
     res = {}
     if residual == "orthogonal":
         res = {"residual": Orthogonal(torch.eye(width, dtype=dtype))}
@@ -224,11 +268,12 @@ def weight_matching(
             if it > 0:  # the first iteration sees only the embeddings and the classifier
                 c = c + block_cross_covariance(pa, apply_params(perms, spec_blocks, pb), pb_cur)
             # the polar factor in float64: its error grows with the conditioning of c
-            res = {
-                "residual": Orthogonal(Orthogonal.project(c.double()).matrix.to(dtype))
-                if residual == "orthogonal"
-                else Permutation.project(c)
-            }
+            if residual == "permutation":
+                res = {"residual": Permutation.project(c)}
+            elif basis is not None:
+                res = {"residual": Orthogonal(mean_keeping_projection(c, basis).to(dtype))}
+            else:
+                res = {"residual": Orthogonal(Orthogonal.project(c.double()).matrix.to(dtype))}
             seconds["residual"] += time.perf_counter() - tick
         tick = time.perf_counter()
         pb_res = apply_params(Transform(res), spec_blocks, pb)
@@ -267,7 +312,10 @@ class WeightMatcher:
     """`weight`: orthogonal residual + head and MLP permutations; `weight_perm`: all permutations.
 
     heads / mlp: "permutation" or "none"; qk / vo: "circuit" interpolates those attention pairs as
-    circuits (the in-head invertible symmetries are quotiented out), "none" as factored weights."""
+    circuits (the in-head invertible symmetries are quotiented out), "none" as factored weights.
+    keep_mean (orthogonal residual only): "auto" keeps the all-ones vector fixed when both models'
+    streams are mean-zero (Hugging Face conversions), "always" requires that, "never" solves the
+    unrestricted Procrustes problem."""
 
     def __init__(
         self,
@@ -280,25 +328,47 @@ class WeightMatcher:
         max_iter: int = 15,
         tol: float = 1e-6,
         vocabulary: str = "train",
+        keep_mean: str = "never",
     ):
         if max_iter < 1:
             raise ValueError(f"matcher.{name}.max_iter={max_iter}: at least one iteration")
         if vocabulary not in ("train", "all"):
             raise ValueError(f"matcher.{name}.vocabulary={vocabulary!r} is not one of train, all")
+        if keep_mean not in ("auto", "always", "never"):
+            raise ValueError(f"matcher.{name}.keep_mean={keep_mean!r} is not one of auto, always, never")
+        self.keep_mean = keep_mean
         self.name, self.residual, self.heads, self.mlp = name, residual, heads != "none", mlp != "none"
         self.circuits, self.max_iter, self.tol, self.vocabulary = circuit_pairs(qk, vo), max_iter, tol, vocabulary
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)
         tokens = used_tokens(b, context) if self.vocabulary == "train" else None
+        keep_mean = self.resolve_keep_mean(a, b)
         transform, diagnostics = weight_matching(
-            a, b, self.residual, self.heads, self.mlp, self.max_iter, self.tol, tokens=tokens
+            a, b, self.residual, self.heads, self.mlp, self.max_iter, self.tol, tokens=tokens, keep_mean=keep_mean
         )
+        diagnostics["keep_mean"] = keep_mean
         if tokens is not None:
             diagnostics["vocabulary_rows"] = int(tokens.numel())
         return Alignment(
             reference=a, model=apply(transform, b), transform=transform, circuits=self.circuits, diagnostics=diagnostics
         )
+
+    def resolve_keep_mean(self, a: CanonicalTransformer, b: CanonicalTransformer) -> bool:
+        """Whether the orthogonal residual map is restricted to fix the all-ones vector."""
+        if self.keep_mean == "never" or self.residual != "orthogonal":
+            return False  # permutations fix 1 anyway
+        for label, model in (("A", a), ("B", b)):
+            name = uncentred_writer(model.params())
+            if name is None:
+                continue
+            if self.keep_mean == "always":
+                raise ValueError(
+                    f"matcher.{self.name}.keep_mean=always but model {label}'s residual stream is not mean-zero "
+                    f"({name} has a non-zero mean over the width): use keep_mean=auto or never"
+                )
+            return False
+        return True
 
 
 def used_tokens(model: CanonicalTransformer, context: MatchContext | None) -> Tensor | None:

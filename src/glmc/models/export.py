@@ -46,9 +46,9 @@ def _check_mean_zero(params: dict[str, Tensor], tol: float = 1e-6) -> None:
         if scale > 0 and t.mean(axis).abs().max().item() > tol * scale:
             raise ValueError(
                 f"{name} has a non-zero mean over the residual width: the alignment's residual map moved the "
-                "stream out of the mean-zero hyperplane (orthogonal residual maps do), and a Hugging Face "
-                "LayerNorm, which subtracts the mean, cannot reproduce the canonical RMS norm; align with "
-                "residual=permutation or none to export"
+                "stream out of the mean-zero hyperplane (unrestricted orthogonal residual maps do), and a Hugging "
+                "Face LayerNorm, which subtracts the mean, cannot reproduce the canonical RMS norm; to export, "
+                "align with matcher.<method>.keep_mean=auto (weight matching), or residual=permutation or none"
             )
 
 
