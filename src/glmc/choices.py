@@ -71,8 +71,10 @@ class LearnedInit(StrEnum):
 
 
 class Pairing(StrEnum):
-    disjoint = "disjoint"
-    all = "all"
+    disjoint = "disjoint"  # (s0, s1), (s2, s3), ...: independent pairs
+    all = "all"  # every pair
+    first = "first"  # (s0, s1), (s0, s2), ...: the first endpoint against each other one (e.g. wide vs narrow)
+    universe = "universe"  # all endpoints at once: universe matching and the barrier over the simplex
 
 
 class UnitLatent(StrEnum):

@@ -149,6 +149,28 @@ class MergeConfig:
 
 
 @dataclass
+class MultiConfig:
+    """Multi-model runs (`pairing=universe`, paper 001 §4.3): universe matching of every endpoint, the
+    loss over the simplex they span (Eq. 2) and the pairwise barriers among the aligned models."""
+
+    methods: list[str] = field(default_factory=lambda: ["vanilla", "weight", "learned"])
+    pairwise: str = "weight"  # the registry method universe matching aligns each model with
+    max_rounds: int = 10
+    tol: float = 1e-4  # stop when the anchor's relative change falls below this
+    step: float = 0.1  # barycentric grid step for three models (0.1: 66 points)
+    samples: int = 32  # N > 3: Dirichlet samples besides vertices, edge midpoints and the centroid
+    # learned refinement: every model's transform trained jointly at Dirichlet coefficients
+    max_steps: int = 1500
+    lr: float = 0.3
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.05
+    concentration: float = 1.0  # Dirichlet(concentration * 1): 1 is uniform over the simplex
+    init_noise: float = 1e-3
+    checkpoint_every: int = 50
+    seed: int = 0
+
+
+@dataclass
 class Config:
     experiment: str = "demo"
     seeds: list[int] = field(default_factory=lambda: [0, 1])
@@ -164,6 +186,10 @@ class Config:
     matcher: MatcherConfig = field(default_factory=MatcherConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     merge: MergeConfig = field(default_factory=MergeConfig)
+    multi: MultiConfig = field(default_factory=MultiConfig)
+    # per-endpoint overrides of `model`, one per seed in order ({} keeps the shared model): endpoints
+    # of different widths, aligned by embedding the narrower into the wider (pairing=first)
+    endpoint_models: list[Any] = field(default_factory=list)
 
 
 def register_configs() -> None:

@@ -210,3 +210,9 @@ def match_widths(
     if list(po) != list(pw) or any(po[k].shape != pw[k].shape for k in pw):
         raise RuntimeError("match_widths: parameter shapes differ after embedding")
     return out
+
+
+def same_shapes(a: CanonicalTransformer, b: CanonicalTransformer) -> bool:
+    """Whether two canonical models have the same parameters with the same shapes."""
+    pa, pb = a.params(), b.params()
+    return pa.keys() == pb.keys() and all(pa[k].shape == pb[k].shape for k in pa)

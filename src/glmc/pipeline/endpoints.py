@@ -6,6 +6,7 @@ removed once the endpoint is cached."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import shutil
@@ -16,7 +17,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from glmc.config import Config
 from glmc.data.module import DataModule
@@ -98,12 +99,29 @@ def train_endpoint(
     return module.model.cpu().eval()
 
 
+def endpoint_config(cfg: Config, index: int) -> Config:
+    """The run config with endpoint `index`'s model overrides (`endpoint_models`) merged into `model`."""
+    if not cfg.endpoint_models:
+        return cfg
+    overrides = cfg.endpoint_models[index] or {}
+    own = copy.deepcopy(cfg)
+    with open_dict(own):
+        own.endpoint_models = []
+    try:
+        own.model.merge_with(overrides)
+    except Exception as err:  # a misspelled key or a wrong type: name the endpoint
+        raise ValueError(f"endpoint_models[{index}] (seed {cfg.seeds[index]}): {err}") from None
+    return own
+
+
 def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> list[Endpoint]:
     """Every seed's endpoint, from the cache or trained now; each converted to canonical form once."""
     cache = EndpointCache(Path(cfg.cache_dir))
-    key = cache_key(cfg)
+    shared = cfg
     endpoints = []
-    for seed in cfg.seeds:
+    for index, seed in enumerate(shared.seeds):
+        cfg = endpoint_config(shared, index)
+        key = cache_key(cfg)
         meta = None
         training_dir = cache.training_dir(key, seed)
         if cache.has(key, seed):

@@ -30,6 +30,8 @@ def finite_or_none(value: Any) -> Any:
 def write_results(results: dict[str, Any], run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "results.json", json.dumps(finite_or_none(results), indent=2, allow_nan=False))
+    if not results["methods"]:  # a multi-model run: its simplex table and picture are written by glmc.pipeline.multi
+        return
     with atomic_path(run_dir / "barrier.csv") as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["method", "lambda", "split", "loss", "accuracy"])

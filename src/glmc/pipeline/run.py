@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from omegaconf import OmegaConf
 
 from glmc.config import Config
@@ -23,9 +24,11 @@ from glmc.eval.evaluator import Evaluator
 from glmc.matching.base import Alignment, MatchContext
 from glmc.matching.registry import build_matcher, check_methods, method_config
 from glmc.models.canonical import relative_deviation
+from glmc.models.embed_width import match_widths, same_shapes
 from glmc.pipeline.cache import config_hash
 from glmc.pipeline.endpoints import Endpoint, cache_key, get_endpoints
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
+from glmc.pipeline.multi import check_multi, format_multi, run_multi
 from glmc.pipeline.report import format_table, write_results
 from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import check_run_dir, validate_config
@@ -46,7 +49,11 @@ def seed_pairs(seeds: list[int], pairing: str) -> list[tuple[int, int]]:
         return [(i, i + 1) for i in range(0, n, 2)]
     if pairing == "all":
         return [(i, j) for i in range(n) for j in range(i + 1, n)]
-    raise ValueError(f"pairing={pairing!r} is not one of disjoint, all")
+    if pairing == "first":
+        return [(0, j) for j in range(1, n)]
+    if pairing == "universe":  # no pairs: every endpoint at once (glmc.pipeline.multi)
+        return []
+    raise ValueError(f"pairing={pairing!r} is not one of disjoint, all, first, universe")
 
 
 def summarise(pairs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -111,6 +118,20 @@ def evaluate_alignment(
         "endpoint_deviation": relative_deviation(evaluator.logits(alignment.model), evaluator.logits(b.model)),
         "function_preserving": alignment.function_preserving,
     }
+
+
+def check_endpoint_shapes(cfg: Config, matchers: dict[str, Any]) -> None:
+    """Endpoints of different widths (endpoint_models) are compared in the first one's shapes: the
+    wider model first, and no method that interpolates the original models."""
+    if not cfg.endpoint_models:
+        return
+    if len(cfg.endpoint_models) != len(cfg.seeds):
+        raise ValueError(
+            f"endpoint_models has {len(cfg.endpoint_models)} entries for {len(cfg.seeds)} seeds: give one "
+            "per seed ({} keeps the shared model)"
+        )
+    if "vanilla" in matchers:
+        raise ValueError("vanilla interpolates the original models, which differ in shape: drop vanilla from methods")
 
 
 def check_vocabulary(cfg: Config, data: DataModule) -> None:
@@ -190,8 +211,12 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
     # bad seeds, methods or method settings fail here, before any training
     pairs = seed_pairs(list(cfg.seeds), cfg.pairing)
     lambdas = lambda_grid(cfg.eval.num_lambdas)
+    universe = cfg.pairing == "universe"
+    if universe:
+        check_multi(cfg)
     check_methods(list(cfg.matcher.methods))
-    matchers = {name: build_matcher(method_config(cfg, name)) for name in cfg.matcher.methods}
+    matchers = {} if universe else {name: build_matcher(method_config(cfg, name)) for name in cfg.matcher.methods}
+    check_endpoint_shapes(cfg, matchers)
     device = resolve_device(cfg.trainer.accelerator)
     with Tracker(cfg, run_dir) as tracker:
         data = DataModule(cfg.data, seed=0)
@@ -224,7 +249,11 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
                     logger=lambda method, label=label: tracker.lightning_logger(f"{method}_{label}", "match"),
                 )
                 start = time.perf_counter()
-                alignment = matcher.match(a.canonical, b.canonical, context)
+                # a narrower B is embedded exactly into A's shapes first (width-heterogeneous runs)
+                b_canonical = b.canonical
+                if not same_shapes(a.canonical, b.canonical):  # the embedding's residual map is seeded
+                    b_canonical = match_widths(a.canonical, b.canonical, torch.Generator().manual_seed(b.seed))
+                alignment = matcher.match(a.canonical, b_canonical, context)
                 seconds = time.perf_counter() - start
                 result = evaluate_alignment(evaluator, alignment, b, lambdas, task, desc=f"{name} {label}")
                 for variant, other in alignment.variants.items():  # e.g. a Sinkhorn run's hard projection
@@ -252,6 +281,18 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
             stage.clear()
             methods[name] = summarise(pair_results)
             log.info("%s: barrier %.4f", name, methods[name]["barrier"])
+        multi = None
+        if universe:
+            stage.update(name="matching", method="universe", pair="all")
+            context = MatchContext(
+                data=data,
+                trainer=make_trainer,
+                run_dir=run_dir / "universe",
+                device=device,
+                logger=lambda method: tracker.lightning_logger(f"{method}_universe", "match"),
+            )
+            multi = run_multi(cfg, run_dir, endpoints, evaluator, context)
+            stage.clear()
         results = {
             "experiment": cfg.experiment,
             "model": cfg.model.name,
@@ -262,6 +303,7 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
             "endpoints": [
                 {
                     "seed": e.seed,
+                    "width": e.canonical.width,
                     "test_loss": e.test_loss,
                     "test_accuracy": e.test_accuracy if task == "classification" else None,
                     "cached": e.cached,
@@ -269,12 +311,17 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
                 for e in endpoints
             ],
             "methods": methods,
+            **({"multi": multi} if multi is not None else {}),
             "config": OmegaConf.to_container(cfg, resolve=True),
         }
         if is_global_zero():
             write_results(results, run_dir)
             tracker.log_results(results)
     if is_global_zero():
-        print(format_table(results) + format_merges(results))
-        print(f"\nwrote {run_dir / 'results.json'}, barrier.csv, barrier.png")
+        if multi:
+            print(format_table(results).split("\n\n")[0] + format_multi(multi))
+            print(f"\nwrote {run_dir / 'results.json'}" + (", simplex.png" if len(endpoints) == 3 else ""))
+        else:
+            print(format_table(results) + format_merges(results))
+            print(f"\nwrote {run_dir / 'results.json'}, barrier.csv, barrier.png")
     return results

@@ -1,0 +1,113 @@
+"""Multi-model runs (`pairing=universe`, paper 001 §4.3): every endpoint aligned to a shared universe,
+the loss over the simplex they span (Eq. 2), the pairwise barriers among the aligned models, and
+one ternary heatmap per method for three models (Fig. 4)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from glmc.config import Config
+from glmc.eval.barrier import lambda_grid
+from glmc.eval.evaluator import Evaluator
+from glmc.eval.simplex import evaluate_simplex, pairwise_barriers, simplex_points
+from glmc.eval.ternary import plot_simplex_heatmaps
+from glmc.matching.base import MatchContext
+from glmc.matching.registry import build_matcher, method_config
+from glmc.matching.universe import universe_match
+from glmc.pipeline.endpoints import Endpoint
+
+log = logging.getLogger(__name__)
+MULTI_METHODS = ("vanilla", "weight", "learned")
+
+
+def check_multi(cfg: Config) -> None:
+    """Settings of a multi-model run, before any work."""
+    if len(cfg.seeds) < 3:
+        raise ValueError(f"pairing=universe aligns three or more models: seeds={list(cfg.seeds)}")
+    unknown = [m for m in cfg.multi.methods if m not in MULTI_METHODS]
+    if unknown or not cfg.multi.methods:
+        raise ValueError(f"multi.methods={list(cfg.multi.methods)}: choose from {list(MULTI_METHODS)}")
+    if cfg.endpoint_models:
+        raise ValueError("pairing=universe needs endpoints of one shape: leave endpoint_models empty")
+    method_config(cfg, cfg.multi.pairwise)  # an unknown pairwise method fails here
+
+
+def run_multi(
+    cfg: Config, run_dir: Path, endpoints: list[Endpoint], evaluator: Evaluator, context: MatchContext
+) -> dict[str, Any]:
+    """results["multi"]: per method the simplex table, its maximum (Eq. 2), the pairwise barriers
+    among the aligned models, rounds and seconds; writes simplex.png for three models."""
+    n = len(endpoints)
+    points = simplex_points(n, cfg.multi.step, cfg.multi.samples, cfg.multi.seed)
+    lambdas = lambda_grid(cfg.eval.num_lambdas)
+    progress = cfg.trainer.enable_progress_bar
+    out: dict[str, Any] = {}
+    universe = None
+    for method in cfg.multi.methods:
+        start = time.perf_counter()
+        info: dict[str, Any] = {}
+        if method == "vanilla":
+            models, circuits = [e.model for e in endpoints], ()
+        else:
+            if universe is None:  # learned refines the weight-matched universe
+                pairwise = build_matcher(method_config(cfg, cfg.multi.pairwise))
+                universe = universe_match(
+                    [e.canonical for e in endpoints], pairwise, context, cfg.multi.max_rounds, cfg.multi.tol
+                )
+                universe_seconds = time.perf_counter() - start
+            aligned = universe
+            if method == "learned":
+                aligned = refine(cfg, universe, context)
+            models, circuits = aligned.models, tuple(aligned.circuits)
+            info = {k: v for k, v in aligned.diagnostics.items() if k != "history"}
+            info["universe_seconds"] = universe_seconds
+        seconds = time.perf_counter() - start
+        table = evaluate_simplex(evaluator, models, points, circuits, progress=progress)
+        pairs = pairwise_barriers(evaluator, models, circuits, lambdas)
+        out[method] = {
+            **table,
+            "pairwise_barriers": {f"{endpoints[i].seed}-{endpoints[j].seed}": b for (i, j), b in pairs.items()},
+            "seconds": seconds,
+            "diagnostics": info,
+        }
+        log.info("%s: multi-model barrier %.4f over %d points", method, table["barrier"], len(points))
+    if n == 3:
+        plot_simplex_heatmaps(
+            out,
+            run_dir / "simplex.png",
+            title=f"{cfg.model.name} on {cfg.data.name}: test loss above the linear baseline",
+            labels=[f"seed {e.seed}" for e in endpoints],
+        )
+    return out
+
+
+def refine(cfg: Config, universe, context: MatchContext):
+    """Learned refinement of the universe: all transforms trained jointly on the task loss."""
+    from glmc.matching.universe_learned import UniverseLearnedSettings, learned_universe
+
+    m = cfg.multi
+    settings = UniverseLearnedSettings(
+        max_steps=m.max_steps,
+        lr=m.lr,
+        weight_decay=m.weight_decay,
+        warmup_fraction=m.warmup_fraction,
+        concentration=m.concentration,
+        init_noise=m.init_noise,
+        seed=m.seed,
+        checkpoint_every=m.checkpoint_every,
+    )
+    return learned_universe(universe, context, settings)
+
+
+def format_multi(multi: dict[str, Any]) -> str:
+    lines = ["", "multi-model (Eq. 2: max over the simplex of the loss above the linear baseline):"]
+    header = f"{'method':<10}{'barrier':>10}{'at':>22}{'pairwise barriers':>40}{'seconds':>9}"
+    lines += [header, "-" * len(header)]
+    for name, m in multi.items():
+        at = "(" + ", ".join(f"{a:.2f}" for a in m["argmax"]) + ")"
+        pairs = ", ".join(f"{k}: {v:.3f}" for k, v in m["pairwise_barriers"].items())
+        lines.append(f"{name:<10}{m['barrier']:>10.4f}{at:>22}{pairs:>40}{m['seconds']:>9.1f}")
+    return "\n".join(lines)
