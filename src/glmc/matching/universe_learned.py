@@ -1,0 +1,266 @@
+"""Learned refinement of universe matching (paper 001 §4.3): train the symmetries of N models that
+are already aligned to a common universe on the task loss of the merged models over the simplex.
+
+Model 0 stays fixed: a transform applied to every model alike maps the whole simplex onto a
+function-equivalent one, so fixing one model removes that freedom. Models 1..N-1 get one latent per
+space their universe transform acts on (orthogonal residual: polar factor; head and MLP
+permutations: straight-through Hungarian), started at the identity plus noise since the models are
+already aligned. Each step draws merge coefficients alpha ~ Dirichlet(concentration * 1) from a
+generator seeded by (seed, step), so the draw is equal on every DDP rank and reproduced after a
+resume, and minimises the task loss of sum_i alpha_i T_i(theta_i). Checkpoints live under
+<context.run_dir>/universe_<hash>/checkpoints, the hash covering every setting and all N models: a
+rerun with the same models and settings resumes from last.ckpt.
+
+The result holds the hard projections: models[i] = apply(refinement_i, universe model i), which
+computes model i's function exactly, and transforms[i] = (universe transform_i, refinement_i).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor, nn
+
+from glmc.eval.interpolation import interpolate, merge_params
+from glmc.eval.metrics import loss_and_correct
+from glmc.matching.base import MatchContext, require_factored, settings_hash
+from glmc.matching.learned import _changes, _default_trainer, _fit, _SaveLast, resumable
+from glmc.matching.learned_module import LearnedMatchingModule, _key
+from glmc.matching.projections import polar, straight_through_permutation
+from glmc.matching.universe import UniverseAlignment
+from glmc.models.canonical import CanonicalTransformer, canonical_forward
+from glmc.symmetry import Orthogonal, Permutation, SemiPermutation, SymmetrySpec, Transform, apply, apply_dense
+
+
+@dataclass
+class UniverseLearnedSettings:
+    """Training settings of the learned universe refinement; `where` names the config node in errors.
+
+    concentration: the Dirichlet parameter of the merge coefficients; 1.0 is uniform over the
+    simplex, larger values concentrate the draws near the centroid, smaller ones near the vertices."""
+
+    max_steps: int = 1500
+    lr: float = 0.3
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.05
+    concentration: float = 1.0
+    init_noise: float = 1e-3
+    seed: int = 0
+    checkpoint_every: int = 50
+    where: str = "universe.learned"
+
+    def __post_init__(self):
+        checks = [
+            ("max_steps", self.max_steps >= 1),
+            ("lr", self.lr > 0),
+            ("weight_decay", self.weight_decay >= 0),
+            ("warmup_fraction", 0 <= self.warmup_fraction < 1),
+            ("concentration", math.isfinite(self.concentration) and self.concentration > 0),
+            ("init_noise", self.init_noise >= 0),
+            ("checkpoint_every", self.checkpoint_every >= 1),
+        ]
+        for key, ok in checks:
+            if not ok:
+                raise ValueError(f"{self.where}.{key}={getattr(self, key)!r} is out of range")
+
+
+def sample_alpha(n_models: int, concentration: float, seed: int, step: int) -> list[float]:
+    """Merge coefficients ~ Dirichlet(concentration * 1), a function of (seed, step) alone."""
+    rng = np.random.default_rng([seed, step])
+    return [float(a) for a in rng.dirichlet(np.full(n_models, concentration))]
+
+
+def latent_kind(element: Any, space: str) -> str:
+    """The latent that refines a space the universe transform acted on with `element`."""
+    if isinstance(element, Orthogonal):
+        return "orthogonal"
+    if isinstance(element, (Permutation, SemiPermutation)):
+        return "permutation"
+    raise ValueError(f"space {space}: cannot refine a {type(element).__name__} (orthogonal or permutation only)")
+
+
+def project(z: Tensor, kind: str) -> Tensor:
+    """A latent's dense, differentiable element: polar factor or straight-through permutation."""
+    return polar(z) if kind == "orthogonal" else straight_through_permutation(z)
+
+
+def project_hard(z: Tensor, kind: str) -> Orthogonal | Permutation:
+    z = z.detach().cpu().double()
+    return Orthogonal.project(z) if kind == "orthogonal" else Permutation.project(z)
+
+
+class UniverseLearningModule(L.LightningModule):
+    """Latents for models 1..N-1 (`kinds[i - 1]`: space -> orthogonal | permutation), keyed
+    "m<i>_<space>". Model 0 and the endpoints are plain attributes: outside the checkpoint and never
+    broadcast by DDP; the checkpoint holds the latents, the optimizer and the history."""
+
+    def __init__(
+        self,
+        models: list[CanonicalTransformer],
+        kinds: list[dict[str, str]],
+        settings: UniverseLearnedSettings,
+        task: str,
+        circuits: tuple[str, ...] = ("qk", "vo"),
+    ):
+        super().__init__()
+        require_factored("learned universe refinement", *models)
+        if len(kinds) != len(models) - 1:
+            raise ValueError(f"{len(models)} models need {len(models) - 1} latent sets, got {len(kinds)}")
+        self.config = models[0].config
+        self.spec = SymmetrySpec.from_model(models[0])
+        self.kinds = [dict(k) for k in kinds]
+        self.settings = settings
+        self.task = task
+        self.circuits = tuple(circuits)
+        self.n_models = len(models)
+        self._endpoints = {i: {k: v.detach().clone() for k, v in m.params().items()} for i, m in enumerate(models)}
+        generator = torch.Generator().manual_seed(settings.seed)
+        self.latents = nn.ParameterDict()
+        for i, model_kinds in enumerate(self.kinds, 1):
+            for name in model_kinds:
+                n = self.spec.spaces[name].size
+                z = torch.eye(n) + settings.init_noise * torch.randn(n, n, generator=generator)
+                self.latents[self.key(i, name)] = nn.Parameter(z)
+        # per optimisation step: training loss and the merge coefficients
+        self.register_buffer("history", torch.full((settings.max_steps, 1 + self.n_models), math.nan))
+
+    @staticmethod
+    def key(i: int, space: str) -> str:
+        return f"m{i}_{_key(space)}"
+
+    # the same lazy device move, optimizer, schedule and history resize as pairwise learned matching
+    endpoint_params = LearnedMatchingModule.endpoint_params
+    configure_optimizers = LearnedMatchingModule.configure_optimizers
+    on_load_checkpoint = LearnedMatchingModule.on_load_checkpoint
+
+    def matrices(self, i: int) -> dict[str, Tensor]:
+        return {name: project(self.latents[self.key(i, name)], kind) for name, kind in self.kinds[i - 1].items()}
+
+    def member_params(self) -> list[dict[str, Tensor]]:
+        """[theta_0, T_1(theta_1), ..., T_{N-1}(theta_{N-1})] in factored form, inside the graph."""
+        out = [self.endpoint_params(0)]
+        for i in range(1, self.n_models):
+            out.append(apply_dense(self.matrices(i), self.spec, self.endpoint_params(i)))
+        return out
+
+    def loss(self, inputs: Tensor, targets: Tensor, alpha: list[float]) -> Tensor:
+        params = merge_params(self.member_params(), alpha, self.circuits)
+        total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
+        return total / count
+
+    def training_step(self, batch, batch_idx):
+        s = self.settings
+        alpha = sample_alpha(self.n_models, s.concentration, s.seed, self.global_step)
+        loss = self.loss(*batch, alpha)
+        self.log("universe_loss", loss, prog_bar=True)
+        if self.global_step < len(self.history):
+            self.history[self.global_step] = torch.cat([loss.detach().view(1), loss.new_tensor(alpha)])
+        return loss
+
+    @torch.no_grad()
+    def hard_transforms(self) -> list[Transform]:
+        """Per model 1..N-1: Hungarian for permutation latents, U V^T for orthogonal ones."""
+        return [
+            Transform({name: project_hard(self.latents[self.key(i, name)], kind) for name, kind in kinds.items()})
+            for i, kinds in enumerate(self.kinds, 1)
+        ]
+
+
+def learned_universe(
+    aligned: UniverseAlignment,
+    context: MatchContext,
+    settings: UniverseLearnedSettings | None = None,
+    name: str = "learned",
+    **overrides: Any,
+) -> UniverseAlignment:
+    """Refine a universe alignment by training the symmetries of models 1..N-1 on the merged loss.
+
+    `settings`, or keyword settings of UniverseLearnedSettings (not both). Returns a new
+    UniverseAlignment: models[0] is aligned.models[0] itself, models[i] the refined model i, and
+    transforms[i] the pair (universe transform, refinement), applied in that order."""
+    if settings is None:
+        settings = UniverseLearnedSettings(**{"where": f"universe.{name}", **overrides})
+    elif overrides:
+        raise ValueError(f"pass settings or keyword settings, not both: {sorted(overrides)}")
+    models = list(aligned.models)
+    if len(models) < 2:
+        raise ValueError(f"the learned refinement needs at least two models, got {len(models)}")
+    require_factored(f"{name} universe refinement", *models)
+    if len(aligned.transforms) != len(models):
+        raise ValueError(f"{len(models)} models but {len(aligned.transforms)} transforms")
+    spec = SymmetrySpec.from_model(models[0])
+    kinds = []
+    for i, transform in enumerate(aligned.transforms[1:], 1):
+        if not isinstance(transform, dict):
+            raise ValueError(f"model {i}: the universe transform is {type(transform).__name__}, not a Transform")
+        missing = set(transform) - set(spec.spaces)
+        if missing:
+            raise ValueError(f"model {i}: the universe transform names spaces the model lacks: {sorted(missing)}")
+        kinds.append({space: latent_kind(g, space) for space, g in transform.items()})
+    circuits = tuple(aligned.circuits)
+    module = UniverseLearningModule(models, kinds, settings, models[0].task, circuits)
+
+    key = settings_hash({"kinds": kinds, "circuits": circuits, **dataclasses.asdict(settings)}, *models)
+    run_dir = context.run_dir / f"universe_{key}"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    resume = resumable(last)
+    checkpoints = ModelCheckpoint(
+        dirpath=run_dir / "checkpoints",
+        save_last=True,
+        save_top_k=0,
+        every_n_train_steps=settings.checkpoint_every,
+        save_on_exception=True,
+        enable_version_counter=False,
+    )
+    context.train_batches(f"{name} universe refinement")  # fails early without data
+    logger = context.logger(f"{name}_universe") if context.logger else False
+    make_trainer = context.trainer or _default_trainer
+    trainer = make_trainer(
+        default_root_dir=str(run_dir),
+        logger=logger,
+        max_steps=settings.max_steps,
+        max_epochs=-1,
+        callbacks=[checkpoints, _SaveLast(last)],
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    tick = time.perf_counter()
+    with warnings.catch_warnings():  # the DataModule's test split is its val loader; there is no val loop
+        warnings.filterwarnings("ignore", message=".*val_dataloader.*validation_step")
+        _fit(trainer, module, context.fit_data(), resume)
+    seconds = time.perf_counter() - tick
+    module = module.cpu()
+
+    refinements = [Transform(), *module.hard_transforms()]
+    refined = [models[0]] + [apply(t, m) for t, m in zip(refinements[1:], models[1:])]
+    history = module.history[~module.history[:, 0].isnan()]
+    start = [Transform({n: Permutation.identity(spec.spaces[n].size) for n in t}) for t in refinements]
+    diagnostics: dict[str, Any] = {
+        "steps": len(history),
+        "seconds": seconds,
+        "history": [float(x) for x in history[:, 0]],
+        "alpha_history": [[float(a) for a in row] for row in history[:, 1:]],
+        "concentration": settings.concentration,
+        "changed_from_universe": [_changes(s, t) for s, t in zip(start, refinements)],
+        "world_size": trainer.world_size,
+        "resumed_from": str(resume) if resume else None,
+        "checkpoint": str(last),
+        "universe": dict(aligned.diagnostics),
+    }
+    return UniverseAlignment(
+        models=refined,
+        transforms=[(u, r) for u, r in zip(aligned.transforms, refinements)],
+        circuits=circuits,
+        diagnostics=diagnostics,
+        function_preserving=aligned.function_preserving,
+        anchor=interpolate(refined, [1.0 / len(refined)] * len(refined), circuits=()),
+    )
