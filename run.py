@@ -16,7 +16,10 @@ def main(cfg: DictConfig) -> float:
     from glmc.pipeline.run import run_pipeline  # heavy imports after Hydra has validated the config
 
     results = run_pipeline(cfg, HydraConfig.get().runtime.output_dir)
-    # The value a sweeper would minimise: the barrier of the last method listed.
+    # The value a sweeper would minimise: the barrier of the last method listed (multi-model runs:
+    # the simplex barrier of the last multi method).
+    if "multi" in results:
+        return results["multi"][cfg.multi.methods[-1]]["barrier"]
     return results["methods"][cfg.matcher.methods[-1]]["barrier"]
 
 

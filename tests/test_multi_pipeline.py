@@ -36,9 +36,7 @@ def test_endpoint_models_are_checked_before_any_work(tmp_path, tiny_overrides):
     one = compose_config(*tiny_overrides, "seeds=[0,1]", "pairing=first", "endpoint_models=[{}]")
     with pytest.raises(ValueError, match="endpoint_models has 1 entries for 2 seeds"):
         run_pipeline(one, tmp_path / "a")
-    vanilla = compose_config(
-        *tiny_overrides, "seeds=[0,1]", "pairing=first", "endpoint_models=[{},{hidden_size:8}]"
-    )
+    vanilla = compose_config(*tiny_overrides, "seeds=[0,1]", "pairing=first", "endpoint_models=[{},{hidden_size:8}]")
     with pytest.raises(ValueError, match="vanilla"):
         run_pipeline(vanilla, tmp_path / "b")
 

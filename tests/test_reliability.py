@@ -35,7 +35,7 @@ from glmc.models import to_canonical
 from glmc.models.build import build_model
 from glmc.models.canonical import CanonicalTransformer
 from glmc.pipeline import endpoints as endpoints_module
-from glmc.pipeline.cache import META, WEIGHTS, CorruptEntryError, EndpointCache, config_hash, endpoint_key
+from glmc.pipeline.cache import META, WEIGHTS, CorruptEntryError, EndpointCache, config_hash
 from glmc.pipeline.endpoints import cache_key, get_endpoints
 from glmc.pipeline.report import finite_or_none, write_results
 from glmc.pipeline.run import run_pipeline
@@ -255,19 +255,7 @@ def test_result_files_are_replaced_atomically(tmp_path, monkeypatch):
 
 # 6. endpoint cache integrity
 
-KEY = endpoint_key(
-    {"width": 4},
-    {
-        "name": "d",
-        "task": "c",
-        "batch_size": 2,
-        "test_fraction": 0.2,
-        "split_seed": 0,
-        "augment": False,
-        "limit_train": None,
-    },
-    {"lr": 0.1},
-)
+from test_cache import KEY  # noqa: E402  the same small cache key
 
 
 def _linear(seed: int) -> torch.nn.Linear:

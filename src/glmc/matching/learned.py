@@ -76,6 +76,36 @@ def _fit(trainer, module, data: dict[str, Any], resume: Path | None) -> None:
     trainer.fit(module, **data, ckpt_path=resume, **restricted)
 
 
+def fit_latents(module, context: MatchContext, folder: Path, settings, logger) -> tuple[float, int]:
+    """Train a latent module with a Trainer from the context, checkpointing every
+    `settings.checkpoint_every` steps into folder/checkpoints and resuming from an intact last.ckpt
+    there; returns the seconds spent in fit and the number of processes that trained."""
+    last = folder / "checkpoints" / "last.ckpt"
+    checkpoints = ModelCheckpoint(
+        dirpath=folder / "checkpoints",
+        save_last=True,
+        save_top_k=0,
+        every_n_train_steps=settings.checkpoint_every,
+        save_on_exception=True,
+        enable_version_counter=False,
+    )
+    make_trainer = context.trainer or _default_trainer
+    trainer = make_trainer(
+        default_root_dir=str(folder),
+        logger=logger,
+        max_steps=settings.max_steps,
+        max_epochs=-1,
+        callbacks=[checkpoints, _SaveLast(last)],
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    tick = time.perf_counter()
+    with warnings.catch_warnings():  # the DataModule's test split is its val loader; matching has no val loop
+        warnings.filterwarnings("ignore", message=".*val_dataloader.*validation_step")
+        _fit(trainer, module, context.fit_data(), resumable(last))
+    return time.perf_counter() - tick, trainer.world_size
+
+
 def _default_trainer(**kwargs):
     from omegaconf import OmegaConf
 
@@ -161,30 +191,8 @@ class LearnedMatcher:
         pair_dir = context.run_dir / f"pair_{self.checkpoint_key(a, b)}"
         last = pair_dir / "checkpoints" / "last.ckpt"
         resume = resumable(last)
-        checkpoints = ModelCheckpoint(
-            dirpath=pair_dir / "checkpoints",
-            save_last=True,
-            save_top_k=0,
-            every_n_train_steps=self.settings.checkpoint_every,
-            save_on_exception=True,
-            enable_version_counter=False,
-        )
         logger = context.logger(self.name) if context.logger else False
-        make_trainer = context.trainer or _default_trainer
-        trainer = make_trainer(
-            default_root_dir=str(pair_dir),
-            logger=logger,
-            max_steps=self.settings.max_steps,
-            max_epochs=-1,
-            callbacks=[checkpoints, _SaveLast(last)],
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-        )
-        tick = time.perf_counter()
-        with warnings.catch_warnings():  # the DataModule's test split is its val loader; matching has no val loop
-            warnings.filterwarnings("ignore", message=".*val_dataloader.*validation_step")
-            _fit(trainer, module, context.fit_data(), resume)
-        seconds_train = time.perf_counter() - tick
+        seconds_train, world_size = fit_latents(module, context, pair_dir, self.settings, logger)
         module = module.cpu()
 
         hard = module.hard_transform()
@@ -198,7 +206,7 @@ class LearnedMatcher:
             "init": self.init,
             "weight_matching": wm,
             "steps": len(history),
-            "world_size": trainer.world_size,
+            "world_size": world_size,
             "resumed_from": str(resume) if resume else None,
             "checkpoint": str(last),
             "loss_history": [float(x) for x in history[:, 0]],

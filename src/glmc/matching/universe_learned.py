@@ -19,21 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
 from glmc.eval.interpolation import interpolate, merge_params
 from glmc.eval.metrics import loss_and_correct
 from glmc.matching.base import MatchContext, require_factored, settings_hash
-from glmc.matching.learned import _changes, _default_trainer, _fit, _SaveLast, resumable
+from glmc.matching.learned import _changes, fit_latents, resumable
 from glmc.matching.learned_module import LearnedMatchingModule, _key
 from glmc.matching.projections import polar, straight_through_permutation
 from glmc.matching.universe import UniverseAlignment
@@ -213,31 +210,9 @@ def learned_universe(
     run_dir = context.run_dir / f"universe_{key}"
     last = run_dir / "checkpoints" / "last.ckpt"
     resume = resumable(last)
-    checkpoints = ModelCheckpoint(
-        dirpath=run_dir / "checkpoints",
-        save_last=True,
-        save_top_k=0,
-        every_n_train_steps=settings.checkpoint_every,
-        save_on_exception=True,
-        enable_version_counter=False,
-    )
     context.train_batches(f"{name} universe refinement")  # fails early without data
     logger = context.logger(f"{name}_universe") if context.logger else False
-    make_trainer = context.trainer or _default_trainer
-    trainer = make_trainer(
-        default_root_dir=str(run_dir),
-        logger=logger,
-        max_steps=settings.max_steps,
-        max_epochs=-1,
-        callbacks=[checkpoints, _SaveLast(last)],
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-    )
-    tick = time.perf_counter()
-    with warnings.catch_warnings():  # the DataModule's test split is its val loader; there is no val loop
-        warnings.filterwarnings("ignore", message=".*val_dataloader.*validation_step")
-        _fit(trainer, module, context.fit_data(), resume)
-    seconds = time.perf_counter() - tick
+    seconds, world_size = fit_latents(module, context, run_dir, settings, logger)
     module = module.cpu()
 
     refinements = [Transform(), *module.hard_transforms()]
@@ -251,7 +226,7 @@ def learned_universe(
         "alpha_history": [[float(a) for a in row] for row in history[:, 1:]],
         "concentration": settings.concentration,
         "changed_from_universe": [_changes(s, t) for s, t in zip(start, refinements)],
-        "world_size": trainer.world_size,
+        "world_size": world_size,
         "resumed_from": str(resume) if resume else None,
         "checkpoint": str(last),
         "universe": dict(aligned.diagnostics),
