@@ -76,11 +76,20 @@ def _fit(trainer, module, data: dict[str, Any], resume: Path | None) -> None:
     trainer.fit(module, **data, ckpt_path=resume, **restricted)
 
 
-def fit_latents(module, context: MatchContext, folder: Path, settings, logger) -> tuple[float, int]:
-    """Train a latent module with a Trainer from the context, checkpointing every
-    `settings.checkpoint_every` steps into folder/checkpoints and resuming from an intact last.ckpt
-    there; returns the seconds spent in fit and the number of processes that trained."""
-    last = folder / "checkpoints" / "last.ckpt"
+def fit_latents(module, context: MatchContext, folder: Path, settings, logger) -> tuple[float, int, Path | None]:
+    """Train a latent module with a Trainer from the context; returns the seconds spent in fit, the
+    number of processes that trained and the checkpoint it resumed from.
+
+    Checkpoints go to folder/checkpoints: `last.ckpt` every `settings.checkpoint_every` steps and,
+    when the data is a DataModule, `epoch.ckpt` at every epoch's end with the random state and the
+    loader's shuffling state (glmc.train.resume.EpochCheckpoint). A finished run resumes from
+    last.ckpt (nothing left to train); an interrupted one from epoch.ckpt, or from the start if no
+    epoch has ended, so that it finishes with the numbers of an uninterrupted run (a mid-epoch
+    last.ckpt cannot restore the order of the epoch's remaining batches). With a plain loader, whose
+    order cannot be restored, it resumes from last.ckpt."""
+    from glmc.train.resume import EpochCheckpoint
+
+    last, epoch = folder / "checkpoints" / "last.ckpt", folder / "checkpoints" / "epoch.ckpt"
     checkpoints = ModelCheckpoint(
         dirpath=folder / "checkpoints",
         save_last=True,
@@ -89,21 +98,36 @@ def fit_latents(module, context: MatchContext, folder: Path, settings, logger) -
         save_on_exception=True,
         enable_version_counter=False,
     )
+    callbacks = [checkpoints, _SaveLast(last)]
+    exact = hasattr(context.data, "train_generator_state")  # glmc.data.module.DataModule
+    if exact:
+        callbacks.append(EpochCheckpoint(epoch, context.data))
     make_trainer = context.trainer or _default_trainer
     trainer = make_trainer(
         default_root_dir=str(folder),
         logger=logger,
         max_steps=settings.max_steps,
         max_epochs=-1,
-        callbacks=[checkpoints, _SaveLast(last)],
+        callbacks=callbacks,
         num_sanity_val_steps=0,
         limit_val_batches=0,
     )
+    resume = resumable(last)
+    if exact and resume is not None and _checkpoint_step(resume) < settings.max_steps:
+        resume = resumable(epoch)
     tick = time.perf_counter()
-    with warnings.catch_warnings():  # the DataModule's test split is its val loader; matching has no val loop
-        warnings.filterwarnings("ignore", message=".*val_dataloader.*validation_step")
-        _fit(trainer, module, context.fit_data(), resumable(last))
-    return time.perf_counter() - tick, trainer.world_size
+    try:
+        with warnings.catch_warnings():  # the DataModule's test split is its val loader; matching has no val loop
+            warnings.filterwarnings("ignore", message=".*val_dataloader.*validation_step")
+            _fit(trainer, module, context.fit_data(), resume)
+    finally:
+        if exact:  # the shared DataModule: the next fit starts from the seeded order again
+            context.data.train_generator_state = None
+    return time.perf_counter() - tick, trainer.world_size, resume
+
+
+def _checkpoint_step(path: Path) -> int:
+    return int(torch.load(path, map_location="cpu", weights_only=True).get("global_step", 0))
 
 
 def _default_trainer(**kwargs):
@@ -190,9 +214,8 @@ class LearnedMatcher:
 
         pair_dir = context.run_dir / f"pair_{self.checkpoint_key(a, b)}"
         last = pair_dir / "checkpoints" / "last.ckpt"
-        resume = resumable(last)
         logger = context.logger(self.name) if context.logger else False
-        seconds_train, world_size = fit_latents(module, context, pair_dir, self.settings, logger)
+        seconds_train, world_size, resume = fit_latents(module, context, pair_dir, self.settings, logger)
         module = module.cpu()
 
         hard = module.hard_transform()

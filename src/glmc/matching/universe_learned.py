@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from glmc.eval.interpolation import interpolate, merge_params
 from glmc.eval.metrics import loss_and_correct
 from glmc.matching.base import MatchContext, require_factored, settings_hash
-from glmc.matching.learned import _changes, fit_latents, resumable
+from glmc.matching.learned import _changes, fit_latents
 from glmc.matching.learned_module import LearnedMatchingModule, _key
 from glmc.matching.projections import polar, straight_through_permutation
 from glmc.matching.universe import UniverseAlignment
@@ -209,10 +209,9 @@ def learned_universe(
     key = settings_hash({"kinds": kinds, "circuits": circuits, **dataclasses.asdict(settings)}, *models)
     run_dir = context.run_dir / f"universe_{key}"
     last = run_dir / "checkpoints" / "last.ckpt"
-    resume = resumable(last)
     context.train_batches(f"{name} universe refinement")  # fails early without data
     logger = context.logger(f"{name}_universe") if context.logger else False
-    seconds, world_size = fit_latents(module, context, run_dir, settings, logger)
+    seconds, world_size, resume = fit_latents(module, context, run_dir, settings, logger)
     module = module.cpu()
 
     refinements = [Transform(), *module.hard_transforms()]
