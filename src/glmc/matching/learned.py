@@ -83,10 +83,10 @@ def fit_latents(module, context: MatchContext, folder: Path, settings, logger) -
     Checkpoints go to folder/checkpoints: `last.ckpt` every `settings.checkpoint_every` steps and,
     when the data is a DataModule, `epoch.ckpt` at every epoch's end with the random state and the
     loader's shuffling state (glmc.train.resume.EpochCheckpoint). A finished run resumes from
-    last.ckpt (nothing left to train); an interrupted one from epoch.ckpt, or from the start if no
-    epoch has ended, so that it finishes with the numbers of an uninterrupted run (a mid-epoch
-    last.ckpt cannot restore the order of the epoch's remaining batches). With a plain loader, whose
-    order cannot be restored, it resumes from last.ckpt."""
+    last.ckpt (nothing left to train); an interrupted one from epoch.ckpt, so that it finishes with
+    the numbers of an uninterrupted run (a mid-epoch last.ckpt cannot restore the order of the
+    epoch's remaining batches), or from last.ckpt before any epoch has ended and with a plain
+    loader, whose order cannot be restored."""
     from glmc.train.resume import EpochCheckpoint
 
     last, epoch = folder / "checkpoints" / "last.ckpt", folder / "checkpoints" / "epoch.ckpt"
@@ -114,7 +114,7 @@ def fit_latents(module, context: MatchContext, folder: Path, settings, logger) -
     )
     resume = resumable(last)
     if exact and resume is not None and _checkpoint_step(resume) < settings.max_steps:
-        resume = resumable(epoch)
+        resume = resumable(epoch) or resume
     tick = time.perf_counter()
     try:
         with warnings.catch_warnings():  # the DataModule's test split is its val loader; matching has no val loop
