@@ -162,7 +162,20 @@ def test_dirichlet_draws_and_bad_inputs(universe):
     assert np.abs(near - 1 / 3).max() < 0.05  # large concentration: near the centroid
     with pytest.raises(ValueError, match="concentration"):
         UniverseLearnedSettings(concentration=0.0)
+    with pytest.raises(ValueError, match="edge_share"):
+        UniverseLearnedSettings(edge_share=1.5)
     with pytest.raises(ValueError, match="latent sets"):
         UniverseLearningModule(models, [{}], settings(), "classification")
     with pytest.raises(ValueError, match="not both"):
         learned_universe(aligned, MatchContext(data=images()), settings(), lr=0.1)
+
+
+def test_edge_share_puts_that_share_of_draws_on_an_edge():
+    draws = np.array([sample_alpha(3, 1.0, 0, s, edge_share=0.5) for s in range(400)])
+    assert np.allclose(draws.sum(axis=1), 1.0)
+    on_edge = (draws == 0).sum(axis=1)
+    assert set(on_edge) <= {0, 1}  # exactly two models take part on an edge
+    assert 0.4 < on_edge.mean() < 0.6
+    edges = {tuple(np.flatnonzero(row == 0)) for row in draws[on_edge == 1]}
+    assert edges == {(0,), (1,), (2,)}  # every edge is drawn
+    assert not (np.array([sample_alpha(3, 1.0, 0, s) for s in range(50)]) == 0).any()

@@ -165,6 +165,7 @@ class MultiConfig:
     weight_decay: float = 0.01
     warmup_fraction: float = 0.05
     concentration: float = 1.0  # Dirichlet(concentration * 1): 1 is uniform over the simplex
+    edge_share: float = 0.0  # share of steps on a random edge (two models, lambda ~ U(0, 1))
     init_noise: float = 1e-3
     checkpoint_every: int = 50
     seed: int = 0
@@ -177,6 +178,9 @@ class Config:
     pairing: Pairing = Pairing.disjoint  # disjoint: (s0,s1),(s2,s3),...; all: every pair
     cache_dir: str = "outputs/endpoints"
     overwrite: bool = False  # replace results.json of a different config in a reused run folder
+    # torch's intra-op threads for this process (None: torch's default, all cores); parallel grid jobs
+    # set 1 each so their thread pools do not fight over the cores
+    threads: int | None = None
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

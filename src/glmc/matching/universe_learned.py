@@ -43,13 +43,17 @@ class UniverseLearnedSettings:
     """Training settings of the learned universe refinement; `where` names the config node in errors.
 
     concentration: the Dirichlet parameter of the merge coefficients; 1.0 is uniform over the
-    simplex, larger values concentrate the draws near the centroid, smaller ones near the vertices."""
+    simplex, larger values concentrate the draws near the centroid, smaller ones near the vertices.
+    edge_share: the share of steps whose coefficients lie on an edge of the simplex (two models,
+    lambda ~ U(0, 1)) instead: a Dirichlet draw almost never lands there, yet Eq. 2's maximum often
+    sits on an edge."""
 
     max_steps: int = 1500
     lr: float = 0.3
     weight_decay: float = 0.01
     warmup_fraction: float = 0.05
     concentration: float = 1.0
+    edge_share: float = 0.0
     init_noise: float = 1e-3
     seed: int = 0
     checkpoint_every: int = 50
@@ -62,6 +66,7 @@ class UniverseLearnedSettings:
             ("weight_decay", self.weight_decay >= 0),
             ("warmup_fraction", 0 <= self.warmup_fraction < 1),
             ("concentration", math.isfinite(self.concentration) and self.concentration > 0),
+            ("edge_share", 0 <= self.edge_share <= 1),
             ("init_noise", self.init_noise >= 0),
             ("checkpoint_every", self.checkpoint_every >= 1),
         ]
@@ -70,9 +75,16 @@ class UniverseLearnedSettings:
                 raise ValueError(f"{self.where}.{key}={getattr(self, key)!r} is out of range")
 
 
-def sample_alpha(n_models: int, concentration: float, seed: int, step: int) -> list[float]:
-    """Merge coefficients ~ Dirichlet(concentration * 1), a function of (seed, step) alone."""
+def sample_alpha(n_models: int, concentration: float, seed: int, step: int, edge_share: float = 0.0) -> list[float]:
+    """Merge coefficients ~ Dirichlet(concentration * 1), or with probability `edge_share` a uniform
+    point on a uniformly chosen edge; a function of (seed, step) alone."""
     rng = np.random.default_rng([seed, step])
+    if edge_share > 0 and rng.random() < edge_share:
+        i, j = rng.choice(n_models, size=2, replace=False)
+        lam = rng.random()
+        alpha = np.zeros(n_models)
+        alpha[i], alpha[j] = lam, 1.0 - lam
+        return [float(a) for a in alpha]
     return [float(a) for a in rng.dirichlet(np.full(n_models, concentration))]
 
 
@@ -156,7 +168,7 @@ class UniverseLearningModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         s = self.settings
-        alpha = sample_alpha(self.n_models, s.concentration, s.seed, self.global_step)
+        alpha = sample_alpha(self.n_models, s.concentration, s.seed, self.global_step, s.edge_share)
         loss = self.loss(*batch, alpha)
         self.log("universe_loss", loss, prog_bar=True)
         if self.global_step < len(self.history):
@@ -224,6 +236,7 @@ def learned_universe(
         "history": [float(x) for x in history[:, 0]],
         "alpha_history": [[float(a) for a in row] for row in history[:, 1:]],
         "concentration": settings.concentration,
+        "edge_share": settings.edge_share,
         "changed_from_universe": [_changes(s, t) for s, t in zip(start, refinements)],
         "world_size": world_size,
         "resumed_from": str(resume) if resume else None,

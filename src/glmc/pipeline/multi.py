@@ -95,6 +95,7 @@ def refine(cfg: Config, universe, context: MatchContext):
         weight_decay=m.weight_decay,
         warmup_fraction=m.warmup_fraction,
         concentration=m.concentration,
+        edge_share=m.edge_share,
         init_noise=m.init_noise,
         seed=m.seed,
         checkpoint_every=m.checkpoint_every,
