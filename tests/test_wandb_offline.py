@@ -1,5 +1,5 @@
 """W&B logging runs offline without network, one run per stage in the experiment's group, with
-stable metric keys, and finishes even when the run fails.
+stable metric keys, one curve run per method and seed pair, and finishes even when the run fails.
 
 wandb has no reader for offline runs, so besides the run objects in-process the tests read the
 `run-<id>.wandb` files on disk (a LevelDB-style log of protobuf records, the data `wandb sync` uploads).
@@ -85,7 +85,8 @@ def _key(item) -> str:
 
 
 def _offline_run(folder: Path, wait_s: float = 20.0) -> dict:
-    """What one offline run folder holds: its run record, metric keys, artifacts and exit code.
+    """What one offline run folder holds: its run record and config, metric keys, history rows,
+    metric definitions, artifacts and exit code.
 
     `run.finish()` can return before wandb's service has written the transaction log out, so this
     waits (up to wait_s) for the run's exit record.
@@ -101,7 +102,15 @@ def _offline_run(folder: Path, wait_s: float = 20.0) -> dict:
 
 def _parse_run(folder: Path) -> dict:
     (wandb_file,) = folder.glob("run-*.wandb")
-    run = {"history": set(), "summary": {}, "artifacts": {}, "exit_code": None, "folder": folder}
+    run = {
+        "history": set(),
+        "rows": [],
+        "metrics": {},
+        "summary": {},
+        "artifacts": {},
+        "exit_code": None,
+        "folder": folder,
+    }
     for r in _records(wandb_file):
         kind = r.WhichOneof("record_type")
         if kind == "run":
@@ -110,9 +119,20 @@ def _parse_run(folder: Path) -> dict:
                 job_type=r.run.job_type,
                 name=r.run.display_name,
                 start=(r.run.start_time.seconds, r.run.start_time.nanos),
+                config={i.key: json.loads(i.value_json) for i in r.run.config.update if i.key != "_wandb"},
             )
         elif kind == "history":
             run["history"] |= {_key(i) for i in r.history.item}
+            # plain values of one logged row, without wandb's own bookkeeping keys
+            run["rows"].append(
+                {
+                    _key(i): json.loads(i.value_json)
+                    for i in r.history.item
+                    if len(i.nested_key) <= 1 and not _key(i).startswith("_")
+                }
+            )
+        elif kind == "metric":  # define_metric: a name or glob and the metric it is plotted against
+            run["metrics"][r.metric.name or r.metric.glob_name] = r.metric.step_metric
         elif kind == "summary":  # plain values only; media and tables are dicts spread over nested keys
             for i in r.summary.update:
                 if len(i.nested_key) <= 1:
@@ -166,17 +186,50 @@ RESULTS = {
 }
 
 
+def _check_curve_runs(stages: list[dict], results: dict, group: str) -> list[dict]:
+    """One finished curve run per method and seed pair of `results`, in `group`, whose config, rows
+    (one per λ, plotted against curve/lambda) and summary are that pair's. Returns the curve runs."""
+    curves = {s["name"]: s for s in stages if s["job_type"] == "curve"}
+    expected = {
+        f"{results['experiment']}/{method}_{pair['seeds'][0]}-{pair['seeds'][1]}": (method, pair)
+        for method, summary in results["methods"].items()
+        for pair in summary["pairs"]
+    }
+    assert sorted(curves) == sorted(expected)
+    for name, (method, pair) in expected.items():
+        run = curves[name]
+        assert (run["group"], run["exit_code"]) == (group, 0), name
+        config = {k: run["config"][k] for k in ("method", "seeds", "experiment", "model", "dataset")}
+        assert config == {
+            "method": method,
+            "seeds": "{}-{}".format(*pair["seeds"]),
+            "experiment": results["experiment"],
+            "model": results["model"],
+            "dataset": str(results["dataset"]),
+        }
+        assert run["config"]["cfg"]["seeds"] == list(results["config"]["seeds"])
+        assert run["metrics"] == {"curve/lambda": "", "curve/*": "curve/lambda"}
+        rows = run["rows"]
+        assert [r["curve/lambda"] for r in rows] == pytest.approx(pair["lambdas"])
+        assert [r["curve/test_loss"] for r in rows] == pytest.approx(pair["test_loss"])
+        assert [r["curve/test_accuracy"] for r in rows] == pytest.approx(pair["test_accuracy"])
+        assert run["summary"]["barrier"] == pytest.approx(pair["barrier"])
+        assert run["summary"]["barrier_vs_mean"] == pytest.approx(pair["barrier_vs_mean"])
+    return list(curves.values())
+
+
 # -- tests -------------------------------------------------------------------------------------------
 
 
 def test_offline_run_is_written(tmp_path):
     cfg = compose_config("debug=fast", f"cache_dir={tmp_path / 'endpoints'}", "logger=wandb")
     assert cfg.logger.mode == "offline"
-    run_pipeline(cfg, tmp_path / "run")
-    # one run per endpoint, one per learned method and pair, one for the results
+    results = run_pipeline(cfg, tmp_path / "run")
+    # one run per endpoint, one per learned method and pair, one curve per method and pair, one for the results
     learned = [m for m in cfg.matcher.methods if m.startswith("learned")]
+    pairs = len(cfg.seeds) // 2
     folders = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
-    assert len(folders) == len(cfg.seeds) + len(learned) * (len(cfg.seeds) // 2) + 1
+    assert len(folders) == len(cfg.seeds) + (len(learned) + len(cfg.matcher.methods)) * pairs + 1
     for folder in folders:
         (log,) = folder.glob("run-*.wandb")
         assert log.stat().st_size > 0
@@ -186,6 +239,8 @@ def test_offline_run_is_written(tmp_path):
     assert all(s["exit_code"] == 0 for s in stages)
     jobs = [s["job_type"] for s in stages]
     assert jobs.count("train") == len(cfg.seeds) and jobs.count("evaluate") == 1
+    assert jobs.count("curve") == len(cfg.matcher.methods) * pairs
+    assert jobs[-1] == "evaluate"  # the curves come before the evaluate run, which stays the open one
     assert all("train_loss" in s["history"] for s in stages if s["job_type"] == "train")
     if "learned" in cfg.matcher.methods:
         assert "match" in jobs
@@ -194,6 +249,32 @@ def test_offline_run_is_written(tmp_path):
         assert not [k for k in s["history"] if k.startswith(("seed_", "learned/")) or "pair_" in k], s["name"]
     (evaluate,) = [s for s in stages if s["job_type"] == "evaluate"]
     assert {"results.json", "barrier.png"} <= set(evaluate["artifacts"][f"results-{cfg.experiment}"][1])
+    _check_curve_runs(stages, results, cfg.experiment)
+
+
+def test_pipeline_curve_runs_group_seed_pairs_by_method(tmp_path):
+    cfg = compose_config(
+        "debug=fast",
+        f"cache_dir={tmp_path / 'endpoints'}",
+        "logger=wandb",
+        "logger.group=sweep_a",
+        "seeds=[0,1,2,3]",
+        "matcher.methods=[vanilla,weight_perm]",
+    )
+    results = run_pipeline(cfg, tmp_path / "run")
+    stages = _offline_runs(tmp_path / "run")
+    curves = _check_curve_runs(stages, results, "sweep_a")
+    assert sorted(s["name"] for s in curves) == [
+        "debug/vanilla_0-1",
+        "debug/vanilla_2-3",
+        "debug/weight_perm_0-1",
+        "debug/weight_perm_2-3",
+    ]
+    # grouped by config `method`, each line averages the method's two seed pairs
+    by_method: dict[str, set[str]] = {}
+    for s in curves:
+        by_method.setdefault(s["config"]["method"], set()).add(s["config"]["seeds"])
+    assert by_method == {"vanilla": {"0-1", "2-3"}, "weight_perm": {"0-1", "2-3"}}
 
 
 def test_stage_runs_share_the_group_and_have_job_types(tmp_path):
@@ -275,8 +356,15 @@ def test_results_are_logged_with_an_artifact(tmp_path):
     assert summary["seed_0/test_accuracy"] == 0.9 and summary["seed_1/test_loss"] == 0.12
     assert (artifact.name.split(":")[0], artifact.type) == ("results-debug", "results")
     assert {"results.json", "barrier.png"} <= set(artifact.manifest.entries)
-    train, evaluate = _offline_runs(tmp_path)
+    train, *curves, evaluate = _offline_runs(tmp_path)
     assert train["job_type"] == "train" and not train["artifacts"]
+    # RESULTS holds one pair per method and no "pairs": each summary is its own curve, seeds from the config
+    assert [(c["job_type"], c["name"], c["group"]) for c in curves] == [
+        ("curve", "debug/vanilla_0-1", "debug"),
+        ("curve", "debug/weight_0-1", "debug"),
+    ]
+    assert [r["curve/test_loss"] for r in curves[0]["rows"]] == [0.1, 0.9, 0.12]
+    assert curves[1]["summary"]["barrier"] == 0.09 and not curves[1]["artifacts"]
     assert evaluate["job_type"] == "evaluate" and evaluate["exit_code"] == 0
     assert {"barrier_curves", "barrier_curve/loss", "barrier_curve/accuracy", "barrier_png"} <= {
         k.removesuffix("_table") for k in evaluate["history"]
@@ -306,9 +394,49 @@ def test_language_model_results_skip_accuracy(tmp_path):
         tracker.log_results(results)
         summary = dict(tracker.run.summary)
     assert summary["seed_0/test_loss"] == 3.1 and "seed_0/test_accuracy" not in summary
-    (evaluate,) = _offline_runs(tmp_path)
+    curve, evaluate = _offline_runs(tmp_path)
     keys = {k.removesuffix("_table") for k in evaluate["history"]}
     assert "barrier_curve/loss" in keys and "barrier_curve/accuracy" not in keys
+    # a curve without accuracy: its rows hold λ and the loss only
+    assert curve["job_type"] == "curve" and curve["rows"] == [
+        {"curve/lambda": 0.0, "curve/test_loss": 3.1},
+        {"curve/lambda": 1.0, "curve/test_loss": 3.2},
+    ]
+    assert curve["summary"]["barrier"] == 0.3 and curve["summary"]["barrier_vs_mean"] == 0.2
+
+
+def test_curve_runs_of_several_pairs(tmp_path):
+    cfg = compose_config("debug=fast", "logger=wandb", "seeds=[0,1,2,3]")
+    pair = lambda seeds, mid, barrier: {
+        "seeds": seeds,
+        "lambdas": [0.0, 0.5, 1.0],
+        "test_loss": [0.1, mid, 0.12],
+        "test_accuracy": [0.9, 0.5, 0.88],
+        "barrier": barrier,
+        "barrier_vs_mean": barrier + 0.01,
+    }
+    pairs = [pair([0, 1], 0.6, 0.49), pair([2, 3], 0.8, 0.69)]
+    results = {
+        "experiment": "debug",
+        "model": "vit_tiny",
+        "dataset": "digits",
+        "endpoints": [],
+        "methods": {"weight": {"lambdas": [0.0, 0.5, 1.0], "test_loss": [0.1, 0.7, 0.12], "pairs": pairs}},
+        "config": {"seeds": [0, 1, 2, 3]},
+    }
+    with Tracker(cfg, tmp_path) as tracker:
+        runs = tracker.log_curves(results)
+        assert [(r.name, r.job_type, r.group) for r in runs] == [
+            ("debug/weight_0-1", "curve", "debug"),
+            ("debug/weight_2-3", "curve", "debug"),
+        ]
+        assert runs[0].config["seeds"] == "0-1" and runs[1].config["method"] == "weight"
+        assert tracker.run is runs[-1]  # still open; the next stage finishes it
+    stages = _offline_runs(tmp_path)
+    _check_curve_runs(stages, results, "debug")
+    assert [s["summary"]["barrier"] for s in stages] == [0.49, 0.69]
+    with Tracker(compose_config("debug=fast", "logger=csv"), tmp_path / "csv") as tracker:
+        assert tracker.log_curves(results) == []
 
 
 def test_failed_run_still_finishes(tmp_path):

@@ -5,11 +5,17 @@ experiment name unless `logger.group` says otherwise):
 
     job_type "train"     one run per endpoint seed          (name "<experiment>/seed_<n>")
     job_type "match"     one run per learned-matching pair  (name "<experiment>/<method>_<a>-<b>")
+    job_type "curve"     one run per method and seed pair   (name "<experiment>/<method>_<a>-<b>")
     job_type "evaluate"  barrier curves, summary, results   (name "<experiment>/evaluate")
 
 Metric keys never carry a stage name or a parameter fingerprint (`train_loss`, `val_loss`,
 `val_acc`, `match_loss`, `lambda`, `barrier_curve/loss`, ...), so runs of different experiments line
 up on one dashboard; the group, job type and run name say where a run belongs.
+
+A curve run holds one history row per interpolation weight (`curve/lambda`, `curve/test_loss`,
+`curve/test_accuracy`) and `method`, `seeds`, `experiment`, `model`, `dataset` in its config, so a line
+plot of curve/test_loss against curve/lambda grouped by config `method` averages the seed pairs of a
+method, within one experiment or across a sweep (see glmc.pipeline.workspace).
 
 `Tracker` is a context manager: on exit the open W&B run is finished (exit code 1 when an exception
 is propagating), so the next job of a multirun starts a fresh run instead of logging into a dead one.
@@ -32,6 +38,7 @@ log = logging.getLogger(__name__)
 KINDS = ("csv", "wandb", "none")
 MODES = ("offline", "online", "disabled")
 EVALUATE = "evaluate"
+CURVE = "curve"
 RESULT_FILES = ("results.json", "barrier.csv", "barrier.png")
 
 
@@ -86,12 +93,17 @@ class Tracker:
         if run is not None:
             run.finish(exit_code=exit_code)
 
-    def _start(self, name: str, job_type: str) -> Any:
-        """Finish the open stage run, if any, and start the run of the next stage."""
+    def _start(self, name: str, job_type: str, config: dict[str, Any] | None = None) -> Any:
+        """Finish the open stage run, if any, and start the run of the next stage.
+
+        config: the run's W&B config; the resolved pipeline config when None.
+        """
         import wandb
 
         self._finish()
         lcfg = self.cfg.logger
+        if config is None:
+            config = OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True)
         self.run = wandb.init(
             project=lcfg.project,
             entity=lcfg.entity,
@@ -101,7 +113,7 @@ class Tracker:
             tags=[str(t) for t in (lcfg.tags or [])],
             mode=str(lcfg.mode),
             dir=str(self.run_dir),
-            config=OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True),
+            config=config,
             reinit="finish_previous",  # also closes a run some other code left open
         )
         self.runs.append(self.run)
@@ -130,6 +142,54 @@ class Tracker:
             return WandbLogger(experiment=run, save_dir=str(self.run_dir), project=self.cfg.logger.project)
         return False
 
+    def log_curves(self, results: dict[str, Any]) -> list[Any]:
+        """One run of job_type "curve" per method and seed pair, named `<method>_<a>-<b>`.
+
+        Its history has one row per λ (`curve/lambda`, `curve/test_loss`, `curve/test_accuracy`
+        where the task has one, `curve/test_perplexity` for language models), plotted against
+        curve/lambda; its summary holds the pair's barrier and barrier_vs_mean. Returns the runs
+        (none for csv/none); each is finished when the next one starts.
+        """
+        if self.kind != "wandb":
+            return []
+        runs = []
+        pipeline = OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True)
+        for method, summary in results.get("methods", {}).items():
+            # a summary of one pair may come without the list of pairs, and without its seeds: the
+            # pipeline's first pair is always the first two seeds
+            for pair in summary.get("pairs") or [summary]:
+                a, b = pair.get("seeds") or list(self.cfg.seeds)[:2]
+                config = {
+                    "method": method,
+                    "seeds": f"{a}-{b}",
+                    "seed_a": a,
+                    "seed_b": b,
+                    "experiment": str(results.get("experiment", self.cfg.experiment)),
+                    "model": str(results.get("model", self.cfg.model.name)),
+                    "dataset": str(results.get("dataset", self.cfg.data.name)),
+                    "task": str(results.get("task", self.cfg.data.task)),
+                    "split": str(results.get("split", self.cfg.eval.split)),
+                    # the whole pipeline config too, so sweep parameters can filter and group curves
+                    "cfg": pipeline,
+                }
+                run = self._start(f"{method}_{a}-{b}", CURVE, config=config)
+                run.define_metric("curve/lambda")
+                run.define_metric("curve/*", step_metric="curve/lambda")
+                columns = {
+                    f"curve/{key}": pair.get(key) or [None] * len(pair["lambdas"])
+                    for key in ("test_loss", "test_accuracy", "test_perplexity")
+                }
+                for i, lam in enumerate(pair["lambdas"]):
+                    # λ and the values in one call: W&B plots a custom x-axis only against keys logged with it
+                    row = {"curve/lambda": lam}
+                    row.update({key: values[i] for key, values in columns.items() if values[i] is not None})
+                    run.log(row)
+                run.summary.update(
+                    {key: pair[key] for key in ("barrier", "barrier_vs_mean") if pair.get(key) is not None}
+                )
+                runs.append(run)
+        return runs
+
     def _fresh_version(self, name: str) -> str:
         """`name`, or `name.2`, `name.3`, ... where the folder already holds logs of an earlier run
         (Lightning's CSVLogger deletes the metrics.csv of a non-empty folder it writes to)."""
@@ -141,15 +201,18 @@ class Tracker:
         return version
 
     def log_results(self, results: dict[str, Any]) -> Any | None:
-        """The evaluate run: barrier curves (table and line plots), barriers and endpoint metrics in
-        the summary, barrier.png, and results.json/barrier.csv/barrier.png as a "results" artifact.
+        """One curve run per method and seed pair (`log_curves`), then the evaluate run: barrier
+        curves (table and line plots), barriers and endpoint metrics in the summary, barrier.png, and
+        results.json/barrier.csv/barrier.png as a "results" artifact.
 
         Called after those files were written into run_dir. Returns the artifact (None for csv/none).
+        The evaluate run is the open run afterwards.
         """
         if self.kind != "wandb":
             return None
         import wandb
 
+        self.log_curves(results)
         run = self._start(EVALUATE, EVALUATE)
         methods: dict[str, Any] = results.get("methods", {})
         names = list(methods)
