@@ -32,7 +32,7 @@ from torch import Tensor
 from glmc.eval.evaluator import Evaluator
 from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored, settings_hash
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
-from glmc.matching.weight import used_tokens, weight_matching
+from glmc.matching.weight import eigen_angles, used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.safe_files import move_aside
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
@@ -195,7 +195,7 @@ class LearnedMatcher:
             "init": self.init,
             "circuits": self.circuits,
             "weight": [self.weight_max_iter, self.weight_tol],
-            **dataclasses.asdict(self.settings),
+            **{k: v for k, v in dataclasses.asdict(self.settings).items() if k not in UNHASHED},
         }
         return settings_hash(settings, a, b)
 
@@ -239,6 +239,11 @@ class LearnedMatcher:
             "seconds_init": seconds_init,
             "seconds_train": seconds_train,
         }
+        if self.init == "weight" and self.kinds["residual"] == "orthogonal":
+            # paper 001 Fig. 5: what training changed in weight matching's residual map, as the angles of
+            # the correction O_learned O_wm^T (of the trained latents, also where kept_start returns the start)
+            correction = _dense(hard["residual"]).cpu().double() @ _dense(start["residual"]).cpu().double().T
+            diagnostics["correction_angles"] = eigen_angles(correction)
         hard_alignment = Alignment(reference=a, model=aligned, transform=hard, circuits=self.circuits)
         if "sinkhorn" not in kinds.values():
             # never worse than the start: compare both paths on held-out batches, keep the better
@@ -270,6 +275,8 @@ class LearnedMatcher:
 
 
 GUARD_LAMBDAS = (0.25, 0.5, 0.75)  # interior points: the endpoints are the same for both paths
+# settings that only log: a run that differs in them alone resumes the same checkpoint
+UNHASHED = ("epoch_test_batches",)
 
 
 def _changes(start: Transform, final: Transform) -> dict[str, float]:

@@ -42,6 +42,7 @@ class LearnedSettings:
     sinkhorn_noise: float = 0.01
     checkpoint_every: int = 50
     seed: int = 0
+    epoch_test_batches: int = 16
     where: str = "matcher.learned"
 
     def __post_init__(self):
@@ -56,6 +57,7 @@ class LearnedSettings:
             ("sinkhorn_temperature", self.sinkhorn_temperature > 0),
             ("sinkhorn_noise", self.sinkhorn_noise >= 0),
             ("checkpoint_every", self.checkpoint_every >= 1),
+            ("epoch_test_batches", self.epoch_test_batches >= -1),
             ("lambda_scheme", self.lambda_scheme in LAMBDA_SCHEMES),
         ]
         for key, ok in checks:
@@ -164,10 +166,36 @@ class LearnedMatchingModule(L.LightningModule):
         lam = sample_lambda(self.settings.lambda_scheme, generator)
         loss = self.loss(*batch, lam)
         self.log("match_loss", loss, prog_bar=True)
+        # the epoch's mean beside the per-step value (a separate key: `match_loss` keeps its name)
+        self.log("match_loss_epoch", loss, on_step=False, on_epoch=True, sync_dist=True)
         self.log("lambda", lam)
         if self.global_step < len(self.history):
             self.history[self.global_step] = torch.stack([loss.detach(), loss.new_tensor(lam)])
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        """Logs `match_test_loss`, the loss of the path's midpoint (lambda 0.5, the current latents as
+        training projects them) on the first `epoch_test_batches` batches of the test split (-1: all;
+        0: off). Only with a DataModule (a plain loader has no test split). No gradients, and the
+        global torch generator is restored afterwards, so the training trajectory is unchanged."""
+        n = self.settings.epoch_test_batches
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if n == 0 or datamodule is None or not hasattr(datamodule, "test_dataloader"):
+            return
+        total, count = 0.0, 0
+        # a DataLoader's iterator draws its base seed from the global generator, which augmentation
+        # of the training batches also uses: fork it so that the next epoch sees the same draws
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            params = merge_params([self.endpoint_params("a"), self.aligned_params()], [0.5, 0.5], self.circuits)
+            for i, (inputs, targets) in enumerate(datamodule.test_dataloader()):
+                if i == n:
+                    break
+                inputs, targets = inputs.to(self.device), targets.to(self.device)
+                loss, _, counted = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
+                total, count = total + float(loss), count + int(counted)
+        if count:
+            # every rank evaluates the same batches: nothing to reduce
+            self.log("match_test_loss", total / count, on_step=False, on_epoch=True)
 
     def configure_optimizers(self):
         s = self.settings

@@ -93,6 +93,8 @@ class LearnedMatcherConfig:
     sinkhorn_noise: float = 0.01  # Appendix D: P_init = P_WM + noise * sqrt(2 / (n + m)) * |N(0, 1)|
     checkpoint_every: int = 50
     seed: int = 0  # latent noise and the lambda sequence
+    # after every epoch, log the midpoint's test loss (match_test_loss) on this many test batches; -1: all, 0: off
+    epoch_test_batches: int = 16
 
 
 @dataclass

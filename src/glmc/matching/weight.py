@@ -300,12 +300,22 @@ def weight_matching(
         if it > 0 and improved <= tol * max(best, 1e-12):
             break
     best_t = best_t.to(dtype=torch.float32)
-    return best_t, {
+    diagnostics: dict[str, Any] = {
         "objective": objective,
         "iterations": len(objective) - 1,
         "seconds_by_step": dict(seconds),
         "final_distance": best,
     }
+    if isinstance(best_t.get("residual"), Orthogonal):  # paper 001 Fig. 5: how far from the identity
+        diagnostics["residual_angles"] = eigen_angles(best_t["residual"].matrix)
+    return best_t, diagnostics
+
+
+def eigen_angles(matrix: Tensor) -> list[float]:
+    """The angles |arg z| in [0, pi] of an orthogonal matrix's eigenvalues z, ascending: a rotation by
+    t in a plane gives t twice (z and its conjugate), a reflected direction pi, a fixed one 0."""
+    values = torch.linalg.eigvals(matrix.detach().cpu().double())
+    return sorted(float(a) for a in values.angle().abs())
 
 
 class WeightMatcher:
