@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint format setup clean-outputs
+.PHONY: demo test lint format setup clean-outputs reproduce
 
 setup: $(STAMP)
 
@@ -20,6 +20,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Every table and figure of paper 001 (finished runs are reused), then REPORT.md from their sections.
+reproduce: $(STAMP)
+	$(PY) experiments/reproduce.py all && $(PY) experiments/reproduce.py --report
 
 # Lint and formatting as CI checks them; `make format` rewrites the files instead.
 lint: $(STAMP)

@@ -13,8 +13,14 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    import torch
+
     from glmc.pipeline.run import run_pipeline  # heavy imports after Hydra has validated the config
 
+    if cfg.threads is not None:
+        if cfg.threads < 1:
+            raise ValueError(f"threads={cfg.threads}: use at least 1, or null for torch's default")
+        torch.set_num_threads(cfg.threads)
     results = run_pipeline(cfg, HydraConfig.get().runtime.output_dir)
     # The value a sweeper would minimise: the barrier of the last method listed (multi-model runs:
     # the simplex barrier of the last multi method).

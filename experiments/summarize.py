@@ -11,33 +11,12 @@ Writes <out>.md and <out>.png next to the folder unless --out says otherwise.
 from __future__ import annotations
 
 import argparse
-import json
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from glmc.eval.plots import plot_barrier_curves
-
-
-def collect(root: Path) -> dict[tuple[str, str, str, str], list[dict]]:
-    """Seed pairs per (experiment, model, dataset, method); a pair seen in several runs counts once."""
-    pooled: dict[tuple[str, str, str, str], dict] = defaultdict(dict)
-    files = sorted(root.rglob("results.json"))
-    if not files:
-        raise SystemExit(f"no results.json under {root}")
-    for path in files:
-        results = json.loads(path.read_text())
-        for method, m in results["methods"].items():
-            key = (results["experiment"], results["model"], results["dataset"], method)
-            for pair in m.get("pairs") or [m]:
-                pooled[key][tuple(pair.get("seeds", ()))] = pair
-    return {key: list(pairs.values()) for key, pairs in pooled.items()}
-
-
-def mean_se(values: list[float]) -> tuple[float, float | None]:
-    arr = np.asarray(values, float)
-    return float(arr.mean()), (float(arr.std(ddof=1) / np.sqrt(len(arr))) if len(arr) > 1 else None)
+from glmc.report.results import collect, mean_se
 
 
 def table(pooled) -> str:
@@ -61,7 +40,10 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    pooled = collect(args.folder)
+    try:
+        pooled = collect(args.folder)
+    except FileNotFoundError as err:
+        raise SystemExit(str(err)) from err
     out = args.out or args.folder / "summary"
     text = table(pooled)
     out.with_suffix(".md").write_text(text + "\n")

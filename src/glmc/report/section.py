@@ -1,0 +1,50 @@
+"""section.md of an artefact: its title, the command that regenerates it, the table or figure links
+written by its `make`, and what its runs cost (seconds per step from times.json, the machine's cores).
+`experiments/reproduce.py --report` joins every section into REPORT.md."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from glmc.report.artefact import Artefact
+from glmc.safe_files import atomic_write_text
+
+TIMES = "times.json"  # written into the output folder by experiments/reproduce.py before `make`
+
+
+def command(name: str) -> str:
+    return f"python experiments/reproduce.py {name}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "time not recorded"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def cost_line(artefact: Artefact, out: Path) -> str:
+    """One line per step: how long its runs took (measured when they ran, possibly for another
+    artefact sharing the step), and on how many cores."""
+    path = Path(out) / TIMES
+    times = json.loads(path.read_text()) if path.is_file() else {}
+    steps = times.get("steps", {})
+    cores = times.get("cores") or os.cpu_count()
+    parts = []
+    for step in artefact.steps:
+        entry = steps.get(step.label, {})
+        kind = f"grid of {entry['jobs']} jobs" if entry.get("jobs") else "single run"
+        parts.append(f"`{step.label}` ({kind}): {_duration(entry.get('seconds'))}")
+    lines = [f"Runs, on a machine with {cores} CPU cores: " + "; ".join(parts) + "."]
+    if times.get("tiny"):
+        lines.append("Made with `--tiny` (debug-sized models and runs): the numbers only show that the pipeline works.")
+    return "\n\n".join(lines)
+
+
+def write_section(artefact: Artefact, out: Path, body: str) -> Path:
+    """section.md in `out`; `body` holds the tables and `![...](file.png)` links relative to `out`."""
+    text = "\n\n".join([f"## {artefact.title}", f"`{command(artefact.name)}`", body.strip(), cost_line(artefact, out)])
+    return atomic_write_text(Path(out) / "section.md", text + "\n")
