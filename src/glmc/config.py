@@ -67,6 +67,9 @@ class DataConfig:
     num_workers: int = 0
     limit_train: int | None = None  # keep the first N training examples (debugging)
     limit_test: int | None = None
+    # digits only: resize the 8x8 images to image_size x image_size (bilinear) at load; None keeps 8x8.
+    # data.augment then shifts by up to image_size // 8 pixels
+    image_size: int | None = None
     # text only
     tokenizer: TokenizerKind = TokenizerKind.char
     tokenizer_path: str | None = None  # a folder saved with save_pretrained (data.tokenizer=gpt2)

@@ -1,4 +1,7 @@
-"""sklearn's digits (8x8 grey images, 10 classes): the embedded default, no download."""
+"""sklearn's digits (8x8 grey images, 10 classes): the embedded default, no download.
+
+`data.image_size` resizes them once at load (bilinear), so models built for larger inputs (paper
+001's 32x32 CIFAR ViT) train on the same embedded data."""
 
 from __future__ import annotations
 
@@ -11,26 +14,42 @@ from torch.utils.data import Dataset, TensorDataset
 
 from glmc.config import DataConfig
 
+NATIVE_SIZE = 8
+
 
 class ShiftedDigits(Dataset):
-    """Training images shifted by up to one pixel in each direction (data.augment=true)."""
+    """Training images shifted by up to `shift` pixels in each direction (data.augment=true): padded
+    by `shift` with the background value and cropped back at a random offset."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, background: float):
-        self.images = F.pad(images, (1, 1, 1, 1), value=background)
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, background: float, shift: int = 1):
+        self.size = images.shape[-1]
+        self.shift = shift
+        self.images = F.pad(images, (shift, shift, shift, shift), value=background)
         self.labels = labels
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, i: int):
-        dy, dx = torch.randint(0, 3, (2,)).tolist()  # global RNG: seeded per endpoint
-        return self.images[i, :, dy : dy + 8, dx : dx + 8], self.labels[i]
+        dy, dx = torch.randint(0, 2 * self.shift + 1, (2,)).tolist()  # global RNG: seeded per endpoint
+        return self.images[i, :, dy : dy + self.size, dx : dx + self.size], self.labels[i]
+
+
+def resize(images: np.ndarray, size: int) -> np.ndarray:
+    """Bilinear resize of (N, 1, 8, 8) images to (N, 1, size, size); the native size is left as it is."""
+    if size == images.shape[-1]:
+        return images
+    resized = F.interpolate(torch.from_numpy(images), size=(size, size), mode="bilinear", align_corners=False)
+    return resized.numpy()
 
 
 def digits_splits(cfg: DataConfig) -> tuple[Dataset, TensorDataset]:
-    """Stratified train/test split fixed by `split_seed`, standardised with train statistics."""
+    """Stratified train/test split fixed by `split_seed`, resized to `image_size` and then
+    standardised with train statistics (of the resized pixels, so the inputs stay mean 0, std 1)."""
     images, labels = load_digits(return_X_y=True)
-    images = images.astype(np.float32).reshape(-1, 1, 8, 8)
+    images = images.astype(np.float32).reshape(-1, 1, NATIVE_SIZE, NATIVE_SIZE)
+    size = cfg.image_size or NATIVE_SIZE
+    images = resize(images, size)
     x_train, x_test, y_train, y_test = train_test_split(
         images, labels, test_size=cfg.test_fraction, random_state=cfg.split_seed, stratify=labels
     )
@@ -39,5 +58,6 @@ def digits_splits(cfg: DataConfig) -> tuple[Dataset, TensorDataset]:
     to_set = lambda x, y: TensorDataset(torch.tensor((x - mean) / std), torch.tensor(y, dtype=torch.long))
     train, test = to_set(x_train, y_train), to_set(x_test, y_test)
     if cfg.augment:
-        train = ShiftedDigits(*train.tensors, background=float(-mean / std))
+        # one pixel at 8x8, as before; the same share of the image at larger sizes
+        train = ShiftedDigits(*train.tensors, background=float(-mean / std), shift=size // 8)
     return train, test

@@ -84,6 +84,7 @@ def _problems(cfg: Config) -> list[str]:
     for key in ("batch_size", "eval_batch_size"):
         if cfg.data[key] < 1:
             problems.append(f"data.{key}={cfg.data[key]}: use a batch size of at least 1")
+    problems += _image_size_problems(cfg)
     for name in cfg.matcher.methods:
         node = cfg.matcher[name] if name in cfg.matcher else None  # unknown names: check_methods says so
         if node is not None and "lr" in node and not node.lr > 0:
@@ -101,6 +102,28 @@ def _problems(cfg: Config) -> list[str]:
                 "remove the `+` override or fix the spelling"
             )
     return problems
+
+
+def _image_size_problems(cfg: Config) -> list[str]:
+    """data.image_size resizes the digits only, never below their native 8x8, and must be the size
+    the ViT expects: the endpoint cache key holds model.image_size, so this also keeps resized
+    endpoints apart from 8x8 ones."""
+    size = cfg.data.image_size
+    if size is not None and cfg.data.name != "digits":
+        return [
+            f"data.image_size={size}: only the digits are resized (data={cfg.data.name} loads its images at "
+            "their own size); remove the setting"
+        ]
+    if size is not None and size < 8:
+        return [f"data.image_size={size}: the digits are 8x8; use 8 or more (e.g. data.image_size=32), or null"]
+    loaded = 8 if size is None else size
+    if cfg.data.name == "digits" and cfg.model.family == "vit" and cfg.model.image_size != loaded:
+        return [
+            f"data.image_size={size}: the digits would load at {loaded}x{loaded} but model.image_size="
+            f"{cfg.model.image_size}; set data.image_size={cfg.model.image_size} (or choose a model for "
+            f"{loaded}x{loaded} images)"
+        ]
+    return []
 
 
 def validate_config(cfg: Config) -> None:
