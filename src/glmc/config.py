@@ -60,7 +60,9 @@ class DataConfig:
     batch_size: int = 64
     eval_batch_size: int = 512
     test_fraction: float = 0.2  # held-out share (digits: stratified; text: the last block)
-    val_fraction: float = 0.05  # text: the validation block before the test block
+    # text: the validation block before the test block; digits: a stratified share of the training images
+    # (conf/data/digits.yaml sets it), which learned matching checks its result on
+    val_fraction: float = 0.05
     split_seed: int = 0  # the train/test split is fixed independently of the endpoint seeds
     augment: bool = False
     download: bool = False  # real datasets only; the default run never touches the network

@@ -43,9 +43,11 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
     return resized.numpy()
 
 
-def digits_splits(cfg: DataConfig) -> tuple[Dataset, TensorDataset]:
+def digits_splits(cfg: DataConfig) -> tuple[Dataset, TensorDataset, TensorDataset | None]:
     """Stratified train/test split fixed by `split_seed`, resized to `image_size` and then
-    standardised with train statistics (of the resized pixels, so the inputs stay mean 0, std 1)."""
+    standardised with train statistics (of the resized pixels, so the inputs stay mean 0, std 1).
+    With `val_fraction` > 0 that share of the training images (stratified, same seed) is held out
+    as a validation split: learned matching then checks its result against its start on it."""
     images, labels = load_digits(return_X_y=True)
     images = images.astype(np.float32).reshape(-1, 1, NATIVE_SIZE, NATIVE_SIZE)
     size = cfg.image_size or NATIVE_SIZE
@@ -53,6 +55,11 @@ def digits_splits(cfg: DataConfig) -> tuple[Dataset, TensorDataset]:
     x_train, x_test, y_train, y_test = train_test_split(
         images, labels, test_size=cfg.test_fraction, random_state=cfg.split_seed, stratify=labels
     )
+    x_val = y_val = None
+    if cfg.val_fraction > 0:
+        x_train, x_val, y_train, y_val = train_test_split(
+            x_train, y_train, test_size=cfg.val_fraction, random_state=cfg.split_seed, stratify=y_train
+        )
     mean, std = x_train.mean(), x_train.std()
     # torch-owned copies, not numpy views: spawned DDP ranks receive them through shared memory
     to_set = lambda x, y: TensorDataset(torch.tensor((x - mean) / std), torch.tensor(y, dtype=torch.long))
@@ -60,4 +67,4 @@ def digits_splits(cfg: DataConfig) -> tuple[Dataset, TensorDataset]:
     if cfg.augment:
         # one pixel at 8x8, as before; the same share of the image at larger sizes
         train = ShiftedDigits(*train.tensors, background=float(-mean / std), shift=size // 8)
-    return train, test
+    return train, test, (None if x_val is None else to_set(x_val, y_val))

@@ -30,7 +30,8 @@ def load_splits(cfg: DataConfig) -> Splits:
     if cfg.name == "digits":
         from glmc.data.digits import digits_splits
 
-        return Splits(*digits_splits(cfg))
+        train, test, val = digits_splits(cfg)
+        return Splits(train, test, val)
     if cfg.name in ("cifar10", "cifar100"):
         from glmc.data.cifar import cifar_splits
 

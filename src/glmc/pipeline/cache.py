@@ -41,7 +41,12 @@ DATA_KEYS = ("name", "task", "batch_size", "test_fraction", "split_seed", "augme
 
 def endpoint_key(model_cfg: dict, data_cfg: dict, train_cfg: dict) -> dict[str, Any]:
     """The part of the config that determines a trained endpoint (besides its seed)."""
-    return {"model": model_cfg, "data": {k: data_cfg[k] for k in DATA_KEYS}, "train": train_cfg}
+    data = {k: data_cfg[k] for k in DATA_KEYS}
+    if data_cfg["name"] == "digits" and data_cfg.get("val_fraction"):
+        # a digits validation split takes training images away; without one the key (and every
+        # endpoint cached before digits could hold one out) stays as it was
+        data["val_fraction"] = data_cfg["val_fraction"]
+    return {"model": model_cfg, "data": data, "train": train_cfg}
 
 
 def config_hash(key: dict[str, Any]) -> str:
