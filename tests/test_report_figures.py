@@ -266,7 +266,11 @@ def test_fig9_drift_and_midpoint_accuracy(tmp_path):
                     hard_projection=hard_path,
                 )
             )
-        overrides = ["experiment=fig9_soft_permutations", f"matcher.learned.sinkhorn_temperature={t}"]
+        overrides = [
+            "experiment=fig9_soft_permutations",
+            f"matcher.learned.sinkhorn_temperature={t}",
+            "seeds=[0,1,2,3,4,5]",
+        ]
         write_run(grid / str(j), overrides, {"learned_sinkhorn": pairs}, losses)
     out = tmp_path / "out"
     fig9.make(tmp_path, out)

@@ -14,7 +14,7 @@ from glmc.matching.registry import METHODS
 from conftest import CONF
 
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
-JOBS = {"matchers": len(METHODS), "learned_ablation": 8, "seeds": 3}
+JOBS = {"matchers": len(METHODS), "learned_ablation": 8, "seeds": 3, "fig7": 14, "fig9": 4}
 
 
 def expand(sweep: str, *extra: str):
