@@ -239,9 +239,15 @@ LINK = re.compile(r"\]\((?!https?://|/|#)([^)]+)\)")
 
 def write_report(out: Path) -> Path:
     """REPORT.md beside the output folder (the repository root for the default `report/`): the
-    sections in NAMES order, their relative links rewritten to point into `<out>/<name>/`."""
+    sections in NAMES order, their relative links rewritten to point into `<out>/<name>/`, after
+    `<out>/conditions.md` where it exists (what else shared the machine while the times were taken:
+    a fact no run records)."""
     target = out.parent / "REPORT.md"
     parts, missing = [REPORT_INTRO], []
+    conditions = out / "conditions.md"
+    if conditions.is_file():
+        parts.append(conditions.read_text().strip())
+    head = len(parts)
     for name in NAMES:
         section = out / name / "section.md"
         if not section.is_file():
@@ -250,7 +256,7 @@ def write_report(out: Path) -> Path:
         prefix = os.path.relpath(section.parent, target.parent).replace(os.sep, "/")
         parts.append(LINK.sub(lambda m, p=prefix: f"]({p}/{m.group(1)})", section.read_text().strip()))
     if missing:
-        parts.insert(1, "Not generated yet: " + ", ".join(f"`{n}`" for n in missing) + ".")
+        parts.insert(head, "Not generated yet: " + ", ".join(f"`{n}`" for n in missing) + ".")
     return atomic_write_text(target, "\n\n".join(parts) + "\n")
 
 

@@ -182,3 +182,14 @@ def test_launcher_configs_compose_with_their_plugins(launcher, target):
         for key in ("timeout_min", "cpus_per_task", "gpus_per_node", "mem_gb", "partition", "array_parallelism"):
             assert key in settings
         assert node.partition is None
+
+
+def test_report_puts_the_conditions_note_after_the_intro_and_names_missing_sections(tmp_path):
+    out = tmp_path / "report"
+    (out / "fig7").mkdir(parents=True)
+    (out / "fig7" / "section.md").write_text("## Fig. 7: iterations\n\n![curve](fig7.png)\n")
+    (out / "conditions.md").write_text("Conditions of the times: alone on 2 cores.\n")
+    report = reproduce.write_report(out).read_text()
+    assert report.index("Conditions of the times") < report.index("Not generated yet") < report.index("## Fig. 7")
+    assert "`table2`" in report and "`fig7`" not in report.split("## Fig. 7")[0]
+    assert "](report/fig7/fig7.png)" in report
