@@ -164,6 +164,8 @@ def test_dirichlet_draws_and_bad_inputs(universe):
         UniverseLearnedSettings(concentration=0.0)
     with pytest.raises(ValueError, match="edge_share"):
         UniverseLearnedSettings(edge_share=1.5)
+    with pytest.raises(ValueError, match="edge_lambda"):
+        UniverseLearnedSettings(edge_lambda="beta")
     with pytest.raises(ValueError, match="latent sets"):
         UniverseLearningModule(models, [{}], settings(), "classification")
     with pytest.raises(ValueError, match="not both"):
@@ -179,3 +181,15 @@ def test_edge_share_puts_that_share_of_draws_on_an_edge():
     edges = {tuple(np.flatnonzero(row == 0)) for row in draws[on_edge == 1]}
     assert edges == {(0,), (1,), (2,)}  # every edge is drawn
     assert not (np.array([sample_alpha(3, 1.0, 0, s) for s in range(50)]) == 0).any()
+
+
+def test_gaussian_edge_lambda_gathers_edge_draws_around_the_midpoint():
+    def edge_weights(scheme):
+        draws = np.array([sample_alpha(3, 1.0, 0, s, edge_share=1.0, edge_lambda=scheme) for s in range(400)])
+        assert ((draws == 0).sum(axis=1) == 1).all()  # every draw on an edge
+        return draws.max(axis=1)  # the larger of the two weights: 0.5 at the midpoint, 1 at a vertex
+
+    gaussian, uniform = edge_weights("gaussian"), edge_weights("uniform")
+    assert np.abs(gaussian.mean() - 0.58) < 0.03  # E max(l, 1 - l) for l ~ N(0.5, 0.1): 0.5 + 0.1 * 0.8
+    assert np.abs(uniform.mean() - 0.75) < 0.03  # for l ~ U(0, 1)
+    assert (gaussian < 0.8).mean() > 0.97 > (uniform < 0.8).mean()

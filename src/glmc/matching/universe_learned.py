@@ -46,7 +46,8 @@ class UniverseLearnedSettings:
     simplex, larger values concentrate the draws near the centroid, smaller ones near the vertices.
     edge_share: the share of steps whose coefficients lie on an edge of the simplex (two models,
     lambda ~ U(0, 1)) instead: a Dirichlet draw almost never lands there, yet Eq. 2's maximum often
-    sits on an edge."""
+    sits on an edge. edge_lambda: "uniform" (lambda ~ U(0, 1)) or "gaussian" (N(0.5, 0.1) clipped
+    to [0, 1], pairwise learned matching's scheme: the edge's midpoint is where its barrier sits)."""
 
     max_steps: int = 1500
     lr: float = 0.3
@@ -54,6 +55,7 @@ class UniverseLearnedSettings:
     warmup_fraction: float = 0.05
     concentration: float = 1.0
     edge_share: float = 0.0
+    edge_lambda: str = "uniform"
     init_noise: float = 1e-3
     seed: int = 0
     checkpoint_every: int = 50
@@ -67,6 +69,7 @@ class UniverseLearnedSettings:
             ("warmup_fraction", 0 <= self.warmup_fraction < 1),
             ("concentration", math.isfinite(self.concentration) and self.concentration > 0),
             ("edge_share", 0 <= self.edge_share <= 1),
+            ("edge_lambda", self.edge_lambda in EDGE_LAMBDAS),
             ("init_noise", self.init_noise >= 0),
             ("checkpoint_every", self.checkpoint_every >= 1),
         ]
@@ -75,13 +78,19 @@ class UniverseLearnedSettings:
                 raise ValueError(f"{self.where}.{key}={getattr(self, key)!r} is out of range")
 
 
-def sample_alpha(n_models: int, concentration: float, seed: int, step: int, edge_share: float = 0.0) -> list[float]:
-    """Merge coefficients ~ Dirichlet(concentration * 1), or with probability `edge_share` a uniform
-    point on a uniformly chosen edge; a function of (seed, step) alone."""
+EDGE_LAMBDAS = ("uniform", "gaussian")
+
+
+def sample_alpha(
+    n_models: int, concentration: float, seed: int, step: int, edge_share: float = 0.0, edge_lambda: str = "uniform"
+) -> list[float]:
+    """Merge coefficients ~ Dirichlet(concentration * 1), or with probability `edge_share` a point
+    on a uniformly chosen edge (`edge_lambda`: uniform, or gaussian around its midpoint); a function
+    of (seed, step) alone."""
     rng = np.random.default_rng([seed, step])
     if edge_share > 0 and rng.random() < edge_share:
         i, j = rng.choice(n_models, size=2, replace=False)
-        lam = rng.random()
+        lam = rng.random() if edge_lambda == "uniform" else float(np.clip(0.5 + 0.1 * rng.standard_normal(), 0, 1))
         alpha = np.zeros(n_models)
         alpha[i], alpha[j] = lam, 1.0 - lam
         return [float(a) for a in alpha]
@@ -168,7 +177,7 @@ class UniverseLearningModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         s = self.settings
-        alpha = sample_alpha(self.n_models, s.concentration, s.seed, self.global_step, s.edge_share)
+        alpha = sample_alpha(self.n_models, s.concentration, s.seed, self.global_step, s.edge_share, s.edge_lambda)
         loss = self.loss(*batch, alpha)
         self.log("universe_loss", loss, prog_bar=True)
         if self.global_step < len(self.history):
@@ -237,6 +246,7 @@ def learned_universe(
         "alpha_history": [[float(a) for a in row] for row in history[:, 1:]],
         "concentration": settings.concentration,
         "edge_share": settings.edge_share,
+        "edge_lambda": settings.edge_lambda,
         "changed_from_universe": [_changes(s, t) for s, t in zip(start, refinements)],
         "world_size": world_size,
         "resumed_from": str(resume) if resume else None,

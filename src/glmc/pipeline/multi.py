@@ -96,6 +96,7 @@ def refine(cfg: Config, universe, context: MatchContext):
         warmup_fraction=m.warmup_fraction,
         concentration=m.concentration,
         edge_share=m.edge_share,
+        edge_lambda=m.edge_lambda,
         init_noise=m.init_noise,
         seed=m.seed,
         checkpoint_every=m.checkpoint_every,
