@@ -10,16 +10,20 @@ import lightning as L
 import torch
 from omegaconf import DictConfig
 
+from glmc.train.process_group import CloseProcessGroup
+
 
 def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
     """A factory of Trainers with the group's settings; callers add their own arguments
-    (default_root_dir, logger, callbacks, max_steps, ...), which take precedence."""
+    (default_root_dir, logger, callbacks, max_steps, ...), which take precedence; every Trainer also
+    closes the process group of spawned DDP ranks at the end of fit (glmc.train.process_group)."""
     from hydra.utils import instantiate
 
     build = instantiate(trainer_cfg, _partial_=True)
 
     def make(**overrides) -> L.Trainer:
-        return build(**{"enable_model_summary": False, **overrides})
+        callbacks = [*(overrides.pop("callbacks", None) or []), CloseProcessGroup()]
+        return build(**{"enable_model_summary": False, **overrides, "callbacks": callbacks})
 
     return make
 
