@@ -103,6 +103,42 @@ def test_circuit_form(fam):
         embed_width(circuit, 32, qk_dim=12)
 
 
+@pytest.mark.parametrize("form", ["factored", "circuit"])
+@pytest.mark.parametrize("fam", list(FAMILIES))
+def test_stream_scale_is_exact_and_moves_eps_by_its_square(fam, form):
+    model, x = narrow_model(fam, eps=0.5)
+    if form == "circuit":
+        model = model.to_circuit()
+    g = torch.Generator().manual_seed(2)
+    plain = embed_width(model, 64, generator=g)
+    scaled = embed_width(model, 64, generator=torch.Generator().manual_seed(2), stream_scale=2.0)
+    assert scaled.config.norm_eps == pytest.approx(0.5 * 4 * 16 / 64)  # eps * s^2 * n / N: eps again
+    assert deviation(f"{fam} {form} stream x2", model, scaled, x) < TOL
+    # writers doubled, readers the same: the stream is twice the size for every input
+    assert torch.equal(scaled.params()["blocks.0.in_w"], plain.params()["blocks.0.in_w"])
+    assert torch.allclose(scaled.params()["blocks.0.out_w"], 2 * plain.params()["blocks.0.out_w"])
+    with pytest.raises(ValueError, match="stream_scale"):
+        embed_width(model, 64, stream_scale=0.0)
+
+
+@pytest.mark.parametrize("fam", list(FAMILIES))
+def test_match_widths_rms_stream_keeps_eps_and_function(fam):
+    narrow, x = narrow_model(fam, eps=0.5)
+    wide = wide_model(fam)
+    kept = match_widths(wide, narrow, torch.Generator().manual_seed(3))
+    rms = match_widths(wide, narrow, torch.Generator().manual_seed(3), stream="rms")
+    assert rms.config.norm_eps == narrow.config.norm_eps == 0.5
+    assert deviation(f"{fam} match_widths stream=rms", narrow, rms, x) < TOL
+    # the stream's root mean square over N dimensions equals the narrow one's over n
+    emb = "embed.tokens" if fam == "gpt2" else "embed.patch_w"
+    n, big = narrow.width, wide.width
+    assert float(rms.params()[emb].norm()) == pytest.approx(
+        float(kept.params()[emb].norm()) * (big / n) ** 0.5, rel=1e-5
+    )
+    with pytest.raises(ValueError, match="stream"):
+        match_widths(wide, narrow, stream="wide")
+
+
 def wide_model(fam, seed=5):
     return to_canonical(FAMILIES[fam](seed=seed, hidden=32, heads=4, mlp=64))
 

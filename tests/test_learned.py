@@ -91,13 +91,23 @@ def test_sinkhorn_is_doubly_stochastic_and_starts_near_the_permutation():
 
 def test_lambda_schemes_sample_in_range():
     g = torch.Generator().manual_seed(0)
-    ranges = {"fixed": (0.5, 0.5), "uniform_mid": (0.4, 0.6), "uniform": (0.0, 1.0), "gaussian": (0.0, 1.0)}
+    ranges = {
+        "fixed": (0.5, 0.5),
+        "uniform_mid": (0.4, 0.6),
+        "uniform": (0.0, 1.0),
+        "gaussian": (0.0, 1.0),
+        "arcsine": (0.0, 1.0),
+    }
     assert set(ranges) == set(LAMBDA_SCHEMES)
     for scheme, (lo, hi) in ranges.items():
         lams = torch.tensor([sample_lambda(scheme, g) for _ in range(2000)])
         assert lo <= lams.min() and lams.max() <= hi, scheme
         assert abs(lams.mean() - 0.5) < 0.03, scheme
     assert torch.tensor([sample_lambda("uniform", g) for _ in range(2000)]).std() > 0.25
+    # the arcsine law: P(lambda < 0.1) = (2 / pi) asin(sqrt(0.1)) = 0.205, twice the uniform's share
+    arcsine = torch.tensor([sample_lambda("arcsine", g) for _ in range(4000)])
+    assert abs((arcsine < 0.1).double().mean() - 0.205) < 0.02
+    assert abs((arcsine > 0.9).double().mean() - 0.205) < 0.02
     with pytest.raises(ValueError, match="lambda_scheme"):
         sample_lambda("beta", g)
 

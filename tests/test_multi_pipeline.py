@@ -12,18 +12,20 @@ from glmc.pipeline.run import run_pipeline
 from conftest import compose_config
 
 
-def test_narrower_endpoints_are_embedded_and_aligned_to_the_first(tmp_path, tiny_overrides):
+@pytest.mark.parametrize(("stream", "methods"), [("keep", ["weight", "learned"]), ("rms", ["weight"])])
+def test_narrower_endpoints_are_embedded_and_aligned_to_the_first(tmp_path, tiny_overrides, stream, methods):
     cfg = compose_config(
         *tiny_overrides,
         "seeds=[0,1,2]",
         "pairing=first",
-        "matcher.methods=[weight,learned]",
+        f"matcher.methods=[{','.join(methods)}]",
         "matcher.learned.max_steps=3",
         "endpoint_models=[{},{hidden_size:8,num_heads:1,mlp_size:16},{hidden_size:12,num_heads:2,mlp_size:24}]",
+        f"embed_stream={stream}",
     )
     results = run_pipeline(cfg, tmp_path / "run")
     assert [e["width"] for e in results["endpoints"]] == [16, 8, 12]
-    for name in ("weight", "learned"):
+    for name in methods:
         method = results["methods"][name]
         assert [p["seeds"] for p in method["pairs"]] == [[0, 1], [0, 2]]
         for pair in method["pairs"]:

@@ -63,11 +63,17 @@ class LambdaScheme(StrEnum):
     uniform_mid = "uniform_mid"
     uniform = "uniform"
     gaussian = "gaussian"
+    arcsine = "arcsine"  # Beta(1/2, 1/2): most draws near the endpoints (ours, for width-heterogeneous paths)
 
 
 class LearnedInit(StrEnum):
     weight = "weight"
     identity = "identity"
+
+
+class EmbedStream(StrEnum):
+    keep = "keep"  # the embedded narrow stream keeps its size; eps rescaled by n / N
+    rms = "rms"  # writers scaled by sqrt(N / n): the stream keeps its root mean square and eps stays
 
 
 class Pairing(StrEnum):

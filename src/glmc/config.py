@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 
 from glmc.choices import (
     Dataset,
+    EmbedStream,
     EvalPrecision,
     EvalSplit,
     Family,
@@ -202,6 +203,8 @@ class Config:
     # per-endpoint overrides of `model`, one per seed in order ({} keeps the shared model): endpoints
     # of different widths, aligned by embedding the narrower into the wider (pairing=first)
     endpoint_models: list[Any] = field(default_factory=list)
+    # how the narrower model's stream is sized when embedded (glmc.models.embed_width.match_widths)
+    embed_stream: EmbedStream = EmbedStream.keep
 
 
 def register_configs() -> None:

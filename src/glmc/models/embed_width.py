@@ -11,6 +11,13 @@ so eps -> eps n / N and every weight that reads the normalised stream (q_w, k_w,
 the residual block of qk and ov in circuit form) is scaled by sqrt(n / N). Biases are added after
 the product and stay as they are.
 
+The RMS norm also makes the stream's scale free: writers (every residual axis on the output side)
+multiplied by s and eps by s^2 leave the function as it is. `stream_scale=s` applies it; with
+s = sqrt(N / n) the embedded stream has the narrow stream's root mean square and eps is the narrow
+model's own (`match_widths(..., stream="rms")`), so a wide model and an embedded narrow one that
+were trained alike carry streams of one size, and a path between them mixes the streams in the
+proportion λ instead of tilting it towards the wide model.
+
 Heads, head dimensions and MLP units are padded with zeros: padded heads and units write nothing
 through their zero output weights, whatever the activation gives at 0; zero query/key dimensions add
 0 to the scores; zero value dimensions meet zero columns of o_w. Padding goes at the end; a matcher
@@ -111,19 +118,23 @@ def embed_width(
     qk_dim: PerLayer = None,
     vo_dim: PerLayer = None,
     norm_dim: int | None = None,
+    stream_scale: float = 1.0,
 ) -> CanonicalTransformer:
     """A model of residual width `width` computing exactly what `model` computes.
 
     heads, qk_dim, vo_dim, mlp: per-layer sizes (an int for every layer, a list per layer, None to
     keep), each at least the model's; qk_dim / vo_dim only in factored form. residual_map: the
     (width, model.width) map with orthonormal columns (default Haar-random from `generator`).
-    norm_dim: the RMS reference width of the result (default `width`). Runs in float64 and casts
-    back to each tensor's dtype."""
+    norm_dim: the RMS reference width of the result (default `width`). stream_scale: the factor on
+    every residual writer (eps scaled by its square). Runs in float64 and casts back to each
+    tensor's dtype."""
     config = model.config
     m = model.width
     if not isinstance(width, int) or isinstance(width, bool) or width < m:
         raise ValueError(f"width={width!r}: must be an int of at least the model's width {m}")
     norm_dim = width if norm_dim is None else norm_dim
+    if not math.isfinite(stream_scale) or stream_scale <= 0:
+        raise ValueError(f"stream_scale={stream_scale!r}: must be a positive finite number")
     if not isinstance(norm_dim, int) or isinstance(norm_dim, bool) or norm_dim < 1:
         raise ValueError(f"norm_dim={norm_dim!r}: must be a positive int")
     current = layer_sizes(model)
@@ -140,6 +151,10 @@ def embed_width(
     spec = SymmetrySpec.from_params(config, p)
     p = apply_params(Transform({"residual": Orthogonal(u)}), spec, p)
     _scale_readers(p, math.sqrt(config.norm_dim / norm_dim))
+    if stream_scale != 1.0:
+        for axis in spec["residual"].acts_on:
+            if axis.side == "out":
+                p[axis.param] = p[axis.param] * stream_scale
 
     for l in range(model.num_layers):
         b = f"blocks.{l}."
@@ -159,22 +174,32 @@ def embed_width(
         p[b + "out_w"] = _pad(p[b + "out_w"], 1, target["mlp"][l])
 
     out = {k: v.to(original[k].dtype) for k, v in p.items()}
-    eps = config.norm_eps if norm_dim == config.norm_dim else config.norm_eps * config.norm_dim / norm_dim
+    factor = stream_scale**2 * config.norm_dim / norm_dim
+    eps = config.norm_eps if math.isclose(factor, 1.0, rel_tol=1e-12) else config.norm_eps * factor
     new_config = dataclasses.replace(config, norm_dim=norm_dim, norm_eps=eps)
     return CanonicalTransformer(new_config, out)
 
 
+STREAM_SCALES = ("keep", "rms")
 _SAME_CONFIG = ("family", "form", "activation", "causal", "pooling", "patch_size", "num_channels")
 
 
 @torch.no_grad()
 def match_widths(
-    wide: CanonicalTransformer, narrow: CanonicalTransformer, generator: torch.Generator | None = None
+    wide: CanonicalTransformer,
+    narrow: CanonicalTransformer,
+    generator: torch.Generator | None = None,
+    stream: str = "keep",
 ) -> CanonicalTransformer:
     """`narrow` embedded to exactly the parameter shapes and norm_dim of `wide`, so that any matcher
-    for equal shapes can align it to `wide`. The norm_eps of the result is narrow's eps rescaled
-    (narrow.config.norm_eps * narrow.config.norm_dim / wide.config.norm_dim), which in general
-    differs from wide's: no choice of eps makes both the embedding exact and the two eps equal."""
+    for equal shapes can align it to `wide`.
+
+    stream="keep": the stream keeps its size (|U x| = |x|) and the result's norm_eps is narrow's
+    rescaled, narrow.config.norm_eps * n / N, which in general differs from wide's. stream="rms":
+    the writers are scaled by sqrt(N / n), so the stream keeps its root mean square and norm_eps
+    stays narrow's own."""
+    if stream not in STREAM_SCALES:
+        raise ValueError(f"stream={stream!r} is not one of {STREAM_SCALES}")
     for key in _SAME_CONFIG:
         a, b = getattr(wide.config, key), getattr(narrow.config, key)
         if a != b:
@@ -204,6 +229,7 @@ def match_widths(
         mlp=sizes_w["mlp"],
         generator=generator,
         norm_dim=wide.config.norm_dim,
+        stream_scale=math.sqrt(wide.config.norm_dim / narrow.config.norm_dim) if stream == "rms" else 1.0,
         **extra,
     )
     po = out.params()

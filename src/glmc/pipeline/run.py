@@ -252,7 +252,8 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
                 # a narrower B is embedded exactly into A's shapes first (width-heterogeneous runs)
                 b_canonical = b.canonical
                 if not same_shapes(a.canonical, b.canonical):  # the embedding's residual map is seeded
-                    b_canonical = match_widths(a.canonical, b.canonical, torch.Generator().manual_seed(b.seed))
+                    seeded = torch.Generator().manual_seed(b.seed)
+                    b_canonical = match_widths(a.canonical, b.canonical, seeded, str(cfg.embed_stream))
                 alignment = matcher.match(a.canonical, b_canonical, context)
                 seconds = time.perf_counter() - start
                 result = evaluate_alignment(evaluator, alignment, b, lambdas, task, desc=f"{name} {label}")
