@@ -46,6 +46,7 @@ def make(root: Path, out: Path) -> list[Path]:
                 [method, str(w), str(s["pairs"]), mean_pm(s["barrier"], s["barrier_se"]), seconds(s["seconds"])]
             )
             csv_rows.append([method, wide["width"], w, s["pairs"], s["barrier"], s["barrier_se"], s["seconds"]])
+    grid = next(iter(results["methods"].values()))["pairs"][0]["lambdas"]
     title = f"width {wide['width']} (seed {wide['seed']}) against narrower ViTs"
     figure = plot_band_grid([[Panel(title, "test loss (nats)", loss), Panel(title, ylabel, second)]], out / "fig3c.png")
     table = markdown(["method", "narrow width", "pairs", "barrier", "s / pair"], rows)
@@ -57,8 +58,8 @@ def make(root: Path, out: Path) -> list[Path]:
     body = (
         "![Fig. 3c: width-heterogeneous interpolation paths](fig3c.png)\n\n"
         f"{table}\n\n"
-        f"Test-loss barrier (nats) between the width-{wide['width']} ViT and each narrower one, mean ± s.e. where "
-        "several pairs share a width. Files: [fig3c.csv](fig3c.csv)."
+        f"Test-loss barrier (nats) between the width-{wide['width']} ViT and each narrower one over {len(grid)} "
+        "values of λ, mean ± s.e. where several pairs share a width. Files: [fig3c.csv](fig3c.csv)."
     )
     return [figure, csv, write_section(ARTEFACT, out, body)]
 
