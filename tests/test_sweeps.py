@@ -51,12 +51,11 @@ def test_matchers_sweep_runs_every_registered_method_once():
 
 
 def test_learned_ablation_crosses_lambda_scheme_and_init():
-    from glmc.matching.learned_module import LAMBDA_SCHEMES
-
+    paper_schemes = ("fixed", "uniform_mid", "uniform", "gaussian")  # paper 001 Fig. 8 (arcsine is ours)
     cfg, jobs = expand("learned_ablation")
     assert list(cfg.matcher.methods) == ["learned"]
     settings = {
         (OmegaConf.from_dotlist(job).matcher.learned.lambda_scheme, OmegaConf.from_dotlist(job).matcher.learned.init)
         for job in jobs
     }
-    assert settings == {(s, i) for s in LAMBDA_SCHEMES for i in ("weight", "identity")}
+    assert settings == {(s, i) for s in paper_schemes for i in ("weight", "identity")}
