@@ -63,7 +63,7 @@ class LambdaScheme(StrEnum):
     uniform_mid = "uniform_mid"
     uniform = "uniform"
     gaussian = "gaussian"
-    arcsine = "arcsine"  # Beta(1/2, 1/2): most draws near the endpoints (ours, for width-heterogeneous paths)
+    arcsine = "arcsine"  # Beta(1/2, 1/2): most draws near the endpoints (ours, not in paper 001)
 
 
 class LearnedInit(StrEnum):
