@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from glmc.choices import EmbedStream
 from glmc.models.canonical import CanonicalTransformer
 from glmc.symmetry import Orthogonal, SymmetrySpec, Transform, apply_params
 from glmc.symmetry.groups import random_orthogonal
@@ -181,7 +182,7 @@ def embed_width(
     return CanonicalTransformer(new_config, out)
 
 
-STREAM_SCALES = ("keep", "rms")
+STREAM_SCALES = tuple(s.value for s in EmbedStream)  # the config's choices, one list
 _SAME_CONFIG = ("family", "form", "activation", "causal", "pooling", "patch_size", "num_channels")
 
 
