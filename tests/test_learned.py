@@ -10,7 +10,7 @@ from glmc.eval.evaluator import evaluate_path
 from glmc.eval.interpolation import merge_params
 from glmc.matching.base import MatchContext
 from glmc.matching.learned import LearnedMatcher
-from glmc.matching.learned_module import LAMBDA_SCHEMES, sample_lambda
+from glmc.matching.learned_module import LAMBDA_SCHEMES, LearnedMatchingModule, LearnedSettings, sample_lambda
 from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
 from glmc.matching.registry import build_matcher, method_config
 from glmc.models import canonical_forward, relative_deviation, to_canonical
@@ -141,6 +141,43 @@ def test_stacked_heads_interpolate_circuits(build):
         stacked = canonical_forward(a.config, merge_params([a.params(), b.params()], [lam, 1 - lam], ("qk", "vo")), x)
         merged = canonical_forward(circuit_config, {k: lam * ca[k] + (1 - lam) * cb[k] for k in ca}, x)
         assert relative_deviation(stacked, merged) < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # a step outside a Trainer logs nothing
+def test_lambda_candidates_train_at_the_draw_furthest_above_the_endpoints_line(pair):
+    a, b = pair
+    spec = SymmetrySpec.from_model(b)
+    spaces = [s for s in spec if s.kind in ("residual", "heads", "mlp")]
+    kinds = {s.name: "orthogonal" if s.kind == "residual" else "permutation" for s in spaces}
+    init = {s.name: torch.eye(s.size) for s in spaces}
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 1, 8, 8, generator=g), torch.randint(0, 10, (32,), generator=g)
+
+    def build(k):
+        return LearnedMatchingModule(a, b, init, kinds, LearnedSettings(max_steps=3, lambda_candidates=k), b.task)
+
+    module = build(5)
+
+    def excess(lam):
+        with torch.no_grad():
+            ends = [float(module.loss(x, y, end)) for end in (1.0, 0.0)]  # A at lambda 1, T(B) = B at 0
+            return float(module.loss(x, y, lam)) - lam * ends[0] - (1 - lam) * ends[1]
+
+    assert abs(excess(0.0)) < 1e-5 and abs(excess(1.0)) < 1e-5  # the ends lie on their own line
+    for candidates in ([0.1, 0.45, 0.8], [0.8, 0.45, 0.1], [0.3, 0.6]):
+        scores = [excess(lam) for lam in candidates]
+        assert len({round(v, 4) for v in scores}) == len(scores)  # distinct: the choice is a real one
+        assert module.worst_lambda(x, y, candidates) == candidates[scores.index(max(scores))]
+    # a step trains at the worst of its own draws; one candidate keeps the scheme's sequence unchanged
+    for k in (1, 5):
+        generator = torch.Generator().manual_seed(0)  # step 0 of latent seed 0
+        draws = [sample_lambda("gaussian", generator) for _ in range(k)]
+        module = build(k)
+        module.training_step((x, y), 0)
+        expected = draws[0] if k == 1 else module.worst_lambda(x, y, draws)
+        assert float(module.history[0, 1]) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="lambda_candidates"):
+        LearnedSettings(lambda_candidates=0)
 
 
 def test_learned_matching_lowers_midpoint_loss_and_preserves_b(tmp_path, pair):

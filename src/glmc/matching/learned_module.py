@@ -36,6 +36,7 @@ class LearnedSettings:
     weight_decay: float = 0.01
     warmup_fraction: float = 0.05
     lambda_scheme: str = "gaussian"
+    lambda_candidates: int = 1
     init_noise: float = 1e-3
     sinkhorn_iters: int = 20
     sinkhorn_temperature: float = 1.0
@@ -49,6 +50,7 @@ class LearnedSettings:
         self.lambda_scheme = str(self.lambda_scheme)
         checks = [
             ("max_steps", self.max_steps >= 1),
+            ("lambda_candidates", self.lambda_candidates >= 1),
             ("lr", self.lr > 0),
             ("weight_decay", self.weight_decay >= 0),
             ("warmup_fraction", 0 <= self.warmup_fraction < 1),
@@ -164,10 +166,30 @@ class LearnedMatchingModule(L.LightningModule):
         total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
         return total / count
 
+    @torch.no_grad()
+    def worst_lambda(self, inputs: Tensor, targets: Tensor, candidates: list[float]) -> float:
+        """The candidate whose loss on this batch lies furthest above the straight line between the
+        endpoints' losses on it: the barrier's own measure, so that steps go where the path is worst.
+        T(theta_B) computes B's function, so B's own params give the line's other end."""
+        aligned, ends = self.aligned_params(), {}
+        for which in ("a", "b"):
+            logits = canonical_forward(self.config, self.endpoint_params(which), inputs)
+            total, _, count = loss_and_correct(logits, targets, self.task)
+            ends[which] = float(total) / count
+        excess = []
+        for lam in candidates:
+            params = merge_params([self.endpoint_params("a"), aligned], [lam, 1.0 - lam], self.circuits)
+            total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
+            excess.append(float(total) / count - lam * ends["a"] - (1.0 - lam) * ends["b"])
+        return candidates[max(range(len(candidates)), key=excess.__getitem__)]
+
     def training_step(self, batch, batch_idx):
-        # lambda depends on the step alone: equal on every rank and reproduced after a resume
-        generator = torch.Generator().manual_seed(self.settings.seed * 1_000_003 + self.global_step)
-        lam = sample_lambda(self.settings.lambda_scheme, generator)
+        # the draws depend on the step alone: equal on every rank and reproduced after a resume; with
+        # several candidates each rank keeps the worst on its own batch
+        s = self.settings
+        generator = torch.Generator().manual_seed(s.seed * 1_000_003 + self.global_step)
+        candidates = [sample_lambda(s.lambda_scheme, generator) for _ in range(s.lambda_candidates)]
+        lam = candidates[0] if len(candidates) == 1 else self.worst_lambda(*batch, candidates)
         loss = self.loss(*batch, lam)
         self.log("match_loss", loss, prog_bar=True)
         # the epoch's mean beside the per-step value (a separate key: `match_loss` keeps its name)

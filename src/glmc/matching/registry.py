@@ -88,6 +88,8 @@ class LearnedMatcherConfig:
     weight_decay: float = 0.01
     warmup_fraction: float = 0.05
     lambda_scheme: LambdaScheme = LambdaScheme.gaussian
+    # draws of lambda per step; >1 trains at the draw whose batch loss exceeds the endpoints' line the most
+    lambda_candidates: int = 1
     init_noise: float = 1e-3  # std of the Gaussian added to the initial latents
     sinkhorn_iters: int = 20
     sinkhorn_temperature: float = 1.0
