@@ -50,7 +50,7 @@ def plot_band_grid(columns: Sequence[Sequence[Panel]], path: Path, title: str = 
             ax.set_xlabel(LAMBDA_LABEL)
             ax.grid(alpha=0.3)
             if r == 0:  # one legend per column is enough: the rows share the lines
-                ax.legend(fontsize=7)
+                ax.legend(fontsize=7, handlelength=4)  # long enough to show a dashed line as dashed
         for r in range(len(column), n_rows):
             axes[r][c].axis("off")
     if title:
