@@ -193,3 +193,19 @@ def test_gaussian_edge_lambda_gathers_edge_draws_around_the_midpoint():
     assert np.abs(gaussian.mean() - 0.58) < 0.03  # E max(l, 1 - l) for l ~ N(0.5, 0.1): 0.5 + 0.1 * 0.8
     assert np.abs(uniform.mean() - 0.75) < 0.03  # for l ~ U(0, 1)
     assert (gaussian < 0.8).mean() > 0.97 > (uniform < 0.8).mean()
+
+
+def test_several_candidates_train_at_one_of_the_steps_own_draws(tmp_path, universe):
+    _, _, aligned = universe
+    result = refine(aligned, tmp_path / "run", candidates=3, max_steps=8)
+    chosen = []
+    for step, alpha in enumerate(result.diagnostics["alpha_history"]):
+        draws = [sample_alpha(3, 1.0, 0, step, draw=d) for d in range(3)]
+        matches = [d for d, draw in enumerate(draws) if alpha == pytest.approx(draw, rel=1e-6)]
+        assert matches, (step, alpha, draws)
+        chosen.append(matches[0])
+    print(f"\n  chosen draw per step: {chosen}")
+    assert any(d > 0 for d in chosen)  # the worst is not always the first draw: a real choice
+    assert sample_alpha(3, 1.0, 0, 5, draw=0) == sample_alpha(3, 1.0, 0, 5) != sample_alpha(3, 1.0, 0, 5, draw=1)
+    with pytest.raises(ValueError, match="candidates"):
+        UniverseLearnedSettings(candidates=0)

@@ -175,6 +175,8 @@ class MultiConfig:
     # lambda on an edge: uniform, or gaussian N(0.5, 0.1) around its midpoint; with edge_share 0.5,
     # digits went from 0.134 (no edges) to 0.087-0.149 (uniform) and 0.059-0.087 (gaussian) nats
     edge_lambda: str = "gaussian"
+    # draws of the coefficients per step; >1 trains at the draw whose batch loss exceeds the linear baseline most
+    candidates: int = 1
     init_noise: float = 1e-3
     checkpoint_every: int = 50
     seed: int = 0

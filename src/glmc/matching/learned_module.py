@@ -84,6 +84,23 @@ def sample_lambda(scheme: str, generator: torch.Generator) -> float:
     raise ValueError(f"lambda_scheme={scheme!r} is not one of {LAMBDA_SCHEMES}")
 
 
+@torch.no_grad()
+def worst_draw(config, task: str, circuits, members: list[dict[str, Tensor]], inputs, targets, candidates) -> int:
+    """Index of the merge coefficients (one list per candidate, one entry per member) whose loss on
+    this batch lies furthest above the members' losses combined by those coefficients: Eq. 2's excess,
+    and a pair's barrier for two members. Costs one forward pass per member and per candidate."""
+
+    def batch_loss(params: dict[str, Tensor]) -> float:
+        total, _, count = loss_and_correct(canonical_forward(config, params, inputs), targets, task)
+        return float(total) / count
+
+    ends = [batch_loss(params) for params in members]
+    excess = [
+        batch_loss(merge_params(members, c, circuits)) - sum(ci * li for ci, li in zip(c, ends)) for c in candidates
+    ]
+    return max(range(len(candidates)), key=excess.__getitem__)
+
+
 def _key(space: str) -> str:
     return space.replace(".", "_")  # ParameterDict keys cannot hold dots
 
@@ -166,22 +183,13 @@ class LearnedMatchingModule(L.LightningModule):
         total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
         return total / count
 
-    @torch.no_grad()
     def worst_lambda(self, inputs: Tensor, targets: Tensor, candidates: list[float]) -> float:
         """The candidate whose loss on this batch lies furthest above the straight line between the
-        endpoints' losses on it: the barrier's own measure, so that steps go where the path is worst.
-        T(theta_B) computes B's function, so B's own params give the line's other end."""
-        aligned, ends = self.aligned_params(), {}
-        for which in ("a", "b"):
-            logits = canonical_forward(self.config, self.endpoint_params(which), inputs)
-            total, _, count = loss_and_correct(logits, targets, self.task)
-            ends[which] = float(total) / count
-        excess = []
-        for lam in candidates:
-            params = merge_params([self.endpoint_params("a"), aligned], [lam, 1.0 - lam], self.circuits)
-            total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
-            excess.append(float(total) / count - lam * ends["a"] - (1.0 - lam) * ends["b"])
-        return candidates[max(range(len(candidates)), key=excess.__getitem__)]
+        endpoints' losses on it: the barrier's own measure, so that steps go where the path is worst."""
+        with torch.no_grad():
+            members = [self.endpoint_params("a"), self.aligned_params()]
+        coefficients = [[lam, 1.0 - lam] for lam in candidates]
+        return candidates[worst_draw(self.config, self.task, self.circuits, members, inputs, targets, coefficients)]
 
     def training_step(self, batch, batch_idx):
         # the draws depend on the step alone: equal on every rank and reproduced after a resume; with

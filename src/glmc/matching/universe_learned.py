@@ -31,7 +31,7 @@ from glmc.eval.interpolation import interpolate, merge_params
 from glmc.eval.metrics import loss_and_correct
 from glmc.matching.base import MatchContext, require_factored, settings_hash
 from glmc.matching.learned import _changes, fit_latents
-from glmc.matching.learned_module import LearnedMatchingModule, _key
+from glmc.matching.learned_module import LearnedMatchingModule, _key, worst_draw
 from glmc.matching.projections import polar, straight_through_permutation
 from glmc.matching.universe import UniverseAlignment
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
@@ -47,7 +47,9 @@ class UniverseLearnedSettings:
     edge_share: the share of steps whose coefficients lie on an edge of the simplex (two models,
     lambda ~ U(0, 1)) instead: a Dirichlet draw almost never lands there, yet Eq. 2's maximum often
     sits on an edge. edge_lambda: "uniform" (lambda ~ U(0, 1)) or "gaussian" (N(0.5, 0.1) clipped
-    to [0, 1], pairwise learned matching's scheme: the edge's midpoint is where its barrier sits)."""
+    to [0, 1], pairwise learned matching's scheme: the edge's midpoint is where its barrier sits).
+    candidates: draws of the coefficients per step; with more than one, the step trains at the draw
+    whose batch loss lies furthest above the members' losses combined by it (Eq. 2's excess)."""
 
     max_steps: int = 1500
     lr: float = 0.3
@@ -56,6 +58,7 @@ class UniverseLearnedSettings:
     concentration: float = 1.0
     edge_share: float = 0.0
     edge_lambda: str = "uniform"
+    candidates: int = 1
     init_noise: float = 1e-3
     seed: int = 0
     checkpoint_every: int = 50
@@ -70,6 +73,7 @@ class UniverseLearnedSettings:
             ("concentration", math.isfinite(self.concentration) and self.concentration > 0),
             ("edge_share", 0 <= self.edge_share <= 1),
             ("edge_lambda", self.edge_lambda in EDGE_LAMBDAS),
+            ("candidates", self.candidates >= 1),
             ("init_noise", self.init_noise >= 0),
             ("checkpoint_every", self.checkpoint_every >= 1),
         ]
@@ -82,12 +86,18 @@ EDGE_LAMBDAS = ("uniform", "gaussian")
 
 
 def sample_alpha(
-    n_models: int, concentration: float, seed: int, step: int, edge_share: float = 0.0, edge_lambda: str = "uniform"
+    n_models: int,
+    concentration: float,
+    seed: int,
+    step: int,
+    edge_share: float = 0.0,
+    edge_lambda: str = "uniform",
+    draw: int = 0,
 ) -> list[float]:
     """Merge coefficients ~ Dirichlet(concentration * 1), or with probability `edge_share` a point
     on a uniformly chosen edge (`edge_lambda`: uniform, or gaussian around its midpoint); a function
-    of (seed, step) alone."""
-    rng = np.random.default_rng([seed, step])
+    of (seed, step, draw) alone, and draw 0 of a step is what a single draw per step gives."""
+    rng = np.random.default_rng([seed, step] if draw == 0 else [seed, step, draw])
     if edge_share > 0 and rng.random() < edge_share:
         i, j = rng.choice(n_models, size=2, replace=False)
         lam = rng.random() if edge_lambda == "uniform" else float(np.clip(0.5 + 0.1 * rng.standard_normal(), 0, 1))
@@ -177,7 +187,16 @@ class UniverseLearningModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         s = self.settings
-        alpha = sample_alpha(self.n_models, s.concentration, s.seed, self.global_step, s.edge_share, s.edge_lambda)
+        # every rank draws the same candidates; with several, each keeps the worst on its own batch
+        draws = [
+            sample_alpha(self.n_models, s.concentration, s.seed, self.global_step, s.edge_share, s.edge_lambda, d)
+            for d in range(s.candidates)
+        ]
+        alpha = draws[0]
+        if len(draws) > 1:
+            with torch.no_grad():
+                members = self.member_params()
+            alpha = draws[worst_draw(self.config, self.task, self.circuits, members, *batch, draws)]
         loss = self.loss(*batch, alpha)
         self.log("universe_loss", loss, prog_bar=True)
         if self.global_step < len(self.history):

@@ -97,6 +97,7 @@ def refine(cfg: Config, universe, context: MatchContext):
         concentration=m.concentration,
         edge_share=m.edge_share,
         edge_lambda=m.edge_lambda,
+        candidates=m.candidates,
         init_noise=m.init_noise,
         seed=m.seed,
         checkpoint_every=m.checkpoint_every,
