@@ -182,7 +182,7 @@ def embed_width(
     return CanonicalTransformer(new_config, out)
 
 
-STREAM_SCALES = tuple(s.value for s in EmbedStream)  # the config's choices, one list
+STREAM_CHOICES = tuple(s.value for s in EmbedStream)  # the config's embed_stream values
 _SAME_CONFIG = ("family", "form", "activation", "causal", "pooling", "patch_size", "num_channels")
 
 
@@ -200,8 +200,8 @@ def match_widths(
     rescaled, narrow.config.norm_eps * n / N, which in general differs from wide's. stream="rms":
     the writers are scaled by sqrt(N / n), so the stream keeps its root mean square and norm_eps
     stays narrow's own."""
-    if stream not in STREAM_SCALES:
-        raise ValueError(f"stream={stream!r} is not one of {STREAM_SCALES}")
+    if stream not in STREAM_CHOICES:
+        raise ValueError(f"stream={stream!r} is not one of {STREAM_CHOICES}")
     for key in _SAME_CONFIG:
         a, b = getattr(wide.config, key), getattr(narrow.config, key)
         if a != b:
