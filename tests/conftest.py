@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,10 @@ from glmc.config import register_configs
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 register_configs()
+
+# GLMC_TEST_THREADS=1 runs torch's CPU kernels on one thread: the summation order of a one-core machine.
+if os.environ.get("GLMC_TEST_THREADS"):
+    torch.set_num_threads(int(os.environ["GLMC_TEST_THREADS"]))
 
 
 def compose_config(*overrides: str):
