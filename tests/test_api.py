@@ -9,26 +9,27 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from glmc import align, evaluate_path, interpolate, to_canonical
 from glmc.matching.registry import METHODS
-from glmc.models import relative_deviation
 from glmc.symmetry import Orthogonal, Permutation
 
+from numeric import FORWARD, assert_close_rel
 from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("build", [tiny_vit, tiny_gpt2])
 def test_align_interpolate_evaluate(build):
     hf_a, hf_b = build(seed=0), build(seed=1)
     x = inputs_for(hf_a)
     canonical = to_canonical(hf_b)
-    assert relative_deviation(canonical(x), hf_b(x).logits) < 1e-5  # same input, logits out
+    assert_close_rel(canonical(x), hf_b(x).logits, FORWARD, "canonical B vs B logits")  # same input, logits out
 
     result = align(hf_a, hf_b, matcher="weight", max_iter=5)
-    assert relative_deviation(result.model(x), hf_b(x).logits) < 1e-4
+    assert_close_rel(result.model(x), hf_b(x).logits, FORWARD, "aligned B vs B logits")
     assert set(result.transform) >= {"residual", "heads.0", "mlp.0"}
     assert result.diagnostics["iterations"] <= 5
 
     ends = interpolate([result.reference, result.model], [1.0, 0.0])
-    assert relative_deviation(ends(x), hf_a(x).logits) < 1e-4
+    assert_close_rel(ends(x), hf_a(x).logits, FORWARD, "lambda = 1 vs A logits")
     mid = result.interpolate(0.5)  # attention interpolated as circuits: heads of twice the width
     assert mid.blocks[0]["q_w"].shape[1] == 2 * result.model.blocks[0]["q_w"].shape[1]
     assert torch.isfinite(mid(x)).all()
@@ -55,10 +56,8 @@ def test_every_registered_method_runs_by_name(tmp_path):
         options = learned_options if name.startswith("learned") else {}
         result = align(hf_a, hf_b, matcher=name, data=data, run_dir=tmp_path / name, trainer=trainer, **options)
         if result.function_preserving:
-            deviation = relative_deviation(
-                result.model(x).logits if name == "vanilla" else result.model(x), hf_b(x).logits
-            )
-            assert deviation < 1e-4, name
+            logits = result.model(x).logits if name == "vanilla" else result.model(x)
+            assert_close_rel(logits, hf_b(x).logits, FORWARD, f"{name}: aligned B vs B logits")
         if name.startswith("learned"):
             assert result.diagnostics["steps"] == 3, name
             assert any((tmp_path / name).glob("pair_*/checkpoints/last.ckpt")), name

@@ -6,6 +6,8 @@ import torch
 from glmc.eval.barrier import barrier, barrier_vs_mean, lambda_grid
 from glmc.eval.interpolation import interpolate, interpolate_state_dicts
 
+from numeric import FEW_OPS, assert_close_rel
+
 
 def test_lambda_grid_has_endpoints_and_step():
     grid = lambda_grid(11)
@@ -26,9 +28,10 @@ def test_barrier_against_linear_baseline():
     assert barrier_vs_mean([0.0, 0.25, 1.0], [1.0, 4.0, 3.0]) == pytest.approx(4.0 - 2.0)
 
 
+@pytest.mark.numeric
 def test_interpolation_is_affine_and_checks_shapes():
     a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
     mid = interpolate([a, b], [0.25, 0.75])
-    assert torch.allclose(mid.weight, 0.25 * a.weight + 0.75 * b.weight)
+    assert_close_rel(mid.weight, 0.25 * a.weight + 0.75 * b.weight, FEW_OPS, "interpolated weight")
     with pytest.raises(ValueError, match="weight"):
         interpolate_state_dicts([a.state_dict(), torch.nn.Linear(4, 2).state_dict()], [0.5, 0.5])

@@ -46,6 +46,7 @@ def naive_mean(forward, loader, task):
     return loss / count, correct / count
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("build,loader,task", [(tiny_vit, images, "classification"), (tiny_gpt2, tokens, "causal_lm")])
 def test_vanilla_path_equals_copy_and_load(build, loader, task):
     a, b = build(0), build(1)
@@ -59,6 +60,7 @@ def test_vanilla_path_equals_copy_and_load(build, loader, task):
         assert loss == pytest.approx(want[0], rel=1e-5) and acc == pytest.approx(want[1]), lam
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("circuits", [(), ("qk", "vo")])
 def test_canonical_path_equals_explicit_interpolation(circuits):
     a, b = to_canonical(tiny_vit(0)), to_canonical(tiny_vit(1))
@@ -99,6 +101,7 @@ def test_batches_are_read_once_while_they_fit_the_cache():
     assert uncached == cached
 
 
+@pytest.mark.numeric
 def test_bf16_autocast_stays_close_to_fp32():
     model = to_canonical(tiny_vit(0))
     loss32, _ = evaluate(model, images(), precision="32")
@@ -145,7 +148,7 @@ def test_ranks_share_the_split_and_reduce_to_the_whole_split_metric(tmp_path):
     single = Evaluator(images(n=50, batch=8), progress=False).evaluate(to_canonical(tiny_vit(0)))
     # 7 batches: rank 0 sees 4, rank 1 sees 3, and both report the metric of all 50 images
     for rank in (0, 1):
-        assert results[rank][0] == pytest.approx(single[0], rel=1e-6)
+        assert results[rank][0] == pytest.approx(single[0], rel=1e-5)  # summed in another order
         assert results[rank][1] == pytest.approx(single[1])
 
 

@@ -9,13 +9,14 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, ViTForImageClassification
 
 from glmc.eval.interpolation import interpolate
-from glmc.models import canonical_forward, relative_deviation, to_canonical
+from glmc.models import canonical_forward, to_canonical
 from glmc.models.export import EXPORT_FILE, export_hf
 from glmc.symmetry import Orthogonal, Transform, apply
 
+from numeric import FORWARD, assert_close_rel
 from tiny_hf import inputs_for, randomize_layernorms, tiny_gpt2, tiny_vit
 
-TOL = 1e-5
+pytestmark = pytest.mark.numeric
 
 
 def char_gpt2(seed=0, vocab=24, hidden=32):
@@ -42,7 +43,7 @@ def _check_roundtrip(model, template, folder):
     with torch.no_grad():
         want = canonical_forward(model.config, model.params(), x)
         got = hf(x).logits
-    assert relative_deviation(got, want) <= TOL
+    assert_close_rel(got, want, FORWARD, f"reloaded {type(template).__name__} vs canonical logits")
     return hf
 
 

@@ -6,10 +6,13 @@ import pytest
 import torch
 
 from glmc.eval.interpolation import interpolate, merge_params
-from glmc.models import canonical_forward, relative_deviation, to_canonical
+from glmc.models import canonical_forward, to_canonical
 from glmc.models.canonical import circuit_params
 
+from numeric import FEW_OPS, FORWARD, assert_close_rel
 from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
+
+pytestmark = pytest.mark.numeric
 
 
 @pytest.mark.parametrize("build", [tiny_vit, tiny_gpt2])
@@ -22,7 +25,8 @@ def test_stacked_heads_equal_explicit_circuits_for_three_models(build):
         stacked = merge_params([m.params() for m in models], weights, ("qk", "vo"))
         explicit = {k: sum(w * c[k] for w, c in zip(weights, circuits)) for k in circuits[0]}
         want = canonical_forward(circuit_config, explicit, x)
-        assert relative_deviation(canonical_forward(models[0].config, stacked, x), want) < 1e-5, weights
+        got = canonical_forward(models[0].config, stacked, x)
+        assert_close_rel(got, want, FORWARD, f"stacked heads vs explicit circuits at {weights}")
         kept = sum(w > 0 for w in weights)  # weight-0 models are left out of the heads
         assert stacked["blocks.0.q_w"].shape[1] == kept * models[0].params()["blocks.0.q_w"].shape[1]
 
@@ -33,12 +37,13 @@ def test_one_pair_as_circuit_the_other_factored():
     merged = merge_params([a.params(), b.params()], [0.5, 0.5], ("qk",))
     ca, cb = circuit_params(a.params()), circuit_params(b.params())
     assert merged["blocks.0.v_w"].shape == a.params()["blocks.0.v_w"].shape  # values averaged as weights
-    assert torch.allclose(merged["blocks.0.v_w"], 0.5 * a.params()["blocks.0.v_w"] + 0.5 * b.params()["blocks.0.v_w"])
+    v_mean = 0.5 * a.params()["blocks.0.v_w"] + 0.5 * b.params()["blocks.0.v_w"]
+    assert_close_rel(merged["blocks.0.v_w"], v_mean, FEW_OPS, "averaged values")
     q, k = merged["blocks.0.q_w"], merged["blocks.0.k_w"]
     qb, kb = merged["blocks.0.q_b"], merged["blocks.0.k_b"]
     aug = lambda w, bias: torch.cat([w, bias[..., None]], -1)  # noqa: E731
     qk = aug(q, qb).transpose(1, 2) @ aug(k, kb)
-    assert torch.allclose(qk, 0.5 * ca["blocks.0.qk"] + 0.5 * cb["blocks.0.qk"], atol=1e-5)
+    assert_close_rel(qk, 0.5 * ca["blocks.0.qk"] + 0.5 * cb["blocks.0.qk"], FEW_OPS, "stacked QK circuit")
     assert torch.isfinite(canonical_forward(a.config, merged, x)).all()
 
 
@@ -49,4 +54,5 @@ def test_circuit_weights_must_be_non_negative_and_pairs_known():
     with pytest.raises(ValueError, match="qk"):
         merge_params([a.params(), b.params()], [0.5, 0.5], ("heads",))
     extrapolated = interpolate([a, b], [1.5, -0.5])  # factored: any affine combination
-    assert torch.allclose(extrapolated.params()["head.w"], 1.5 * a.params()["head.w"] - 0.5 * b.params()["head.w"])
+    head = 1.5 * a.params()["head.w"] - 0.5 * b.params()["head.w"]
+    assert_close_rel(extrapolated.params()["head.w"], head, FEW_OPS, "extrapolated head")

@@ -20,7 +20,10 @@ from glmc.eval.merging import (
 from glmc.eval.metrics import IGNORE_INDEX
 from glmc.models import canonical_forward, to_canonical
 
+from numeric import FEW_OPS, assert_close_rel, assert_params_close_rel
 from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
+
+pytestmark = pytest.mark.numeric
 
 
 def batches_for(model, n=3, batch=4, pad=0):
@@ -42,13 +45,6 @@ def pair(build, **kwargs):
     return to_canonical(build(0, **kwargs)), to_canonical(build(1, **kwargs))
 
 
-def assert_params_close(got, want, rtol=1e-5):
-    assert got.keys() == want.keys()
-    for name in want:
-        scale = want[name].abs().max().clamp(min=1e-3)  # zero biases: an absolute floor
-        assert (got[name] - want[name]).abs().max() <= rtol * scale, name
-
-
 # -- (a) a model merged with itself ------------------------------------------------------------
 @pytest.mark.parametrize("build", [tiny_vit, tiny_gpt2], ids=["vit", "gpt2"])
 def test_merging_a_model_with_itself_returns_it(build):
@@ -59,7 +55,7 @@ def test_merging_a_model_with_itself_returns_it(build):
         regmean_merge([model, model.clone()], batches, alpha=0.9),
         regmean_merge([model, model], batches, weights=[0.2, 0.8], alpha=1.0),
     ):
-        assert_params_close(merged.params(), model.params())
+        assert_params_close_rel(merged.params(), model.params(), FEW_OPS, "merged with itself")
 
 
 # -- (b) RegMean on one linear map ----------------------------------------------------------------
@@ -180,8 +176,9 @@ def test_gram_matrices_drop_padding_and_read_the_class_token_only():
     padded[:, 8:] = IGNORE_INDEX
     full = gram_matrices([gpt], [(x, padded)])[0]
     prefix = gram_matrices([gpt], [(x[:, :8], x[:, :8])])[0]  # causal: the prefix does not see the padding
+    assert full.keys() == prefix.keys()
     for name in full:
-        assert torch.allclose(full[name], prefix[name], rtol=1e-6, atol=1e-6), name
+        assert_close_rel(full[name], prefix[name], FEW_OPS, f"Gram matrix {name}")
     assert full["final"][-1, -1] == 3 * 8  # the constant column counts the kept tokens
 
     vit = to_canonical(tiny_vit(0))
@@ -194,7 +191,9 @@ def test_merged_model_average_is_the_uniform_interpolation():
     models = pair(tiny_vit)
     merged = merged_model("average", models)
     want = interpolate(models, [0.5, 0.5])
-    assert_params_close(merged.params(), want.params(), rtol=1e-7)
+    got, expected = merged.params(), want.params()
+    assert got.keys() == expected.keys()
+    assert all(torch.equal(got[k], expected[k]) for k in expected)  # the same computation: bit for bit
 
 
 # -- (e) bad inputs -----------------------------------------------------------------------------

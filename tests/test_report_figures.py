@@ -304,6 +304,7 @@ def planar_rotation(angles: list[float], width: int, seed: int = 0) -> torch.Ten
     return basis @ r @ basis.T
 
 
+@pytest.mark.numeric
 def test_eigen_angles_of_a_known_rotation():
     angles = [0.3, 1.2, 2.5]
     rotation = planar_rotation(angles, 8)
@@ -313,6 +314,7 @@ def test_eigen_angles_of_a_known_rotation():
     assert eigen_angles(reflection) == pytest.approx([0.0, 0.0, math.pi], abs=1e-12)
 
 
+@pytest.mark.numeric
 def test_weight_matching_reports_the_angles_of_a_hidden_rotation():
     a = to_canonical(tiny_vit(seed=0, hidden=16, heads=2, mlp=32))
     angles = [0.2, 0.6, 1.0, 1.4, 1.8, 2.2, 2.6, 3.0]  # eight planes fill width 16

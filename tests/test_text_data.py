@@ -263,6 +263,7 @@ def test_gpt2_missing_tokenizer_path_is_named(tmp_path):
 # ---------------------------------------------------------------- causal-LM loss with padding
 
 
+@pytest.mark.numeric
 def test_causal_lm_loss_counts_only_non_ignored_targets():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 4, 5, generator=g)

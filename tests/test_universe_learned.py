@@ -19,11 +19,12 @@ from glmc.matching.universe_learned import (
     sample_alpha,
 )
 from glmc.matching.weight import WeightMatcher
-from glmc.models import relative_deviation, to_canonical
+from glmc.models import to_canonical
 from glmc.symmetry import Orthogonal, Permutation, Transform, apply
 from glmc.train.trainer import trainer_factory
 
 from conftest import compose_config
+from numeric import FORWARD, assert_close_rel
 from tiny_hf import inputs_for, tiny_vit
 
 TINY = dict(hidden=16, heads=2, mlp=32)
@@ -72,14 +73,15 @@ def refine(aligned, run_dir, make_trainer=None, **overrides):
     return learned_universe(aligned, context, settings(**overrides))
 
 
+@pytest.mark.numeric
 def test_refined_models_preserve_functions_and_model_0_is_fixed(tmp_path, universe):
     originals, models, aligned = universe
     result = refine(aligned, tmp_path / "run")
     x = inputs_for(originals[0])
     for i, (original, model, (u, r), refined) in enumerate(zip(originals, models, result.transforms, result.models)):
         want = original(x).logits
-        assert relative_deviation(refined(x), want) < 1e-4, i
-        assert relative_deviation(apply(r, apply(u, model))(x), want) < 1e-4, i
+        assert_close_rel(refined(x), want, FORWARD, f"refined model {i}")
+        assert_close_rel(apply(r, apply(u, model))(x), want, FORWARD, f"model {i}: both transforms applied")
         assert refined.config.form == "factored"
     assert result.function_preserving and result.circuits == aligned.circuits == ("qk", "vo")
 

@@ -14,13 +14,15 @@ from glmc.matching.weight import (
     stream_is_centred,
     weight_matching,
 )
-from glmc.models import relative_deviation, to_canonical
+from glmc.models import to_canonical
 from glmc.models.canonical import canonical_forward
 from glmc.models.export import export_hf
 from glmc.symmetry import Orthogonal, SymmetrySpec, Transform, apply
 
+from numeric import FEW_OPS, FORWARD, assert_close_rel
 from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
 
+pytestmark = pytest.mark.numeric
 FAMILIES = {"vit": tiny_vit, "gpt2": tiny_gpt2}
 
 
@@ -52,14 +54,13 @@ def test_aligned_model_computes_b(family):
     a, b = to_canonical(FAMILIES[family](seed=0)), FAMILIES[family](seed=1)
     alignment = WeightMatcher().match(a, to_canonical(b))
     x = inputs_for(b)
-    deviation = relative_deviation(alignment.model(x), b(x).logits)
+    deviation = assert_close_rel(alignment.model(x), b(x).logits, FORWARD, f"{family}: weight-matched B vs B logits")
     print(f"\n{family}: weight-matched B vs B, relative logit deviation {deviation:.2e}")
-    assert deviation < 1e-4
     # factored models whose attention the path interpolates as circuits
     assert alignment.model.config.form == "factored" and alignment.circuits == ("qk", "vo")
     mid = alignment.interpolate(0.5)
     explicit = {k: 0.5 * v + 0.5 * alignment.model.to_circuit().params()[k] for k, v in a.to_circuit().params().items()}
-    assert relative_deviation(mid(x), canonical_forward(a.to_circuit().config, explicit, x)) < 1e-4
+    assert_close_rel(mid(x), canonical_forward(a.to_circuit().config, explicit, x), FORWARD, "midpoint vs circuits")
     # Matching two independent models brings them closer than the unaligned canonical forms.
     objective = alignment.diagnostics["objective"]
     assert objective[-1] < objective[0]
@@ -72,7 +73,7 @@ def test_head_cost_equals_explicit_circuit_distances():
     qa, qb = ca["blocks.0.qk"].double(), cb["blocks.0.qk"].double()
     oa, ob = ca["blocks.0.ov"].double(), cb["blocks.0.ov"].double()
     explicit = torch.cdist(qa.flatten(1), qb.flatten(1)) + torch.cdist(oa.flatten(1), ob.flatten(1))
-    assert torch.allclose(cost, explicit, rtol=1e-5, atol=1e-5)
+    assert_close_rel(cost, explicit, FEW_OPS, "head cost vs circuit distances")
 
 
 def test_permutation_only_cannot_undo_a_rotation():
@@ -102,7 +103,7 @@ def test_keep_mean_fixes_ones_and_keeps_b(family):
     assert alignment.diagnostics["keep_mean"] and _fixes_ones(alignment.transform)
     assert stream_is_centred(alignment.model.params())
     x = inputs_for(b)
-    assert relative_deviation(alignment.model(x), b(x).logits) < 1e-4
+    assert_close_rel(alignment.model(x), b(x).logits, FORWARD, f"{family}: keep_mean aligned B vs B logits")
     # "auto" restricts for centred streams, "never" does not
     assert WeightMatcher(max_iter=1, keep_mean="auto").match(a, to_canonical(b)).diagnostics["keep_mean"]
     assert not WeightMatcher(max_iter=1, keep_mean="never").match(a, to_canonical(b)).diagnostics["keep_mean"]
@@ -117,7 +118,7 @@ def test_keep_mean_merge_exports_to_hf(tmp_path):
     hf = type(a.source).from_pretrained(folder, attn_implementation="eager").eval()
     x = inputs_for(a.source)
     with torch.no_grad():
-        assert relative_deviation(hf(x).logits, mid(x)) < 1e-5
+        assert_close_rel(hf(x).logits, mid(x), FORWARD, "exported midpoint vs canonical logits")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
