@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint format setup clean-outputs reproduce
+.PHONY: demo test test-numeric lint format setup clean-outputs reproduce
 
 setup: $(STAMP)
 
@@ -20,6 +20,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The tests that compare floats computed two ways; CI runs them again on the CPU's plain kernels
+# (ATEN_CPU_CAPABILITY=default) so that tolerances never rest on one instruction set.
+test-numeric: $(STAMP)
+	$(PY) -m pytest -q -m numeric
 
 # Every table and figure of paper 001 (finished runs are reused), then REPORT.md from their sections.
 reproduce: $(STAMP)
