@@ -21,6 +21,8 @@ KEY = endpoint_key(
         "limit_train": None,
     },
     {"lr": 0.1},
+    {"precision": "32-true"},
+    {"corpus": "0" * 64, "tokenizer": None},
 )
 
 

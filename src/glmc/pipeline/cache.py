@@ -6,6 +6,11 @@ folder beside its final place and renamed into place only when complete, so a ki
 most a stray temporary folder, never an entry that a later run would trust; such folders older than
 an hour are removed when the cache is opened.
 
+The key (`endpoint_key`) holds every setting of the model, data, train and trainer sections except an
+allow-list of those that cannot change the weights, and the checksums of the corpus and tokenizer.
+An entry is built under a file lock (`lock`, `<hash>/.seed_<n>.lock`): a second run of the same
+entry waits, then loads what the first one cached.
+
 Training in progress checkpoints into `<hash>/.train_seed_<n>/last.ckpt` (`training_dir`), which a
 rerun of the same config resumes from and which is removed once the entry is cached.
 
@@ -19,34 +24,54 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from glmc.safe_files import move_aside
 
+log = logging.getLogger(__name__)
+
 WEIGHTS, META = "model.safetensors", "meta.json"
 STALE_TMP_SECONDS = 3600  # a temporary folder this old belongs to no live writer
-# Data settings that change which examples a model sees, or in which order.
-DATA_KEYS = ("name", "task", "batch_size", "test_fraction", "split_seed", "augment", "limit_train")
+KEY_VERSION = 2  # bumped when the key's layout changes, so that older entries are never mistaken for new ones
+
+# The key holds every field of the model, data, train and trainer sections except these, which cannot
+# change the trained weights: an allow-list, so that a setting added later is part of the key until
+# someone shows it does not matter. Where the data comes from enters through its checksums instead
+# of data.root (glmc.data.fingerprint).
+NOT_WEIGHTS = {
+    "data": ("root", "download", "eval_batch_size", "limit_test", "tokenizer_path"),
+    "trainer": ("_target_", "enable_progress_bar", "log_every_n_steps"),
+}
 
 
-def endpoint_key(model_cfg: dict, data_cfg: dict, train_cfg: dict) -> dict[str, Any]:
-    """The part of the config that determines a trained endpoint (besides its seed)."""
-    data = {k: data_cfg[k] for k in DATA_KEYS}
-    if data_cfg["name"] == "digits" and data_cfg.get("val_fraction"):
-        # a digits validation split takes training images away; without one the key (and every
-        # endpoint cached before digits could hold one out) stays as it was
-        data["val_fraction"] = data_cfg["val_fraction"]
-    return {"model": model_cfg, "data": data, "train": train_cfg}
+def endpoint_key(
+    model_cfg: dict, data_cfg: dict, train_cfg: dict, trainer_cfg: dict, sources: dict[str, str | None]
+) -> dict[str, Any]:
+    """The part of the config that determines a trained endpoint (besides its seed); `sources` holds
+    the checksums of the corpus and the tokenizer (glmc.data.fingerprint.data_fingerprint)."""
+    keep = lambda section, node: {k: v for k, v in node.items() if k not in NOT_WEIGHTS.get(section, ())}
+    return {
+        "version": KEY_VERSION,
+        "model": model_cfg,
+        "data": keep("data", data_cfg),
+        "train": train_cfg,
+        "trainer": keep("trainer", trainer_cfg),
+        "sources": dict(sources),
+    }
 
 
 def config_hash(key: dict[str, Any]) -> str:
@@ -92,6 +117,32 @@ class EndpointCache:
     def training_dir(self, key: dict[str, Any], seed: int) -> Path:
         """Where the training of `seed` checkpoints until its entry is cached."""
         return self.root / config_hash(key) / f".train_seed_{seed}"
+
+    def lock_path(self, key: dict[str, Any], seed: int) -> Path:
+        return self.root / config_hash(key) / f".seed_{seed}.lock"
+
+    @contextmanager
+    def lock(self, key: dict[str, Any], seed: int, poll: float = 0.5) -> Iterator[bool]:
+        """Hold the entry's file lock while it is checked, trained and saved, so that two runs never
+        train one endpoint into one checkpoint folder. Yields whether another run held it first (then
+        the entry it finished is usually there to load)."""
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            yield False  # ranks started together (torchrun) train each endpoint together, through DDP
+            return
+        path = self.lock_path(key, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(path))
+        waited = False
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            waited = True
+            log.info("seed %d: another run is training this endpoint (%s); waiting for it", seed, path)
+            lock.acquire(poll_interval=poll)
+        try:
+            yield waited
+        finally:
+            lock.release()
 
     def has(self, key: dict[str, Any], seed: int) -> bool:
         """Whether a complete entry exists; an entry missing a file is moved aside (False)."""

@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import OmegaConf, open_dict
 
 from glmc.config import Config
+from glmc.data.fingerprint import data_fingerprint
 from glmc.data.module import DataModule
 from glmc.eval.evaluator import Evaluator
 from glmc.matching.learned import resumable
@@ -47,7 +48,8 @@ class Endpoint:
 
 def cache_key(cfg: Config) -> dict[str, Any]:
     as_dict = lambda node: OmegaConf.to_container(node, resolve=True)
-    return endpoint_key(as_dict(cfg.model), as_dict(cfg.data), as_dict(cfg.train))
+    sources = data_fingerprint(cfg.data)
+    return endpoint_key(as_dict(cfg.model), as_dict(cfg.data), as_dict(cfg.train), as_dict(cfg.trainer), sources)
 
 
 def divergence_hint(cfg: Config) -> str:
@@ -122,28 +124,38 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
     for index, seed in enumerate(shared.seeds):
         cfg = endpoint_config(shared, index)
         key = cache_key(cfg)
-        meta = None
-        training_dir = cache.training_dir(key, seed)
-        if cache.has(key, seed):
-            model = build_model(cfg.model)
-            try:
-                meta = cache.load(key, seed, model)  # a damaged entry is moved aside and retrained below
-                log.info("seed %d: loaded from %s", seed, cache.entry(key, seed))
-            except CorruptEntryError as err:
-                log.warning("seed %d: %s; training it again", seed, err)
-        if meta is not None:
-            metrics, cached = meta["metrics"], True
-        else:
-            log.info("seed %d: training (cache entry %s)", seed, cache.entry(key, seed))
-            logger = tracker.lightning_logger(f"seed_{seed}", "train")
-            model = train_endpoint(cfg, seed, run_dir, logger, checkpoint_dir=training_dir)
-            loss, acc = evaluator.evaluate(model)
-            metrics, cached = {"test_loss": loss, "test_accuracy": acc}, False
-            check_finite_endpoint(model, metrics, f"seed {seed}", divergence_hint(cfg))  # before caching
-            cache.save(key, seed, model, metrics)
-        shutil.rmtree(training_dir, ignore_errors=True)  # cached: its training checkpoints are done with
+        with cache.lock(key, seed) as waited:
+            model, metrics, cached = _load_or_train(cfg, seed, key, cache, run_dir, tracker, evaluator, waited)
         model.eval()
         endpoints.append(
             Endpoint(seed, model, to_canonical(model), metrics["test_loss"], metrics["test_accuracy"], cached)
         )
     return endpoints
+
+
+def _load_or_train(
+    cfg: Config, seed: int, key: dict[str, Any], cache: EndpointCache, run_dir: Path, tracker, evaluator, waited: bool
+) -> tuple[torch.nn.Module, dict[str, Any], bool]:
+    """The cached endpoint, or one trained and cached now; the caller holds the entry's lock."""
+    training_dir = cache.training_dir(key, seed)
+    meta = None
+    if cache.has(key, seed):
+        model = build_model(cfg.model)
+        try:
+            meta = cache.load(key, seed, model)  # a damaged entry is moved aside and retrained below
+            how = "finished by the run it waited for" if waited else "loaded"
+            log.info("seed %d: %s from %s", seed, how, cache.entry(key, seed))
+        except CorruptEntryError as err:
+            log.warning("seed %d: %s; training it again", seed, err)
+    if meta is not None:
+        metrics, cached = meta["metrics"], True
+    else:
+        log.info("seed %d: training (cache entry %s)", seed, cache.entry(key, seed))
+        logger = tracker.lightning_logger(f"seed_{seed}", "train")
+        model = train_endpoint(cfg, seed, run_dir, logger, checkpoint_dir=training_dir)
+        loss, acc = evaluator.evaluate(model)
+        metrics, cached = {"test_loss": loss, "test_accuracy": acc}, False
+        check_finite_endpoint(model, metrics, f"seed {seed}", divergence_hint(cfg))  # before caching
+        cache.save(key, seed, model, metrics)
+    shutil.rmtree(training_dir, ignore_errors=True)  # cached: its training checkpoints are done with
+    return model, metrics, cached
