@@ -120,7 +120,6 @@ def test_the_checksums_are_recorded_in_the_entry(tmp_path):
 def test_a_second_run_waits_for_the_entry_and_loads_it(tmp_path, caplog):
     """While another process holds an entry's lock, the pipeline neither trains nor loads; once the
     holder has cached the endpoint and let go, the waiting run loads that entry."""
-    from glmc.eval.evaluator import Evaluator
     from glmc.models.build import build_model
     from glmc.pipeline import endpoints
 
@@ -133,15 +132,20 @@ def test_a_second_run_waits_for_the_entry_and_loads_it(tmp_path, caplog):
             cache.save(keys[i], seed, build_model(cfg.model), {"test_loss": 1.0, "test_accuracy": 0.5})
     trained = []
 
+    finished = build_model(cfg.model)
+
     def finish_elsewhere():
         holder.acquire()
         held.set()
         time.sleep(1.0)
-        cache.save(keys[0], 0, build_model(cfg.model), {"test_loss": 2.0, "test_accuracy": 0.25})
+        cache.save(keys[0], 0, finished, {"test_loss": 2.0, "test_accuracy": 0.25})
         holder.release()
 
     class Tracker:
         lightning_logger = staticmethod(lambda *a: False)
+
+    class Measured:  # the endpoints' test metrics are measured again when loaded
+        evaluate = staticmethod(lambda model: (1.0, 0.5))
 
     thread = threading.Thread(target=finish_elsewhere)
     thread.start()
@@ -150,11 +154,13 @@ def test_a_second_run_waits_for_the_entry_and_loads_it(tmp_path, caplog):
     endpoints.train_endpoint = lambda *a, **k: trained.append(a) or original(*a, **k)
     try:
         with caplog.at_level(logging.INFO, logger="glmc"):
-            found = endpoints.get_endpoints(cfg, tmp_path / "run", Tracker(), Evaluator([], "classification"))
+            found = endpoints.get_endpoints(cfg, tmp_path / "run", Tracker(), Measured())
     finally:
         endpoints.train_endpoint = original
         thread.join()
     assert not trained
-    assert [e.test_loss for e in found] == [2.0, 1.0] and all(e.cached for e in found)
+    assert all(e.cached for e in found)
+    for name, tensor in finished.state_dict().items():  # the waiting run holds what the other one cached
+        assert torch.equal(found[0].model.state_dict()[name], tensor)
     assert "another run is training this endpoint" in caplog.text
     assert "finished by the run it waited for" in caplog.text

@@ -26,3 +26,24 @@ def barrier_vs_mean(lambdas: Sequence[float], losses: Sequence[float]) -> float:
     """Paper 003's variant: the highest loss on the path minus the plain mean of the endpoint losses."""
     lam, loss = np.asarray(lambdas, float), np.asarray(losses, float)
     return float(np.max(loss) - 0.5 * (loss[np.argmax(lam)] + loss[np.argmin(lam)]))
+
+
+# A path's ends are the endpoints themselves: their losses agree to float32 round-off (the canonical
+# forward sums in another order than the original model's); anything larger means the path's model
+# computes something else, e.g. a setting of B's forward pass that the interpolation took from A.
+END_RTOL = 1e-4
+
+
+def path_end_mismatches(
+    lambdas: Sequence[float], losses: Sequence[float], loss_a: float, loss_b: float, rtol: float = END_RTOL
+) -> list[str]:
+    """'lambda=1 (model A): path 2.3027, endpoint 2.2913' for each end of the path whose loss differs
+    from its endpoint's own loss by more than `rtol` (relative, at least 1e-6 absolute)."""
+    ends = {1.0: ("model A", loss_a), 0.0: ("model B", loss_b)}
+    out = []
+    for lam, loss in zip(lambdas, losses):
+        if lam in ends and loss is not None:
+            name, own = ends[lam]
+            if abs(loss - own) > max(rtol * abs(own), 1e-6):
+                out.append(f"lambda={lam:g} ({name}): path {loss:.6g}, endpoint {own:.6g}")
+    return out

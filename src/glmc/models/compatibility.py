@@ -21,6 +21,9 @@ def _differences(a: CanonicalTransformer, b: CanonicalTransformer, equal_mlp: bo
     yield "has causal={}", cb.causal, ca.causal
     yield "has {} layers", b.num_layers, a.num_layers
     yield "has width {}", b.width, a.width
+    # the interpolated model normalises with A's settings: B's own must be the same, or lambda=0 is not B
+    yield "has norm epsilon {}", cb.norm_eps, ca.norm_eps
+    yield "normalises over {} dimensions", cb.norm_dim, ca.norm_dim
     pa, pb = a.params(), b.params()
     yield "has {} positions", pb["embed.pos"].shape[0], pa["embed.pos"].shape[0]
     if ca.family == "gpt2":

@@ -148,7 +148,9 @@ def _load_or_train(
         except CorruptEntryError as err:
             log.warning("seed %d: %s; training it again", seed, err)
     if meta is not None:
-        metrics, cached = meta["metrics"], True
+        # measured again: the cached value may come from another test slice (data.limit_test) or precision
+        loss, acc = evaluator.evaluate(model)
+        metrics, cached = {"test_loss": loss, "test_accuracy": acc}, True
     else:
         log.info("seed %d: training (cache entry %s)", seed, cache.entry(key, seed))
         logger = tracker.lightning_logger(f"seed_{seed}", "train")
