@@ -37,14 +37,61 @@ def bookcorpus_dataset(cfg: DataConfig):
         with fetching("BookCorpus", "the Hugging Face hub (https://huggingface.co/datasets/bookcorpus)", instead):
             datasets.load_dataset("bookcorpus", split="train").save_to_disk(str(partial))
         partial.rename(path)  # a broken save never looks like the corpus
-    data = datasets.load_from_disk(str(path))
+    data = load_saved(path)
     if isinstance(data, datasets.DatasetDict):
         if "train" not in data:
             raise ValueError(f"{path} holds splits {list(data)}, not a 'train' split")
         data = data["train"]
     if "text" not in data.column_names:
         raise ValueError(f"{path} has columns {data.column_names}, not a 'text' column")
+    feature = data.features["text"]
+    if not isinstance(feature, datasets.Value) or feature.dtype not in ("string", "large_string"):
+        raise ValueError(f"{path}: the 'text' column holds {feature}, not text (one string per row)")
+    if len(data) == 0:
+        raise ValueError(f"{path} holds 0 rows: {RESAVE}")
     return data
+
+
+RESAVE = "save the corpus there again with save_to_disk (or remove the folder and set data.download=true)"
+
+
+def load_saved(path: Path):
+    """`datasets.load_from_disk`, with a ValueError naming the folder, or the damaged file in it,
+    where that fails (a copy cut short, a save of no rows, a folder of something else)."""
+    import datasets
+
+    try:
+        return datasets.load_from_disk(str(path))
+    except Exception as err:
+        shards = sorted(path.rglob("*.arrow"))
+        if not shards:
+            raise ValueError(
+                f"{path} holds no data files (.arrow): a dataset saved with 0 rows, or not a folder written "
+                f"by save_to_disk ({_reason(err)}); {RESAVE}"
+            ) from None
+        for shard in shards:
+            problem = _unreadable_arrow(shard)
+            if problem:
+                raise ValueError(f"{shard} is a damaged Arrow file ({problem}); {RESAVE}") from None
+        raise ValueError(
+            f"{path} does not load as a dataset saved with save_to_disk ({_reason(err)}); {RESAVE}"
+        ) from None
+
+
+def _reason(err: BaseException) -> str:
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+
+
+def _unreadable_arrow(path: Path) -> str | None:
+    """Why the Arrow stream at `path` does not read to its end, or None when it does."""
+    import pyarrow as pa
+
+    try:
+        with pa.memory_map(str(path)) as source:
+            pa.ipc.open_stream(source).read_all()
+    except Exception as err:
+        return _reason(err)
+    return None
 
 
 def encode_rows(tokenizer: HFTokenizer, texts: list[str], seq_len: int) -> list[list[int]]:
@@ -66,7 +113,7 @@ def bookcorpus_splits(cfg: DataConfig):
     for name, rows, limit in zip(("train", "val", "test"), blocks, (cfg.limit_train, cfg.limit_test, cfg.limit_test)):
         if len(rows) == 0:
             raise ValueError(
-                f"the {name} split of {len(data)} bookcorpus rows is empty with "
+                f"the {name} split of the {len(data)} rows of {Path(cfg.root) / 'bookcorpus'} is empty with "
                 f"data.val_fraction={cfg.val_fraction} and data.test_fraction={cfg.test_fraction}"
             )
         if limit is not None:

@@ -17,4 +17,4 @@ def pydoc_text() -> str:
 
 
 def pydoc_splits(cfg: DataConfig):
-    return text_splits(cfg, pydoc_text())
+    return text_splits(cfg, pydoc_text(), source="the pydoc corpus (pydoc_data.topics)")

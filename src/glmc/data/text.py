@@ -9,6 +9,8 @@ loss shifts them (glmc.eval.metrics); target id -100 marks padding that no loss 
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Protocol
 
@@ -63,7 +65,16 @@ def gpt2_tokenizer(cfg: DataConfig) -> HFTokenizer:
         path = Path(cfg.tokenizer_path)
         if not path.is_dir():
             raise FileNotFoundError(f"data.tokenizer_path={path} is not a folder holding a saved tokenizer")
-        return HFTokenizer(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
+        check_tokenizer_folder(path)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except Exception as err:
+            raise ValueError(
+                f"data.tokenizer_path={path} does not load as a tokenizer ({_reason(err)}); {RESAVE}"
+            ) from err
+        if len(tokenizer) < 2:
+            raise ValueError(f"data.tokenizer_path={path} loads as a tokenizer of {len(tokenizer)} ids; {RESAVE}")
+        return HFTokenizer(tokenizer)
     if not cfg.download:
         raise FileNotFoundError(
             "data.tokenizer=gpt2 needs data.tokenizer_path=<folder saved with save_pretrained> "
@@ -72,6 +83,34 @@ def gpt2_tokenizer(cfg: DataConfig) -> HFTokenizer:
     instead = "save it with save_pretrained into a folder and set data.tokenizer_path to that folder"
     with fetching("the GPT-2 tokenizer", "the Hugging Face hub (https://huggingface.co/gpt2)", instead):
         return HFTokenizer(AutoTokenizer.from_pretrained("gpt2"))
+
+
+RESAVE = "save the tokenizer there again with save_pretrained"
+# what save_pretrained writes for a fast tokenizer, or the slow GPT-2 tokenizer's two files
+TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
+
+
+def _reason(err: BaseException) -> str:
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+
+
+def check_tokenizer_folder(path: Path) -> None:
+    """ValueError naming the folder when it lacks the tokenizer's files, or naming the first of its
+    JSON files that does not parse (a copy cut short, a file overwritten by something else)."""
+    if not any(all((path / name).is_file() for name in files) for files in TOKENIZER_FILES):
+        present = sorted(p.name for p in path.iterdir())
+        raise ValueError(
+            f"data.tokenizer_path={path} holds no saved tokenizer: it needs tokenizer.json (or vocab.json and "
+            f"merges.txt) and holds {present or 'nothing'}; {RESAVE}"
+        )
+    for file in sorted(path.glob("*.json")):
+        try:
+            json.loads(file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(
+                f"{file} is not valid JSON ({_reason(err)}): the tokenizer in data.tokenizer_path={path} is "
+                f"damaged; {RESAVE}"
+            ) from None
 
 
 def make_tokenizer(cfg: DataConfig, corpus: str) -> Tokenizer:
@@ -131,9 +170,28 @@ class PaddedSequences(Dataset):
         return self.inputs[i], self.targets[i]
 
 
-def text_splits(cfg: DataConfig, text: str) -> tuple[TokenWindows, TokenWindows, TokenWindows, Tokenizer]:
-    """A whole corpus -> fixed-window train / validation / test sets and the tokenizer."""
+SPLITS = ("train", "validation", "test")
+
+
+def text_splits(
+    cfg: DataConfig, text: str, source: str = "the corpus"
+) -> tuple[TokenWindows, TokenWindows, TokenWindows, Tokenizer]:
+    """A whole corpus -> fixed-window train / validation / test sets and the tokenizer. `source`
+    names the corpus (its file) in the ValueError of a corpus too short for one window per split."""
+    if not text:
+        raise ValueError(f"{source} is empty: it needs at least one window of data.seq_len={cfg.seq_len} per split")
     tokenizer = make_tokenizer(cfg, text)
     blocks = split_text(text, cfg.val_fraction, cfg.test_fraction)
-    sets = [TokenWindows(torch.tensor(tokenizer.encode(b), dtype=torch.long), cfg.seq_len) for b in blocks]
+    sets = []
+    for name, block in zip(SPLITS, blocks):
+        ids = tokenizer.encode(block)
+        if len(ids) < cfg.seq_len:
+            share = min(cfg.val_fraction, cfg.test_fraction)
+            raise ValueError(
+                f"{source} is too short: {len(text)} characters, of which the {name} split holds "
+                f"{len(block)} ({len(ids)} tokens), fewer than one window of data.seq_len={cfg.seq_len}; "
+                f"use a smaller data.seq_len or a corpus of at least about {math.ceil(cfg.seq_len / share)} "
+                f"characters (data.val_fraction={cfg.val_fraction}, data.test_fraction={cfg.test_fraction})"
+            )
+        sets.append(TokenWindows(torch.tensor(ids, dtype=torch.long), cfg.seq_len))
     return sets[0], sets[1], sets[2], tokenizer

@@ -34,5 +34,18 @@ def shakespeare_file(cfg: DataConfig) -> Path:
     return path
 
 
+def read_corpus(path: Path) -> str:
+    """The file's text; a ValueError naming the file and the first bad byte when it is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path} is not UTF-8 text: byte {data[err.start]:#04x} at offset {err.start} of {len(data)} "
+            f"({err.reason}); replace it with the corpus from {URL} or convert it to UTF-8"
+        ) from None
+
+
 def tiny_shakespeare_splits(cfg: DataConfig):
-    return text_splits(cfg, shakespeare_file(cfg).read_text(encoding="utf-8"))
+    path = shakespeare_file(cfg)
+    return text_splits(cfg, read_corpus(path), source=str(path))
