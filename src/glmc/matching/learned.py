@@ -10,8 +10,10 @@ through the same Lightning Trainer settings as the endpoints, with checkpoints u
 started again with the same endpoints and settings resumes from last.ckpt, any other starts afresh.
 The returned transform is the hard projection of the latents, so the aligned model B computes B's
 function, unless its path is worse than the start's on held-out batches (the validation split, or
-training batches where the dataset has none): then the start is returned (`kept_start`). The
-Sinkhorn matcher returns the soft-aligned B instead (the path it trained), marked as not
+training batches where the dataset has none): then the start is returned (`kept_start`). A run
+whose loss or latents stop being finite stops at that step and returns the start too, with
+`diverged` in its diagnostics and a warning naming the lr (glmc.matching.learned_module.DivergenceStop).
+The Sinkhorn matcher returns the soft-aligned B instead (the path it trained), marked as not
 function-preserving, with the hard projection as a variant path.
 """
 
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
+import math
 import pickle
 import time
 import warnings
@@ -36,6 +40,8 @@ from glmc.matching.weight import eigen_angles, used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.safe_files import move_aside
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
+
+log = logging.getLogger(__name__)
 
 
 class _SaveLast(Callback):
@@ -217,6 +223,22 @@ class LearnedMatcher:
         logger = context.logger(self.name) if context.logger else False
         seconds_train, world_size, resume = fit_latents(module, context, pair_dir, self.settings, logger)
         module = module.cpu()
+        diverged = module.divergence()
+        if diverged is not None:
+            ran = module.history[~module.history[:, 1].isnan()]  # a diverged step's loss may be NaN
+            diagnostics = {
+                "init": self.init,
+                "weight_matching": wm,
+                "steps": len(ran),
+                "world_size": world_size,
+                "resumed_from": str(resume) if resume else None,
+                "checkpoint": str(last),
+                "loss_history": finite_list(ran[:, 0]),
+                "lambda_history": finite_list(ran[:, 1]),
+                "seconds_init": seconds_init,
+                "seconds_train": seconds_train,
+            }
+            return self.keep_start(a, b, start, next(iter(loader))[0], diverged, diagnostics)
 
         hard = module.hard_transform()
         aligned = apply(hard, b)
@@ -272,6 +294,32 @@ class LearnedMatcher:
             function_preserving=False,
             variants={"hard_projection": hard_alignment},
         )
+
+    def keep_start(
+        self, a, b, start: Transform, inputs: Tensor, diverged: tuple[int, str], diagnostics: dict[str, Any]
+    ) -> Alignment:
+        """The start's alignment after training diverged, with a warning that says what to change."""
+        step, what = diverged
+        where, lr = self.settings.where, self.settings.lr
+        begin = "weight-matching" if self.init == "weight" else "identity"
+        log.warning(f"{where} diverged at step {step} (lr={lr:g}; {what}): kept the {begin} start; lower {where}.lr")
+        aligned = apply(start, b)
+        with torch.no_grad():
+            deviation = relative_deviation(aligned(inputs), b(inputs))
+        diagnostics = {
+            **diagnostics,
+            "diverged": True,
+            "diverged_at": step,
+            "divergence": what,
+            "endpoint_deviation": deviation,
+            "kept_start": True,
+        }
+        return Alignment(reference=a, model=aligned, transform=start, circuits=self.circuits, diagnostics=diagnostics)
+
+
+def finite_list(values: Tensor) -> list[float | None]:
+    """Floats, with None for NaN and infinities (diagnostics are written as strict JSON)."""
+    return [float(x) if math.isfinite(x) else None for x in values.tolist()]
 
 
 GUARD_LAMBDAS = (0.25, 0.5, 0.75)  # interior points: the endpoints are the same for both paths

@@ -105,7 +105,80 @@ def _key(space: str) -> str:
     return space.replace(".", "_")  # ParameterDict keys cannot hold dots
 
 
-class LearnedMatchingModule(L.LightningModule):
+def nonfinite_latent(latents: nn.ParameterDict) -> str | None:
+    """Which latent holds NaN or infinite values, and how many; None when all are finite."""
+    for key, z in latents.items():
+        bad = int((~torch.isfinite(z.detach())).sum())
+        if bad:
+            return f"latent {key} has {bad} NaN/inf values of {z.numel()}"
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    name = type(err).__name__.lstrip("_")  # torch's _LinAlgError is torch.linalg.LinAlgError
+    return f"{name}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+
+
+class DivergenceStop:
+    """Hooks that stop training the latents cleanly once it diverges, for a LightningModule with
+    `latents` (ParameterDict) and `history` (one row per step: the loss, then the step's draws).
+
+    After every step the loss and the latents are checked (one scalar read); the first non-finite
+    one, or a projection that fails (`projection_failed`, from the training step), sets `diverged`
+    to (step, what) and stops the Trainer. Latents that are already non-finite when training starts
+    (a resumed checkpoint of a diverged run) stop it before the first step. `divergence()` reads
+    the same from the history and the latents after fit, so it holds where the training ran in
+    other processes (ddp_spawn hands back the state dict only)."""
+
+    diverged: tuple[int, str] | None = None
+
+    def stop_diverged(self, step: int, what: str) -> None:
+        if self.diverged is None:
+            self.diverged = (step, what)
+        self.trainer.should_stop = True
+
+    def projection_failed(self, err: BaseException, draws: list[float]) -> None:
+        """The training step could not project the latents (an SVD of values near overflow): the
+        step is recorded with a NaN loss and no optimisation step is taken."""
+        step = self.global_step
+        if step < len(self.history):
+            self.history[step] = torch.tensor([math.nan, *draws], dtype=self.history.dtype)
+        self.stop_diverged(step, f"the projection of the latents failed ({_first_line(err)})")
+
+    def on_train_start(self) -> None:
+        what = nonfinite_latent(self.latents)
+        if what is not None:  # the step before the checkpoint made them so
+            self.stop_diverged(max(self.global_step - 1, 0), what)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        ok = torch.stack([torch.isfinite(z.detach()).all() for z in self.latents.values()]).all()
+        if isinstance(loss, Tensor):
+            ok = ok & torch.isfinite(loss.detach()).all()
+        bad = self.diverged is not None or not bool(ok)
+        # every process decides alike, so that all of them stop at the same step
+        if not self.trainer.strategy.reduce_boolean_decision(bad, all=False):
+            return
+        what = None
+        if isinstance(loss, Tensor) and not torch.isfinite(loss.detach()).all():
+            what = f"the loss is {float(loss.detach().float().sum())}"
+        self.stop_diverged(self.global_step - 1, what or nonfinite_latent(self.latents) or "another process diverged")
+
+    def divergence(self) -> tuple[int, str] | None:
+        """(step, what) of the first divergence of the trained latents, None if there was none."""
+        if self.diverged is not None:
+            return self.diverged
+        history = self.history.detach().cpu()
+        ran = ~history[:, 1].isnan()
+        bad = (ran & ~torch.isfinite(history[:, 0])).nonzero()
+        if len(bad):
+            step = int(bad[0])
+            return step, f"the loss is {float(history[step, 0])}"
+        what = nonfinite_latent(self.latents)
+        return None if what is None else (max(int(ran.sum()) - 1, 0), what)
+
+
+class LearnedMatchingModule(DivergenceStop, L.LightningModule):
     """Latents for the spaces in `kinds` (space name -> orthogonal | permutation | sinkhorn).
 
     `init` holds a dense starting matrix per space (the weight-matching element or the identity);
@@ -197,8 +270,12 @@ class LearnedMatchingModule(L.LightningModule):
         s = self.settings
         generator = torch.Generator().manual_seed(s.seed * 1_000_003 + self.global_step)
         candidates = [sample_lambda(s.lambda_scheme, generator) for _ in range(s.lambda_candidates)]
-        lam = candidates[0] if len(candidates) == 1 else self.worst_lambda(*batch, candidates)
-        loss = self.loss(*batch, lam)
+        try:
+            lam = candidates[0] if len(candidates) == 1 else self.worst_lambda(*batch, candidates)
+            loss = self.loss(*batch, lam)
+        except torch.linalg.LinAlgError as err:
+            self.projection_failed(err, [candidates[0]])
+            return None
         self.log("match_loss", loss, prog_bar=True)
         # the epoch's mean beside the per-step value (a separate key: `match_loss` keeps its name)
         self.log("match_loss_epoch", loss, on_step=False, on_epoch=True, sync_dist=True)
@@ -214,7 +291,7 @@ class LearnedMatchingModule(L.LightningModule):
         global torch generator is restored afterwards, so the training trajectory is unchanged."""
         n = self.settings.epoch_test_batches
         datamodule = getattr(self.trainer, "datamodule", None)
-        if n == 0 or datamodule is None or not hasattr(datamodule, "test_dataloader"):
+        if n == 0 or datamodule is None or not hasattr(datamodule, "test_dataloader") or self.diverged:
             return
         total, count = 0.0, 0
         # a DataLoader's iterator draws its base seed from the global generator, which augmentation

@@ -18,6 +18,7 @@ computes model i's function exactly, and transforms[i] = (universe transform_i, 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +31,14 @@ from torch import Tensor, nn
 from glmc.eval.interpolation import interpolate, merge_params
 from glmc.eval.metrics import loss_and_correct
 from glmc.matching.base import MatchContext, require_factored, settings_hash
-from glmc.matching.learned import _changes, fit_latents
-from glmc.matching.learned_module import LearnedMatchingModule, _key, worst_draw
+from glmc.matching.learned import _changes, finite_list, fit_latents
+from glmc.matching.learned_module import DivergenceStop, LearnedMatchingModule, _key, worst_draw
 from glmc.matching.projections import polar, straight_through_permutation
 from glmc.matching.universe import UniverseAlignment
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.symmetry import Orthogonal, Permutation, SemiPermutation, SymmetrySpec, Transform, apply, apply_dense
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -126,7 +129,7 @@ def project_hard(z: Tensor, kind: str) -> Orthogonal | Permutation:
     return Orthogonal.project(z) if kind == "orthogonal" else Permutation.project(z)
 
 
-class UniverseLearningModule(L.LightningModule):
+class UniverseLearningModule(DivergenceStop, L.LightningModule):
     """Latents for models 1..N-1 (`kinds[i - 1]`: space -> orthogonal | permutation), keyed
     "m<i>_<space>". Model 0 and the endpoints are plain attributes: outside the checkpoint and never
     broadcast by DDP; the checkpoint holds the latents, the optimizer and the history."""
@@ -193,11 +196,15 @@ class UniverseLearningModule(L.LightningModule):
             for d in range(s.candidates)
         ]
         alpha = draws[0]
-        if len(draws) > 1:
-            with torch.no_grad():
-                members = self.member_params()
-            alpha = draws[worst_draw(self.config, self.task, self.circuits, members, *batch, draws)]
-        loss = self.loss(*batch, alpha)
+        try:
+            if len(draws) > 1:
+                with torch.no_grad():
+                    members = self.member_params()
+                alpha = draws[worst_draw(self.config, self.task, self.circuits, members, *batch, draws)]
+            loss = self.loss(*batch, alpha)
+        except torch.linalg.LinAlgError as err:
+            self.projection_failed(err, alpha)
+            return None
         self.log("universe_loss", loss, prog_bar=True)
         if self.global_step < len(self.history):
             self.history[self.global_step] = torch.cat([loss.detach().view(1), loss.new_tensor(alpha)])
@@ -254,14 +261,25 @@ def learned_universe(
     seconds, world_size, resume = fit_latents(module, context, run_dir, settings, logger)
     module = module.cpu()
 
-    refinements = [Transform(), *module.hard_transforms()]
+    start = [Transform(), *(Transform({n: Permutation.identity(spec.spaces[n].size) for n in k}) for k in kinds)]
+    diverged, flags = module.divergence(), {}
+    if diverged is None:
+        refinements = [Transform(), *module.hard_transforms()]
+    else:  # the universe alignment itself, as the refinement started there
+        step, what = diverged
+        log.warning(
+            f"{settings.where} diverged at step {step} (lr={settings.lr:g}; {what}): kept the universe "
+            f"alignment; lower {settings.where}.lr"
+        )
+        refinements = start
+        flags = {"diverged": True, "diverged_at": step, "divergence": what, "kept_start": True}
     refined = [models[0]] + [apply(t, m) for t, m in zip(refinements[1:], models[1:])]
-    history = module.history[~module.history[:, 0].isnan()]
-    start = [Transform({n: Permutation.identity(spec.spaces[n].size) for n in t}) for t in refinements]
+    history = module.history[~module.history[:, 1].isnan()]  # the steps that ran
     diagnostics: dict[str, Any] = {
+        **flags,
         "steps": len(history),
         "seconds": seconds,
-        "history": [float(x) for x in history[:, 0]],
+        "history": finite_list(history[:, 0]),
         "alpha_history": [[float(a) for a in row] for row in history[:, 1:]],
         "concentration": settings.concentration,
         "edge_share": settings.edge_share,
