@@ -1,7 +1,7 @@
 """glmc: symmetry-aware alignment of Transformers and loss barriers along linear paths."""
 
-from glmc.api import align
-from glmc.eval.evaluator import Evaluator, evaluate, evaluate_path
+from glmc.api import align, evaluate, evaluate_path
+from glmc.eval.evaluator import Evaluator
 from glmc.eval.interpolation import interpolate
 from glmc.models.convert import to_canonical
 

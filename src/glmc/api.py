@@ -1,18 +1,27 @@
 """Public entry points for people who bring their own models.
 
-from glmc import to_canonical, align, interpolate, evaluate_path
+from glmc import to_canonical, align, interpolate, evaluate, evaluate_path
+
+Inputs and labels are checked against the model before any work: a token sequence longer than a
+GPT-2 model's positions, a token id outside its vocabulary or a label outside a ViT's classes is a
+ValueError that says so, not an IndexError deep inside a forward pass.
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import TensorDataset
 
+from glmc.eval import evaluator as _evaluator
+from glmc.eval.metrics import IGNORE_INDEX
 from glmc.matching.base import Alignment, MatchContext, Matcher
 from glmc.matching.registry import METHODS, build_matcher, default_method_config
+from glmc.models.canonical import CanonicalTransformer
 from glmc.models.compatibility import check_compatible
 from glmc.models.convert import to_canonical
 
@@ -35,9 +44,10 @@ def align(
     activation_orth, rotation, learned, learned_perm, learned_sinkhorn) whose settings are overridden
     by `options` (e.g. max_iter=5, lr=1e-2; a misspelled option is an error naming it), or any object with a
     `match(a, b, context)` method. Data-driven methods need `data`, a DataLoader of training
-    batches (inputs, targets). Learned matching trains with a Lightning Trainer (settings from
-    `trainer`, e.g. {"accelerator": "gpu"}) and checkpoints into `run_dir` (a temporary folder if
-    None, so nothing resumes).
+    batches (inputs, targets); a DataLoader of a TensorDataset is checked whole against model A
+    (sequence lengths, token ids, labels), any other data by its first batch. Learned matching
+    trains with a Lightning Trainer (settings from `trainer`, e.g. {"accelerator": "gpu"}) and
+    checkpoints into `run_dir` (a temporary folder if None, so nothing resumes).
 
     The two models must have the same architecture (family, layers, heads, head dims, MLP widths,
     width, vocabulary, positions, classes): a ValueError names the first difference. A matcher object
@@ -51,13 +61,131 @@ def align(
         matcher = build_matcher(default_method_config(matcher, **options))
     elif options:
         raise TypeError("options apply to a matcher given by name")
+    if not callable(getattr(matcher, "match", None)):
+        raise ValueError(
+            f"matcher={matcher!r} has no match(a, b, context) method: pass a method name ({', '.join(METHODS)}) "
+            "or an object with one"
+        )
     a, b = to_canonical(model_a), to_canonical(model_b)
     check_compatible(a, b, equal_mlp=getattr(matcher, "equal_mlp_widths", True))
+    if data is not None:
+        check_data(a, data)
     with tempfile.TemporaryDirectory(prefix="glmc-align-") as scratch:
         context = MatchContext(
             data=data, trainer=_trainer(trainer), run_dir=Path(run_dir or scratch), device=torch.device(device)
         )
         return matcher.match(a, b, context)
+
+
+def evaluate(model: torch.nn.Module, loader: Iterable, task: str = "classification", **options) -> tuple[float, float]:
+    """Mean loss and accuracy of `model` over `loader` (options: device, precision); every batch is
+    checked against the model as it is read."""
+    return _evaluator.evaluate(model, CheckedBatches(loader, model, task), task, **options)
+
+
+def evaluate_path(
+    model_a: torch.nn.Module | Alignment,
+    model_b: torch.nn.Module | None,
+    loader: Iterable,
+    lambdas: Sequence[float],
+    task: str = "classification",
+    circuits: Sequence[str] = (),
+    progress: bool = True,
+    **options,
+) -> dict[str, list[float]]:
+    """Loss and accuracy along lam * A + (1 - lam) * B. Pass an Alignment as the first argument
+    (and None for B) to use its parameterisation and circuit setting. Every batch is checked
+    against A as it is read."""
+    reference = model_a.reference if isinstance(model_a, Alignment) else model_a
+    checked = CheckedBatches(loader, reference, task)
+    return _evaluator.evaluate_path(model_a, model_b, checked, lambdas, task, circuits, progress, **options)
+
+
+def model_limits(model: Any) -> dict[str, Any]:
+    """What a model accepts: its family, positions (GPT-2), vocabulary (GPT-2) and classes (ViT);
+    empty for a model of another kind (nothing is checked then)."""
+    if isinstance(model, CanonicalTransformer):
+        p = model.params()
+        if model.config.family == "gpt2":
+            return {"family": "gpt2", "positions": p["embed.pos"].shape[0], "vocab": p["embed.tokens"].shape[0]}
+        return {"family": model.config.family, "classes": p["head.w"].shape[0]}
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind == "gpt2":
+        return {"family": "gpt2", "positions": config.n_positions, "vocab": config.vocab_size}
+    if kind == "vit":
+        return {"family": "vit", "classes": config.num_labels}
+    return {}
+
+
+def check_batch(limits: dict[str, Any], inputs: Any, targets: Any, task: str) -> None:
+    """ValueError when a batch does not fit the model `limits` describes (model_limits)."""
+    if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        return
+    if limits.get("family") == "gpt2":
+        positions, vocab = limits["positions"], limits["vocab"]
+        if inputs.dim() >= 1 and inputs.shape[-1] > positions:
+            raise ValueError(
+                f"inputs of {inputs.shape[-1]} tokens are longer than the model's {positions} positions: "
+                f"cut the sequences to at most {positions} tokens (e.g. data.seq_len={positions})"
+            )
+        outside = inputs[(inputs < 0) | (inputs >= vocab)]
+        if outside.numel():
+            raise ValueError(
+                f"input token id {int(outside[0])} is outside the model's vocabulary of {vocab} ids (0 to "
+                f"{vocab - 1}): tokenize with the model's own tokenizer"
+            )
+        if task == "causal_lm":
+            outside = targets[((targets < 0) & (targets != IGNORE_INDEX)) | (targets >= vocab)]
+            if outside.numel():
+                raise ValueError(
+                    f"target token id {int(outside[0])} is outside the model's vocabulary of {vocab} ids (0 to "
+                    f"{vocab - 1}, or {IGNORE_INDEX} for padding)"
+                )
+    classes = limits.get("classes")
+    if task == "classification" and classes is not None:
+        outside = targets[(targets < 0) | (targets >= classes)]
+        if outside.numel():
+            raise ValueError(
+                f"label {int(outside[0])} is outside the model's {classes} classes (0 to {classes - 1}): number "
+                f"the labels from 0, or use a model with num_labels > {int(targets.max())}"
+            )
+
+
+class CheckedBatches:
+    """`loader`'s batches (inputs, targets), each checked against `model` (check_batch) as it is read."""
+
+    def __init__(self, loader: Iterable, model: Any, task: str):
+        self.loader, self.limits, self.task = loader, model_limits(model), task
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            check_batch(self.limits, batch[0], batch[1], self.task)
+            yield batch
+
+
+def check_data(model: CanonicalTransformer, data: Any) -> None:
+    """align's training data against `model`: a DataLoader of a TensorDataset whole, other data
+    (a DataLoader, a list of batches) by its first batch, with every random state that drawing it
+    advances (the global generator, the loader's own) restored; a LightningDataModule is left to
+    its loaders."""
+    if hasattr(data, "train_dataloader"):
+        return
+    limits, task = model_limits(model), model.task
+    dataset = getattr(data, "dataset", None)
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
+        check_batch(limits, dataset.tensors[0], dataset.tensors[1], task)
+        return
+    generator = getattr(data, "generator", None)
+    state = generator.get_state() if isinstance(generator, torch.Generator) else None
+    try:
+        with torch.random.fork_rng(devices=[]):
+            batch = next(iter(data), None)
+    finally:
+        if state is not None:
+            generator.set_state(state)
+    if batch is not None:
+        check_batch(limits, batch[0], batch[1], task)
 
 
 def _trainer(overrides: dict[str, Any] | None):
