@@ -22,16 +22,16 @@ from glmc.data.module import DataModule
 from glmc.eval.barrier import barrier, barrier_vs_mean, lambda_grid
 from glmc.eval.evaluator import Evaluator
 from glmc.matching.base import Alignment, MatchContext
-from glmc.matching.registry import build_matcher, check_methods, method_config
+from glmc.matching.registry import build_matcher, method_config
 from glmc.models.canonical import relative_deviation
 from glmc.models.embed_width import match_widths, same_shapes
 from glmc.pipeline.cache import config_hash
 from glmc.pipeline.endpoints import Endpoint, cache_key, get_endpoints
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
-from glmc.pipeline.multi import check_multi, format_multi, run_multi
+from glmc.pipeline.multi import format_multi, run_multi
 from glmc.pipeline.report import format_table, write_results
 from glmc.pipeline.tracking import Tracker
-from glmc.pipeline.validate import check_run_dir, validate_config
+from glmc.pipeline.validate import check_run_dir, remove_previous_outputs, validate_config
 from glmc.safe_files import atomic_write_text
 from glmc.train.trainer import resolve_device, trainer_factory
 
@@ -120,20 +120,6 @@ def evaluate_alignment(
     }
 
 
-def check_endpoint_shapes(cfg: Config, matchers: dict[str, Any]) -> None:
-    """Endpoints of different widths (endpoint_models) are compared in the first one's shapes: the
-    wider model first, and no method that interpolates the original models."""
-    if not cfg.endpoint_models:
-        return
-    if len(cfg.endpoint_models) != len(cfg.seeds):
-        raise ValueError(
-            f"endpoint_models has {len(cfg.endpoint_models)} entries for {len(cfg.seeds)} seeds: give one "
-            "per seed ({} keeps the shared model)"
-        )
-    if "vanilla" in matchers:
-        raise ValueError("vanilla interpolates the original models, which differ in shape: drop vanilla from methods")
-
-
 def check_vocabulary(cfg: Config, data: DataModule) -> None:
     """A text dataset's tokenizer must fit the model's embedding."""
     if data.vocab_size is not None and cfg.model.vocab_size < data.vocab_size:
@@ -186,7 +172,8 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
     """Validate, then run every stage; on Ctrl-C say where the checkpoints are before exiting."""
     run_dir = Path(run_dir)
     validate_config(cfg)
-    check_run_dir(cfg, run_dir)
+    if check_run_dir(cfg, run_dir):  # overwrite=true: nothing of the replaced results stays
+        remove_previous_outputs(run_dir)
     stage: dict[str, str] = {}
     sigint = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
     try:
@@ -208,15 +195,11 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
     quiet_lightning()
     run_dir.mkdir(parents=True, exist_ok=True)
     task = cfg.data.task
-    # bad seeds, methods or method settings fail here, before any training
+    # a method's own checks of its settings fail here, before any training
     pairs = seed_pairs(list(cfg.seeds), cfg.pairing)
     lambdas = lambda_grid(cfg.eval.num_lambdas)
     universe = cfg.pairing == "universe"
-    if universe:
-        check_multi(cfg)
-    check_methods(list(cfg.matcher.methods))
     matchers = {} if universe else {name: build_matcher(method_config(cfg, name)) for name in cfg.matcher.methods}
-    check_endpoint_shapes(cfg, matchers)
     device = resolve_device(cfg.trainer.accelerator)
     with Tracker(cfg, run_dir) as tracker:
         data = DataModule(cfg.data, seed=0)

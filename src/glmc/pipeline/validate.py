@@ -1,39 +1,37 @@
 """Checks that run before any data is loaded or any model trained.
 
 `validate_config` refuses settings that would crash or mislead hours later (duplicate seeds, a
-barrier without an interior point, empty data slices, non-positive learning rates, keys the schema
-does not know). `check_run_dir` refuses to write into a folder that already holds the results of a
-different config, unless `overwrite=true`; `RunFolderGuard` (a Hydra callback, conf/config.yaml) runs
-the same check before Hydra writes the run's .hydra/ files into that folder.
+barrier without an interior point, empty data slices, learning rates that are not positive and
+finite, out-of-range settings of every method and of multi-model runs, endpoints of different
+widths that cannot be embedded into the first, keys the schema does not know). `check_run_dir`
+refuses a run folder that cannot be written, or that already holds the results of a different
+config unless `overwrite=true`; `RunFolderGuard` (a Hydra callback, conf/config.yaml) runs the same
+check before Hydra writes the run's .hydra/ files into that folder.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import logging
+import math
+import shutil
+import tempfile
+import typing
 from collections import Counter
-from dataclasses import fields
+from collections.abc import Callable
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from glmc.config import Config, DataConfig, EvalConfig, MergeConfig, ModelConfig, SymmetryConfig, TrainConfig
+from glmc.config import Config, TrainerConfig
+from glmc.matching.registry import METHODS
 
 log = logging.getLogger(__name__)
-
-# Sections whose keys are fixed by the schema; `+section.key=...` would add a key that nothing reads
-# (and, for model/data/train, one that changes the endpoint cache key).
-SCHEMA_SECTIONS = {
-    "model": ModelConfig,
-    "data": DataConfig,
-    "train": TrainConfig,
-    "eval": EvalConfig,
-    "merge": MergeConfig,
-    "symmetry": SymmetryConfig,
-}
 
 # Keys that do not change any number in results.json: a rerun may differ in them.
 NOT_RESULTS = (
@@ -47,9 +45,103 @@ NOT_RESULTS = (
     "threads",  # how fast, not what: numbers may differ in the last bits only
 )
 
+SEED_LIMIT = 2**32  # numpy, sklearn and Lightning take seeds in [0, 2^32)
+MULTI_METHODS = ("vanilla", "weight", "learned")  # what a multi-model run evaluates
+# what a run with data=<name> loads: the text datasets need a GPT-2 model, the others a ViT
+TEXT_DATA = ("pydoc", "tiny_shakespeare", "bookcorpus")
+# endpoints of different widths (endpoint_models) share these with the first (and the family, which
+# every endpoint's data fixes): only the widths differ. A canonical path takes its norm eps from the
+# first model, so eps is shared too
+_SHARED = ("num_layers", "hidden_act", "layer_norm_eps")
+SHARED_MODEL_KEYS = {
+    "vit": (*_SHARED, "qkv_bias", "image_size", "patch_size", "num_channels", "num_labels"),
+    "gpt2": (*_SHARED, "vocab_size", "max_positions"),
+}
+# what is embedded into the first endpoint's shapes may not be larger there
+WIDTHS = ("hidden_size", "num_heads", "mlp_size", "head_size")
+
 
 class ConfigError(ValueError):
     """A setting that cannot work; the message names the key, its value and what to do."""
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# rule -> (holds for a value, what to use instead)
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "positive": (lambda v: _number(v) and v > 0, "use a finite number > 0"),
+    "nonnegative": (lambda v: _number(v) and v >= 0, "use a finite number >= 0 (0: none)"),
+    "fraction": (lambda v: _number(v) and 0 <= v < 1, "use a value in [0, 1)"),
+    "share": (lambda v: _number(v) and 0 <= v <= 1, "use a value in [0, 1]"),
+    "count": (lambda v: _number(v) and v >= 1, "use at least 1"),
+    "count0": (lambda v: _number(v) and v >= 0, "use 0 or more"),
+    "seed": (lambda v: _number(v) and 0 <= v < SEED_LIMIT, f"use a seed in [0, 2^32) (0 to {SEED_LIMIT - 1})"),
+}
+
+# settings of the same name mean the same thing in every method (matcher.<name>.*) and in multi.*
+SHARED_RULES = {
+    "weight_decay": "nonnegative",
+    "warmup_fraction": "fraction",
+    "max_steps": "count",
+    "checkpoint_every": "count",
+    "init_noise": "nonnegative",
+    "seed": "seed",
+    "candidates": "count",
+    "lambda_candidates": "count",
+    "max_iter": "count",
+    "weight_max_iter": "count",
+    "tol": "nonnegative",
+    "weight_tol": "nonnegative",
+    "batches": "count",
+    "sinkhorn_iters": "count",
+    "sinkhorn_temperature": "positive",
+    "sinkhorn_noise": "nonnegative",
+}
+SECTION_RULES = {
+    "model": {
+        **dict.fromkeys(("hidden_size", "num_layers", "num_heads", "mlp_size"), "count"),
+        **dict.fromkeys(("image_size", "patch_size", "num_channels", "num_labels"), "count"),
+        **dict.fromkeys(("vocab_size", "max_positions"), "count"),
+        "dropout": "fraction",
+        "layer_norm_eps": "positive",
+    },
+    "data": {"seq_len": "count", "split_seed": "seed", "num_workers": "count0"},
+    "train": {
+        "weight_decay": "nonnegative",
+        "warmup_fraction": "fraction",
+        "label_smoothing": "fraction",
+        "gradient_clip_val": "nonnegative",
+        "accumulate_grad_batches": "count",
+    },
+    "merge": {"batches": "count", "regmean_alpha": "share"},  # RegMean's alpha G + (1 - alpha) diag(G)
+    "multi": {
+        **SHARED_RULES,
+        "max_rounds": "count",
+        "tol": "positive",
+        "samples": "count0",
+        "concentration": "positive",
+        "edge_share": "share",
+    },
+}
+
+
+def _range_problems(key: str, value: Any, rule: str) -> list[str]:
+    holds, fix = RULES[rule]
+    return [] if holds(value) else [f"{key}={value}: {fix}"]
+
+
+def _section_problems(prefix: str, node: Any, rules: dict[str, str]) -> list[str]:
+    return [
+        p for name, rule in rules.items() if name in node for p in _range_problems(f"{prefix}.{name}", node[name], rule)
+    ]
+
+
+def _lr_problems(key: str, value: Any, example: str) -> list[str]:
+    if RULES["positive"][0](value):
+        return []
+    return [f"{key}={value}: the learning rate must be positive and finite (e.g. {key}={example})"]
 
 
 def _problems(cfg: Config) -> list[str]:
@@ -64,6 +156,12 @@ def _problems(cfg: Config) -> list[str]:
     negative = [s for s in seeds if s < 0]
     if negative:
         problems.append(f"seeds={seeds}: seed {negative[0]} is negative; use seeds >= 0")
+    large = [s for s in seeds if s >= SEED_LIMIT]
+    if large:
+        problems.append(f"seeds={seeds}: seed {large[0]} is too large; use seeds in [0, 2^32)")
+    problems += _pairing_problems(cfg)
+    if cfg.threads is not None and cfg.threads < 1:
+        problems.append(f"threads={cfg.threads}: use at least 1, or null for torch's default")
     if cfg.eval.num_lambdas < 3:
         problems.append(
             f"eval.num_lambdas={cfg.eval.num_lambdas}: a barrier needs a point between the endpoints; "
@@ -71,12 +169,20 @@ def _problems(cfg: Config) -> list[str]:
         )
     if cfg.eval.cache_batches_mb < 0:
         problems.append(f"eval.cache_batches_mb={cfg.eval.cache_batches_mb}: use 0 (no cache) or a positive size")
-    if not cfg.train.lr > 0:
-        problems.append(f"train.lr={cfg.train.lr}: the learning rate must be positive (e.g. train.lr=3e-3)")
-    if cfg.train.weight_decay < 0:
-        problems.append(f"train.weight_decay={cfg.train.weight_decay}: use 0 (none) or a positive value")
+    problems += _lr_problems("train.lr", cfg.train.lr, "3e-3")
     if cfg.train.max_epochs < 1:
         problems.append(f"train.max_epochs={cfg.train.max_epochs}: train for at least 1 epoch")
+    patience = cfg.train.early_stopping_patience
+    if patience is not None and patience < 0:
+        problems.append(f"train.early_stopping_patience={patience}: use 0 or more, or null for no early stopping")
+    for section, rules in SECTION_RULES.items():
+        if section != "multi":
+            problems += _section_problems(section, cfg[section], rules)
+    if cfg.model.num_heads >= 1 and cfg.model.hidden_size % cfg.model.num_heads:
+        problems.append(
+            f"model.hidden_size={cfg.model.hidden_size}: not divisible by model.num_heads={cfg.model.num_heads}; "
+            "choose a width that is a multiple of the number of heads"
+        )
     for key in ("limit_train", "limit_test"):
         value = cfg.data[key]
         if value is not None and value < 1:
@@ -84,23 +190,228 @@ def _problems(cfg: Config) -> list[str]:
     for key in ("batch_size", "eval_batch_size"):
         if cfg.data[key] < 1:
             problems.append(f"data.{key}={cfg.data[key]}: use a batch size of at least 1")
+    problems += _fraction_problems(cfg)
     problems += _image_size_problems(cfg)
-    for name in cfg.matcher.methods:
-        node = cfg.matcher[name] if name in cfg.matcher else None  # unknown names: check_methods says so
-        if node is not None and "lr" in node and not node.lr > 0:
+    problems += _model_problems(cfg)
+    problems += _method_problems(cfg)
+    problems += _multi_problems(cfg)
+    problems += _unknown_keys(cfg, Config, "")
+    return problems
+
+
+def _pairing_problems(cfg: Config) -> list[str]:
+    from glmc.pipeline.run import seed_pairs  # the pipeline's own pairing: its errors name the seeds
+
+    try:
+        seed_pairs(list(cfg.seeds), str(cfg.pairing))
+    except ValueError as err:
+        return [str(err)]
+    if cfg.pairing == "universe" and len(cfg.seeds) < 3:
+        return [f"seeds={list(cfg.seeds)}: pairing=universe aligns three or more models; give at least 3 seeds"]
+    return []
+
+
+def _fraction_problems(cfg: Config) -> list[str]:
+    """The held-out shares: digits holds out no validation images with val_fraction 0, while the
+    text datasets cut their corpus into train, validation and test blocks and need all three."""
+    val, test = cfg.data.val_fraction, cfg.data.test_fraction
+    problems = []
+    if cfg.data.name in TEXT_DATA and not (_number(val) and 0 < val < 1):
+        problems.append(
+            f"data.val_fraction={val}: data={cfg.data.name} cuts a validation block from its text; use a value "
+            "in (0, 1) (e.g. data.val_fraction=0.05)"
+        )
+    elif not (_number(val) and 0 <= val < 1):
+        problems.append(f"data.val_fraction={val}: use a value in [0, 1) (0: no validation split)")
+    if not (_number(test) and 0 < test < 1):
+        problems.append(f"data.test_fraction={test}: use a value in (0, 1) (e.g. data.test_fraction=0.2)")
+    elif _number(val) and 0 <= val < 1 and val + test >= 1:
+        problems.append(
+            f"data.val_fraction={val} and data.test_fraction={test}: together they leave no training data; "
+            "keep their sum below 1"
+        )
+    return problems
+
+
+def _model_problems(cfg: Config) -> list[str]:
+    """The shared model against the data, and the per-endpoint models (endpoint_models) against the
+    first one, which every narrower endpoint is embedded into."""
+    problems = _fits_data(cfg, cfg.model, "model")
+    entries = list(cfg.endpoint_models or [])
+    if not entries:
+        return problems
+    if len(entries) != len(cfg.seeds):
+        return problems + [
+            f"endpoint_models has {len(entries)} entries for {len(cfg.seeds)} seeds: give one per seed "
+            "({} keeps the shared model)"
+        ]
+    if cfg.pairing == "universe":
+        problems.append(
+            "endpoint_models: pairing=universe needs endpoints of one shape; leave endpoint_models empty "
+            "(endpoint_models=[])"
+        )
+    elif "vanilla" in cfg.matcher.methods:
+        problems.append(
+            f"matcher.methods={list(cfg.matcher.methods)}: vanilla interpolates the original models, which "
+            "differ in shape (endpoint_models): drop vanilla from matcher.methods"
+        )
+    from glmc.pipeline.endpoints import endpoint_config
+
+    models = []
+    for index in range(len(entries)):
+        try:
+            models.append(endpoint_config(cfg, index).model)
+        except ValueError as err:
+            first_line = (str(err).splitlines() or [""])[0]
+            problems.append(f"{first_line}; endpoint_models[{index}] takes the keys of model")
+    if len(models) < len(entries):
+        return problems
+    where = [f"endpoint_models[{i}] (seed {s})" for i, s in enumerate(cfg.seeds)]
+    shared = cfg.model
+    for index, model in enumerate(models):  # what the shared model's checks have not covered
+        if (model.family, model.max_positions) != (shared.family, shared.max_positions):
+            problems += _fits_data(cfg, model, f"{where[index]}: model")
+        own = (model.hidden_size, model.num_heads) != (shared.hidden_size, shared.num_heads)
+        if own and model.num_heads >= 1 and model.hidden_size % model.num_heads:
             problems.append(
-                f"matcher.{name}.lr={node.lr}: the learning rate of {name} must be positive "
-                f"(e.g. matcher.{name}.lr=0.3)"
+                f"{where[index]}: model.hidden_size={model.hidden_size} is not divisible by "
+                f"model.num_heads={model.num_heads}"
             )
-    for section, schema in SCHEMA_SECTIONS.items():
-        known = {f.name for f in fields(schema)}
-        extra = [k for k in cfg[section].keys() if k not in known]
-        if extra:
-            names = ", ".join(f"{section}.{k}" for k in extra)
+    first = models[0]
+    for index, model in enumerate(models[1:], 1):
+        for key in SHARED_MODEL_KEYS.get(str(first.family), ("num_layers",)):
+            if model[key] != first[key]:
+                problems.append(
+                    f"{where[index]}: model.{key}={model[key]} differs from endpoint 0's {first[key]}; endpoints of "
+                    f"different widths differ in their widths only (set {key}: {first[key]} in endpoint_models"
+                    f"[{index}] or leave it out there)"
+                )
+    from glmc.pipeline.run import seed_pairs
+
+    try:
+        pairs = seed_pairs(list(cfg.seeds), str(cfg.pairing))
+    except ValueError:  # _pairing_problems names it
+        return problems
+    for a, b in pairs:
+        wide, narrow = _widths(models[a]), _widths(models[b])
+        larger = [k for k in WIDTHS if narrow[k] > wide[k]]
+        if larger:
+            key = larger[0]
             problems.append(
-                f"{names}: not a setting of {section} (known: {', '.join(sorted(known))}); "
-                "remove the `+` override or fix the spelling"
+                f"{where[b]}: {key} {narrow[key]} is larger than the {wide[key]} of {where[a]}, which it is embedded "
+                f"into (pairing={cfg.pairing} aligns seed {cfg.seeds[b]} to seed {cfg.seeds[a]}); put the widest "
+                "model first (pairing=first aligns every endpoint to the first)"
             )
+    return problems
+
+
+def _widths(model: Any) -> dict[str, int]:
+    sizes = {k: model[k] for k in ("hidden_size", "num_heads", "mlp_size")}
+    return {**sizes, "head_size": model.hidden_size // max(model.num_heads, 1)}
+
+
+def _fits_data(cfg: Config, model: Any, key: str) -> list[str]:
+    """A text dataset needs a GPT-2 model whose positions hold a window; images need a ViT."""
+    text = cfg.data.name in TEXT_DATA
+    family = str(model.family)
+    if text and family != "gpt2":
+        return [f"{key}.family={family}: data={cfg.data.name} is text; choose a GPT-2 model (model.family=gpt2)"]
+    if not text and family != "vit":
+        return [f"{key}.family={family}: data={cfg.data.name} is images; choose a ViT model (model.family=vit)"]
+    seq_len = cfg.data.seq_len
+    if text and _number(seq_len) and seq_len > model.max_positions:
+        return [
+            f"data.seq_len={seq_len}: longer than the {model.max_positions} positions of the model "
+            f"({key}.max_positions={model.max_positions}); set data.seq_len<={model.max_positions} or "
+            f"model.max_positions>={seq_len}"
+        ]
+    return []
+
+
+def _method_problems(cfg: Config) -> list[str]:
+    """Every method the run builds: the names, and each one's settings (its lr and the SHARED_RULES)."""
+    names = list(cfg.matcher.methods)
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        return [f"matcher.methods={names}: {unknown[0]} is not a method; choose from {', '.join(METHODS)}"]
+    if not names:
+        return [f"matcher.methods=[]: name at least one of {', '.join(METHODS)}"]
+    if cfg.pairing == "universe" and cfg.multi.pairwise in METHODS:
+        names = [n for n in dict.fromkeys([*names, str(cfg.multi.pairwise)])]
+    problems = []
+    for name in names:
+        node = cfg.matcher[name]
+        if "lr" in node:
+            problems += _lr_problems(f"matcher.{name}.lr", node.lr, "0.3")
+        problems += _section_problems(f"matcher.{name}", node, SHARED_RULES)
+        if "epoch_test_batches" in node and not node.epoch_test_batches >= -1:
+            problems.append(
+                f"matcher.{name}.epoch_test_batches={node.epoch_test_batches}: use -1 (all), 0 (off) or more"
+            )
+    return problems
+
+
+def _multi_problems(cfg: Config) -> list[str]:
+    """multi.*: read by pairing=universe runs only, checked in every run (a setting nothing reads
+    may as well be right)."""
+    from glmc.matching.universe_learned import EDGE_LAMBDAS
+
+    m = cfg.multi
+    problems = _lr_problems("multi.lr", m.lr, "0.3") + _section_problems("multi", m, SECTION_RULES["multi"])
+    methods = list(m.methods)
+    unknown = [x for x in methods if x not in MULTI_METHODS]
+    if unknown or not methods:
+        problems.append(f"multi.methods={methods}: choose one or more of {', '.join(MULTI_METHODS)}")
+    if m.pairwise not in METHODS:
+        problems.append(f"multi.pairwise={m.pairwise}: not a method; choose from {', '.join(METHODS)}")
+    if m.edge_lambda not in EDGE_LAMBDAS:
+        problems.append(f"multi.edge_lambda={m.edge_lambda}: choose one of {', '.join(EDGE_LAMBDAS)}")
+    step = m.step
+    if not (_number(step) and 0 < step <= 1):
+        problems.append(f"multi.step={step}: use a grid step in (0, 1] (e.g. multi.step=0.1)")
+    elif cfg.pairing == "universe" and len(cfg.seeds) <= 3 and abs(round(1 / step) * step - 1) > 1e-9:
+        problems.append(
+            f"multi.step={step}: the barycentric grid of up to three models needs 1 / step to be an integer "
+            "(e.g. multi.step=0.1, 0.2, 0.25 or 0.5)"
+        )
+    return problems
+
+
+def _known_keys(schema: type, node: Any) -> set[str]:
+    known = {f.name for f in fields(schema)}
+    if schema is TrainerConfig:  # `+trainer.<argument>=...` reaches the Trainer its _target_ names
+        from hydra.utils import get_class
+
+        try:
+            target = get_class(str(node.get("_target_", TrainerConfig._target_)))
+        except Exception:  # instantiate reports an unknown target with its own message
+            return known | set(node.keys())
+        parameters = inspect.signature(target.__init__).parameters.values()
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            return known | set(node.keys())
+        known |= {p.name for p in parameters if p.name != "self"}
+    return known
+
+
+def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
+    """Keys of `node` that are not settings of `schema` (a dataclass of glmc.config), in every
+    nested section: `+section.key=...` would add a key that nothing reads."""
+    known = _known_keys(schema, node)
+    extra = [k for k in node.keys() if k not in known]
+    where = prefix[:-1] or "the config"
+    problems = []
+    if extra:
+        names = ", ".join(f"{prefix}{k}" for k in extra)
+        shown = sorted(known) if len(known) <= 40 else [*sorted(known)[:40], "..."]
+        problems.append(
+            f"{names}: not a setting of {where} (known: {', '.join(shown)}); "
+            "remove the `+` override or fix the spelling"
+        )
+    hints = typing.get_type_hints(schema)
+    for f in fields(schema):
+        child = hints.get(f.name)
+        if is_dataclass(child) and f.name in node and isinstance(node[f.name], DictConfig):
+            problems += _unknown_keys(node[f.name], child, f"{prefix}{f.name}.")
     return problems
 
 
@@ -165,13 +476,39 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     ]
 
 
-def check_run_dir(cfg: Config, run_dir: Path) -> None:
-    """FileExistsError when `run_dir` holds results.json of a different config (and overwrite is false).
+def check_writable(run_dir: Path) -> None:
+    """PermissionError naming `run_dir` when it cannot be created or written (a probe file is
+    created and removed there, or in the nearest folder above it that exists)."""
+    run_dir = Path(run_dir)
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise PermissionError(
+            f"the run folder {run_dir} cannot be created: {existing} is not a folder; choose another "
+            "folder (hydra.run.dir=...)"
+        )
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".glmc-write-probe-"):
+            pass
+    except OSError as err:
+        what = "is not writable" if existing == run_dir else f"cannot be created in {existing}"
+        raise PermissionError(
+            f"the run folder {run_dir} {what} ({err.strerror or err}); make it writable or choose another "
+            "folder (hydra.run.dir=...)"
+        ) from None
+
+
+def check_run_dir(cfg: Config, run_dir: Path) -> bool:
+    """PermissionError when `run_dir` cannot be written; FileExistsError when it holds results.json
+    of a different config (and overwrite is false). True when overwrite=true replaces such results:
+    `remove_previous_outputs` then clears what that config wrote.
 
     The same config (up to NOT_RESULTS) may run again: it resumes learned matching from its checkpoints."""
+    check_writable(run_dir)
     results = Path(run_dir) / "results.json"
     if not results.is_file():
-        return
+        return False
     try:
         saved = json.loads(results.read_text()).get("config")
         if not isinstance(saved, dict):
@@ -180,15 +517,51 @@ def check_run_dir(cfg: Config, run_dir: Path) -> None:
     except (OSError, ValueError, AttributeError) as err:
         differences = [f"its results.json records no readable config ({err})"]
     if not differences:
-        return
+        return False
     shown = "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else "")
     if cfg.get("overwrite", False):
         log.warning("overwrite=true: replacing the results in %s of a different config (%s)", run_dir, shown)
-        return
+        return True
     raise FileExistsError(
         f"{run_dir} already holds the results of a different config ({shown}): pass overwrite=true to "
         "replace them (other files there are kept), or choose another folder (hydra.run.dir=...)"
     )
+
+
+# what a run writes into its folder besides one folder per method (glmc.pipeline.run, .report, .multi)
+RESULT_FILES = ("results.json", "barrier.csv", "barrier.png", "simplex.png")
+KEPT_FOLDERS = ("logs", "wandb", ".hydra")  # logs of earlier runs and Hydra's record stay
+
+
+def previous_outputs(run_dir: Path) -> list[Path]:
+    """What the run recorded in `run_dir`/results.json wrote there: its result files, one folder per
+    method (learned checkpoints, hf_<seeds> exports, diagnostics) and universe/ of a multi-model run."""
+    run_dir = Path(run_dir)
+    try:
+        saved = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        saved = {}
+    names = list(saved.get("methods") or {}) if isinstance(saved, dict) else []
+    if isinstance(saved, dict) and saved.get("multi"):
+        names.append("universe")
+    folders = [
+        run_dir / n
+        for n in names
+        if isinstance(n, str) and n and Path(n).name == n and not n.startswith(".") and n not in KEPT_FOLDERS
+    ]
+    found = [p for p in folders if p.is_dir() and not p.is_symlink()]
+    return found + [run_dir / f for f in RESULT_FILES if (run_dir / f).is_file()]
+
+
+def remove_previous_outputs(run_dir: Path) -> None:
+    """Remove `previous_outputs`: with overwrite=true, nothing of the replaced config's results (an
+    export, a diagnostics file, a method the new config does not run) is left beside the new ones."""
+    for path in previous_outputs(run_dir):
+        log.info("overwrite=true: removing %s of the replaced results", path)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 class RunFolderGuard(Callback):
@@ -196,6 +569,7 @@ class RunFolderGuard(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         run_dir = Path(str(config.hydra.run.dir))
+        check_writable(run_dir)
         if not (run_dir / "results.json").is_file():
             return
         task = copy.deepcopy(config)  # the task function's config: everything but the `hydra` node
