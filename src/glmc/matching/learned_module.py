@@ -227,6 +227,11 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         # spawn launcher (which returns the state dict) carry it
         self.register_buffer("history", torch.full((settings.max_steps, 2), math.nan))
 
+    @property
+    def progress_name(self) -> str:
+        """How progress lines name the run (glmc.train.progress_log): the matcher's config node."""
+        return self.settings.where
+
     def endpoint_params(self, which: str) -> dict[str, Tensor]:
         params = self._endpoints[which]
         if next(iter(params.values())).device != self.device:

@@ -172,6 +172,7 @@ class UniverseLearningModule(DivergenceStop, L.LightningModule):
     endpoint_params = LearnedMatchingModule.endpoint_params
     configure_optimizers = LearnedMatchingModule.configure_optimizers
     on_load_checkpoint = LearnedMatchingModule.on_load_checkpoint
+    progress_name = LearnedMatchingModule.progress_name
 
     def matrices(self, i: int) -> dict[str, Tensor]:
         return {name: project(self.latents[self.key(i, name)], kind) for name, kind in self.kinds[i - 1].items()}
