@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from glmc.config import DataConfig
+from glmc.data.step_sampler import StepSampler
 
 
 @dataclass
@@ -63,7 +64,8 @@ def _limit(dataset: Dataset, n: int | None) -> Dataset:
 
 class DataModule(L.LightningDataModule):
     """Train loader shuffled by a generator seeded from the endpoint seed (or continued from
-    `train_generator_state` when training resumes); test loader fixed."""
+    `train_generator_state` when training resumes, or positioned at `train_start_step` in the same
+    order); test loader fixed."""
 
     def __init__(self, cfg: DataConfig, seed: int = 0):
         super().__init__()
@@ -75,6 +77,8 @@ class DataModule(L.LightningDataModule):
         self.tokenizer = None
         # set by a resumed run: the state of the shuffling generator where the interrupted run stopped
         self.train_generator_state: torch.Tensor | None = None
+        # set by learned matching: the training order is a function of the step, starting at this one
+        self.train_start_step: int | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
@@ -93,6 +97,17 @@ class DataModule(L.LightningDataModule):
         return None if self.tokenizer is None else self.tokenizer.vocab_size
 
     def train_dataloader(self) -> DataLoader:
+        drop_last = len(self.train_set) > self.cfg.batch_size
+        if self.train_start_step is not None:
+            # the same order as below, positioned by the step (glmc.data.step_sampler)
+            sampler = StepSampler(len(self.train_set), self.seed, self.cfg.batch_size, drop_last, self.train_start_step)
+            return DataLoader(
+                self.train_set,
+                batch_size=self.cfg.batch_size,
+                sampler=sampler,
+                num_workers=self.cfg.num_workers,
+                drop_last=drop_last,
+            )
         generator = torch.Generator().manual_seed(self.seed)
         if self.train_generator_state is not None:
             generator.set_state(self.train_generator_state)
@@ -102,7 +117,7 @@ class DataModule(L.LightningDataModule):
             shuffle=True,
             generator=generator,
             num_workers=self.cfg.num_workers,
-            drop_last=len(self.train_set) > self.cfg.batch_size,
+            drop_last=drop_last,
         )
 
     def test_dataloader(self) -> DataLoader:

@@ -17,9 +17,10 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from glmc.choices import EvalPrecision
 from glmc.config import Config
 from glmc.data.module import DataModule
-from glmc.eval.barrier import barrier, barrier_vs_mean, lambda_grid
+from glmc.eval.barrier import barrier, barrier_vs_mean, lambda_grid, path_end_mismatches
 from glmc.eval.evaluator import Evaluator
 from glmc.matching.base import Alignment, MatchContext
 from glmc.matching.registry import build_matcher, method_config
@@ -104,10 +105,27 @@ def is_global_zero() -> bool:
 
 
 def evaluate_alignment(
-    evaluator: Evaluator, alignment: Alignment, b: Endpoint, lambdas: list[float], task: str, desc: str
+    evaluator: Evaluator,
+    alignment: Alignment,
+    b: Endpoint,
+    lambdas: list[float],
+    task: str,
+    desc: str,
+    end_losses: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """The path's curve, barriers and how far the aligned B is from B (relative logit deviation)."""
+    """The path's curve, barriers and how far the aligned B is from B (relative logit deviation).
+
+    `end_losses` (A's and B's own losses on the evaluator's batches): a function-preserving path must
+    start and end at them; a mismatch above float32 round-off is an error naming both values."""
     curve = evaluator.path(alignment, lambdas, desc=desc)
+    if end_losses is not None and alignment.function_preserving:
+        mismatches = path_end_mismatches(lambdas, curve["loss"], *end_losses)
+        if mismatches:
+            raise ValueError(
+                f"{desc}: the path does not end at its endpoints ({'; '.join(mismatches)}): the interpolated "
+                "model computes another function than the endpoint, e.g. a model setting that differs between "
+                "the endpoints (model.layer_norm_eps in endpoint_models) and is taken from model A"
+            )
     return {
         "barrier": barrier(lambdas, curve["loss"]),
         "barrier_vs_mean": barrier_vs_mean(lambdas, curve["loss"]),
@@ -168,19 +186,37 @@ def _interrupted(err: BaseException) -> bool:
     )
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a cluster's preemption, `kill`) during run_pipeline. A KeyboardInterrupt, so that it
+    takes Ctrl-C's path: Lightning stops training as it does for Ctrl-C and the run says where its
+    checkpoints are; the process then exits with status 143 (128 + SIGTERM)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated(f"received signal {signum}")
+
+
+def _terminated(err: BaseException) -> bool:
+    return isinstance(err, Terminated) or isinstance(err.__context__, Terminated)
+
+
 def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
-    """Validate, then run every stage; on Ctrl-C say where the checkpoints are before exiting."""
+    """Validate, then run every stage; on Ctrl-C or SIGTERM say where the checkpoints are before exiting."""
     run_dir = Path(run_dir)
     validate_config(cfg)
     if check_run_dir(cfg, run_dir):  # overwrite=true: nothing of the replaced results stays
         remove_previous_outputs(run_dir)
     stage: dict[str, str] = {}
-    sigint = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    main = threading.current_thread() is threading.main_thread()  # where signal handlers can be set
+    sigint = signal.getsignal(signal.SIGINT) if main else None
+    sigterm = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
     try:
         return _run(cfg, run_dir, stage)
     except (KeyboardInterrupt, SystemExit) as err:
         if not _interrupted(err):
             raise
+        if main:
+            signal.signal(signal.SIGTERM, sigterm or signal.SIG_DFL)  # a second SIGTERM acts as before the run
         if sigint is not None:
             signal.signal(signal.SIGINT, sigint)  # Lightning ignores further Ctrl-C after the first
         try:
@@ -188,7 +224,12 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
         except Exception as failure:  # never hide the interrupt behind a failing message
             message = f"interrupted (no checkpoint summary: {failure})"
         log.error(message)
+        if _terminated(err):
+            raise SystemExit(128 + signal.SIGTERM) from err
         raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, sigterm or signal.SIG_DFL)
 
 
 def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
@@ -216,6 +257,11 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
         evaluator = test if cfg.eval.split == "test" else Evaluator(data.eval_dataloader(cfg.eval.split), **options)
         stage["name"] = "endpoints"
         endpoints = get_endpoints(cfg, run_dir, tracker, test)
+        # every endpoint's own loss on the path's batches, where each function-preserving path must end
+        # (under autocast the two forwards round differently: no check)
+        own = None
+        if cfg.eval.precision == EvalPrecision.full:
+            own = [e.test_loss if evaluator is test else evaluator.evaluate(e.model)[0] for e in endpoints]
         make_trainer = trainer_factory(cfg.trainer)
         methods: dict[str, Any] = {}
         for name, matcher in matchers.items():
@@ -239,7 +285,8 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
                     b_canonical = match_widths(a.canonical, b.canonical, seeded, str(cfg.embed_stream))
                 alignment = matcher.match(a.canonical, b_canonical, context)
                 seconds = time.perf_counter() - start
-                result = evaluate_alignment(evaluator, alignment, b, lambdas, task, desc=f"{name} {label}")
+                ends = None if own is None else (own[ia], own[ib])
+                result = evaluate_alignment(evaluator, alignment, b, lambdas, task, f"{name} {label}", ends)
                 for variant, other in alignment.variants.items():  # e.g. a Sinkhorn run's hard projection
                     result[variant] = evaluate_alignment(evaluator, other, b, lambdas, task, f"{name} {variant}")
                 if cfg.merge.kinds:
