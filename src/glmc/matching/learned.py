@@ -86,13 +86,14 @@ def fit_latents(module, context: MatchContext, folder: Path, settings, logger) -
     """Train a latent module with a Trainer from the context; returns the seconds spent in fit, the
     number of processes that trained and the checkpoint it resumed from.
 
-    Checkpoints go to folder/checkpoints: `last.ckpt` every `settings.checkpoint_every` steps and,
-    when the data is a DataModule, `epoch.ckpt` at every epoch's end with the random state and the
-    loader's shuffling state (glmc.train.resume.EpochCheckpoint). A finished run resumes from
-    last.ckpt (nothing left to train); an interrupted one from epoch.ckpt, so that it finishes with
-    the numbers of an uninterrupted run (a mid-epoch last.ckpt cannot restore the order of the
-    epoch's remaining batches), or from last.ckpt before any epoch has ended and with a plain
-    loader, whose order cannot be restored."""
+    Checkpoints go to folder/checkpoints: `last.ckpt` every `settings.checkpoint_every` steps, with
+    the random state (glmc.train.resume.EpochCheckpoint, which also writes `epoch.ckpt` at every
+    epoch's end). A run resumes from last.ckpt. On one process with a DataModule, the training order
+    is a function of the step (the DataModule's `train_start_step`, glmc.data.step_sampler), so a run
+    killed anywhere, mid-epoch included, finishes with the numbers of an uninterrupted one. Across
+    several processes the samplers are Lightning's: an interrupted run resumes from epoch.ckpt, the
+    last state whose order can be restored. Exactness assumes no random augmentation: its draws for
+    the batch loaded ahead of a mid-epoch checkpoint are not replayed."""
     from glmc.train.resume import EpochCheckpoint
 
     last, epoch = folder / "checkpoints" / "last.ckpt", folder / "checkpoints" / "epoch.ckpt"
@@ -119,7 +120,10 @@ def fit_latents(module, context: MatchContext, folder: Path, settings, logger) -
         limit_val_batches=0,
     )
     resume = resumable(last)
-    if exact and resume is not None and _checkpoint_step(resume) < settings.max_steps:
+    stepped = exact and trainer.world_size == 1
+    if stepped:
+        context.data.train_start_step = 0 if resume is None else _checkpoint_step(resume)
+    elif exact and resume is not None and _checkpoint_step(resume) < settings.max_steps:
         resume = resumable(epoch) or resume
     tick = time.perf_counter()
     try:
@@ -129,6 +133,7 @@ def fit_latents(module, context: MatchContext, folder: Path, settings, logger) -
     finally:
         if exact:  # the shared DataModule: the next fit starts from the seeded order again
             context.data.train_generator_state = None
+            context.data.train_start_step = None
     return time.perf_counter() - tick, trainer.world_size, resume
 
 
