@@ -96,7 +96,8 @@ def test_paper_vit_on_digits_runs_at_full_size_on_cpu(tmp_path):
             "model=vit_cifar_digits",
             "data.limit_train=32",
             "data.limit_test=32",
-            "matcher.learned.max_steps=3",
+            "matcher.weight.max_iter=2",  # the learned start too
+            "matcher.learned.max_steps=2",
         ],
         ["vanilla", "weight", "learned"],
     )
@@ -114,6 +115,7 @@ def test_paper_gpt2_on_embedded_corpus_runs_at_full_size_on_cpu(tmp_path):
             "data.limit_train=4",
             "data.limit_test=2",
             "data.batch_size=4",
+            "matcher.weight.max_iter=2",
         ],
         ["vanilla", "weight"],
     )

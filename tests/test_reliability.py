@@ -592,7 +592,8 @@ def _cli(cache: Path, run: Path) -> list[str]:
         "debug=fast",
         "logger=none",
         "matcher.methods=[vanilla]",
-        "train.max_epochs=6",
+        "train.max_epochs=4",
+        "data.limit_train=192",
         f"cache_dir={cache}",
         f"hydra.run.dir={run}",
     ]
