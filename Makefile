@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(PY) run.py
 
+# Two test processes (one per core on a 2-core machine), each file's tests in one of them (module
+# fixtures are built once), one torch thread each: tiny models gain nothing from intra-op threads.
+# test-numeric runs at torch's own thread count.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 GLMC_TEST_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
 
 # The tests that compare floats computed two ways; CI runs them again on the CPU's plain kernels
 # (ATEN_CPU_CAPABILITY=default) so that tolerances never rest on one instruction set.

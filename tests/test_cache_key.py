@@ -3,6 +3,7 @@ checksums too, and two runs building one entry take turns through its file lock.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -164,3 +165,37 @@ def test_a_second_run_waits_for_the_entry_and_loads_it(tmp_path, caplog):
         assert torch.equal(found[0].model.state_dict()[name], tensor)
     assert "another run is training this endpoint" in caplog.text
     assert "finished by the run it waited for" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_joblib_sweep_on_an_empty_cache_trains_each_endpoint_once(tmp_path):
+    """Two jobs started together need the same two endpoints: one job trains each, the other waits."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    sweep = tmp_path / "sweep"
+    command = [
+        sys.executable,
+        "run.py",
+        "-m",
+        "hydra/launcher=local_grid",
+        "hydra.launcher.n_jobs=2",
+        "threads=1",
+        "debug=fast",
+        "logger=none",
+        "train.max_epochs=1",
+        "data.limit_train=128",
+        "matcher.methods=[vanilla],[canonical]",
+        f"cache_dir={tmp_path / 'cache'}",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.sweep.subdir=${hydra.job.num}",
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    logs = "".join((sweep / str(job) / "run.log").read_text() for job in (0, 1))
+    for seed in (0, 1):
+        assert logs.count(f"seed {seed}: training (cache entry") == 1, logs
+    for job, method in enumerate(("vanilla", "canonical")):
+        assert list(json.loads((sweep / str(job) / "results.json").read_text())["methods"]) == [method]
