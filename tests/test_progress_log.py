@@ -69,6 +69,7 @@ def test_non_terminal_output_gets_step_loss_rate_and_time_left(tmp_path, caplog,
     guard = DivergenceGuard("seed 3", "lower train.lr")
     trainer, lines = fit_lines(tmp_path, caplog, monkeypatch, False, [guard])
     assert sum(isinstance(c, ProgressLog) for c in trainer.callbacks) == 1
+    assert trainer.progress_bar_callback is None  # the lines replace the bar in a log file
     print("\n  " + "\n  ".join(lines))
     # the first step, the last one (inside 30 s, nothing between) and a summary
     first, last, summary = lines
@@ -88,6 +89,7 @@ def test_every_steps_writes_a_line_at_each_multiple(tmp_path, caplog, monkeypatc
 def test_no_lines_on_a_terminal_or_with_progress_off(tmp_path, caplog, monkeypatch, terminal, overrides):
     trainer, lines = fit_lines(tmp_path, caplog, monkeypatch, terminal, (), *overrides)
     assert lines == [] and not any(isinstance(c, ProgressLog) for c in trainer.callbacks)
+    assert (trainer.progress_bar_callback is not None) == terminal  # a terminal keeps its bar
 
 
 def test_durations_read_as_hours_minutes_seconds():

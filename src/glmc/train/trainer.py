@@ -20,7 +20,7 @@ def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
     (default_root_dir, logger, callbacks, max_steps, ...), which take precedence; every Trainer also
     closes the process group of spawned DDP ranks at the end of fit (glmc.train.process_group) and,
     with progress enabled and standard output not a terminal, logs its progress as lines
-    (glmc.train.progress_log)."""
+    (glmc.train.progress_log) instead of drawing a bar."""
     from hydra.utils import instantiate
 
     build = instantiate(trainer_cfg, _partial_=True)
@@ -30,6 +30,8 @@ def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
         callbacks = [*(overrides.pop("callbacks", None) or []), CloseProcessGroup()]
         if progress_lines and overrides.get("enable_progress_bar", True):
             callbacks.append(ProgressLog())
+            # the lines replace the bar, whose redraws would fill a log file with control characters
+            overrides["enable_progress_bar"] = False
         return build(**{"enable_model_summary": False, **overrides, "callbacks": callbacks})
 
     return make
