@@ -31,8 +31,25 @@ def tiny_overrides(tmp_path):
     return ["debug=fast", f"cache_dir={tmp_path / 'endpoints'}", "logger=none"]
 
 
+# The files whose tests take longest (subprocesses, spawned ranks, the reproduce fixture), longest first.
+# They are collected before the others, so that `make test`'s two processes (pytest-xdist, one file at
+# a time) start them early and finish together instead of one running a long file alone at the end.
+LONG_FILES = (
+    "test_reproduce.py",
+    "test_reliability.py",
+    "test_cache_key.py",
+    "test_paper_configs.py",
+    "test_learned.py",
+    "test_evaluator.py",
+    "test_pipeline.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run only where CUDA is visible; everywhere else they are reported as skipped."""
+    """Long files first (LONG_FILES); `gpu` tests run only where CUDA is visible and are reported as
+    skipped elsewhere."""
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: file order kept otherwise
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -4,11 +4,15 @@ step through the joblib launcher, and the launcher configs composing with their 
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import math
 import subprocess
 import sys
+import time
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -16,7 +20,7 @@ from omegaconf import OmegaConf
 
 from glmc.report.artefact import Artefact, Step
 
-from conftest import CONF, ROOT
+from conftest import CONF, ROOT, compose_config
 
 sys.path.insert(0, str(ROOT / "experiments"))
 import reproduce  # noqa: E402  (a script, importable once its folder is on the path)
@@ -42,14 +46,32 @@ def reproduce_cli(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
     return proc
 
 
+def run_in_this_process(args: list[str], what: str, folder, env=None) -> float:
+    """reproduce.run_command without a new interpreter: the same overrides through compose and
+    run_pipeline (each run.py process spends seconds importing before it starts)."""
+    from glmc.pipeline.run import run_pipeline
+
+    assert not any(a.startswith("-m") for a in args), "a grid step needs the launcher: run it through run.py"
+    start = time.perf_counter()
+    run_pipeline(compose_config(*(a for a in args if not a.startswith("hydra."))), folder)
+    return time.perf_counter() - start
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """All four artefacts once, from tiny runs; the tests below read the same folders."""
+    """All four artefacts once, from tiny runs, their run.py calls made in this process; the tests
+    below read the same folders, and the second call goes through the command line."""
     base = tmp_path_factory.mktemp("reproduce")
     args = ["--tiny", "--root", str(base / "runs"), "--out", str(base / "report")]
     args += ["--set", f"cache_dir={base / 'endpoints'}", "--set", "logger=none"]
-    first = reproduce_cli(*OURS, *args)
-    return base, args, first
+    printed, command = io.StringIO(), reproduce.run_command
+    reproduce.run_command = run_in_this_process
+    try:
+        with contextlib.redirect_stdout(printed):
+            reproduce.main([*OURS, *args])
+    finally:
+        reproduce.run_command = command
+    return base, args, SimpleNamespace(stdout=printed.getvalue())
 
 
 def finite(cell: str) -> bool:
