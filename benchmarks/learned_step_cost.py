@@ -21,10 +21,10 @@ from hydra import compose, initialize_config_dir
 
 from glmc.config import register_configs
 from glmc.data.module import DataModule
-from glmc.eval.metrics import logits_of, loss_and_correct
 from glmc.matching.learned_module import LearnedMatchingModule
 from glmc.matching.registry import build_matcher, method_config
 from glmc.matching.weight import weight_matching
+from glmc.metrics import logits_of, loss_and_correct
 from glmc.models.build import build_model
 from glmc.models.canonical import canonical_forward, circuit_params
 from glmc.models.convert import to_canonical

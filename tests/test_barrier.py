@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from glmc.eval.barrier import barrier, barrier_vs_mean, lambda_grid
-from glmc.eval.interpolation import interpolate, interpolate_state_dicts
+from glmc.interpolation import interpolate, interpolate_state_dicts
 
 from numeric import FEW_OPS, assert_close_rel
 

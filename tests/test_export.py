@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, ViTForImageClassification
 
-from glmc.eval.interpolation import interpolate
+from glmc.interpolation import interpolate
 from glmc.models import canonical_forward, to_canonical
 from glmc.models.export import EXPORT_FILE, export_hf
 from glmc.symmetry import Orthogonal, Transform, apply

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glmc.eval.interpolation import interpolate, merge_params
+from glmc.interpolation import interpolate, merge_params
 from glmc.models import canonical_forward, to_canonical
 from glmc.models.canonical import circuit_params
 

@@ -7,7 +7,7 @@ import torch
 
 from glmc.data.module import DataModule
 from glmc.eval.evaluator import evaluate_path
-from glmc.eval.interpolation import merge_params
+from glmc.interpolation import merge_params
 from glmc.matching.base import MatchContext
 from glmc.matching.learned import LearnedMatcher
 from glmc.matching.learned_module import LAMBDA_SCHEMES, LearnedMatchingModule, LearnedSettings, sample_lambda

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glmc.eval.interpolation import interpolate
 from glmc.eval.merging import (
     augmented_matrix,
     fisher_average,
@@ -17,7 +16,8 @@ from glmc.eval.merging import (
     regmean_linear,
     regmean_merge,
 )
-from glmc.eval.metrics import IGNORE_INDEX
+from glmc.interpolation import interpolate
+from glmc.metrics import IGNORE_INDEX
 from glmc.models import canonical_forward, to_canonical
 
 from numeric import FEW_OPS, assert_close_rel, assert_params_close_rel

@@ -16,7 +16,7 @@ import glmc.data.bookcorpus as bookcorpus
 from glmc.data.module import DataModule
 from glmc.data.pydoc_corpus import pydoc_text
 from glmc.data.text import split_text
-from glmc.eval.metrics import IGNORE_INDEX, loss_and_correct
+from glmc.metrics import IGNORE_INDEX, loss_and_correct
 
 from conftest import compose_config
 

@@ -2,7 +2,7 @@
 
 from glmc.api import align, evaluate, evaluate_path
 from glmc.eval.evaluator import Evaluator
-from glmc.eval.interpolation import interpolate
+from glmc.interpolation import interpolate
 from glmc.models.convert import to_canonical
 
 __all__ = ["Evaluator", "align", "evaluate", "evaluate_path", "interpolate", "to_canonical"]

@@ -18,9 +18,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 from glmc.eval import evaluator as _evaluator
-from glmc.eval.metrics import IGNORE_INDEX
 from glmc.matching.base import Alignment, MatchContext, Matcher
 from glmc.matching.registry import METHODS, build_matcher, default_method_config
+from glmc.metrics import IGNORE_INDEX
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.compatibility import check_compatible
 from glmc.models.convert import to_canonical

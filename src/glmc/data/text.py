@@ -4,7 +4,7 @@ A corpus is split into contiguous train / validation / test blocks (by `data.val
 `data.test_fraction` of its characters, in that order), each block tokenized on its own and cut into
 non-overlapping windows of `data.seq_len` tokens. The test windows are fixed, so every method is
 evaluated on the same tokens. A window is (inputs, targets) with targets = inputs: the causal-LM
-loss shifts them (glmc.eval.metrics); target id -100 marks padding that no loss counts.
+loss shifts them (glmc.metrics); target id -100 marks padding that no loss counts.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from glmc.config import DataConfig
 from glmc.data.download import fetching
-from glmc.eval.metrics import IGNORE_INDEX as IGNORE
+from glmc.metrics import IGNORE_INDEX as IGNORE
 
 
 class Tokenizer(Protocol):

@@ -20,9 +20,9 @@ import torch.distributed as dist
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from glmc.eval.interpolation import interpolate_state_dicts, merge_params
-from glmc.eval.metrics import loss_and_correct
+from glmc.interpolation import interpolate_state_dicts, merge_params
 from glmc.matching.base import Alignment
+from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 
 AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}

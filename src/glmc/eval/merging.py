@@ -24,8 +24,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from glmc.eval.interpolation import interpolate
-from glmc.eval.metrics import IGNORE_INDEX, loss_and_correct
+from glmc.interpolation import interpolate
+from glmc.metrics import IGNORE_INDEX, loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 
 MERGE_KINDS = ("average", "fisher", "regmean")
@@ -100,7 +100,7 @@ def fisher_information(
     empirical Fisher (the mean of squared per-example gradients), which would cost one backward pass
     per example: the batch gradient averages out part of the per-example noise, so prefer small
     batches. The scale of the estimate is the same for all models, so the merge is unaffected by it.
-    Causal LM targets equal to IGNORE_INDEX (padding) are not counted (glmc.eval.metrics)."""
+    Causal LM targets equal to IGNORE_INDEX (padding) are not counted (glmc.metrics)."""
     models = _check_models(models, "fisher")
     task = task or models[0].task
     fishers = [{k: torch.zeros_like(v, dtype=torch.float64) for k, v in m.params().items()} for m in models]

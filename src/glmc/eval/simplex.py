@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from glmc.eval.barrier import barrier
-from glmc.eval.interpolation import interpolate
+from glmc.interpolation import interpolate
 from glmc.matching.base import Alignment
 
 Point = tuple[float, ...]

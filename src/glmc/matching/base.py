@@ -26,7 +26,7 @@ class Alignment:
     `reference` is A and `model` is B transformed, both in the parameterisation the method
     interpolates: the original (HF) models for vanilla, factored canonical models otherwise.
     `circuits` names the attention pairs ("qk", "vo") that are interpolated as circuits
-    QK = Q~^T K~ and OV = W_O V~ rather than as factored weights (glmc.eval.interpolation).
+    QK = Q~^T K~ and OV = W_O V~ rather than as factored weights (glmc.interpolation).
     `function_preserving` is False where `model` no longer computes exactly what B computes
     (soft permutations). `variants` are further paths the pipeline evaluates beside this one
     (e.g. the hard projection of a Sinkhorn run)."""
@@ -41,7 +41,7 @@ class Alignment:
 
     def interpolate(self, lam: float) -> torch.nn.Module:
         """The model at lam * reference + (1 - lam) * model, in this alignment's parameterisation."""
-        from glmc.eval.interpolation import interpolate
+        from glmc.interpolation import interpolate
 
         return interpolate([self.reference, self.model], [lam, 1.0 - lam], circuits=self.circuits)
 

@@ -15,9 +15,9 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from glmc.eval.interpolation import merge_params
-from glmc.eval.metrics import loss_and_correct
+from glmc.interpolation import merge_params
 from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
+from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply_dense
 from glmc.train.schedule import warmup_cosine

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from glmc.eval.interpolation import interpolate
+from glmc.interpolation import interpolate
 from glmc.matching.base import Alignment, MatchContext, Matcher, require_factored
 from glmc.models.canonical import CanonicalTransformer
 

@@ -28,13 +28,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from glmc.eval.interpolation import interpolate, merge_params
-from glmc.eval.metrics import loss_and_correct
+from glmc.interpolation import interpolate, merge_params
 from glmc.matching.base import MatchContext, require_factored, settings_hash
 from glmc.matching.learned import _changes, finite_list, fit_latents
 from glmc.matching.learned_module import DivergenceStop, LearnedMatchingModule, _key, worst_draw
 from glmc.matching.projections import polar, straight_through_permutation
 from glmc.matching.universe import UniverseAlignment
+from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.symmetry import Orthogonal, Permutation, SemiPermutation, SymmetrySpec, Transform, apply, apply_dense
 
