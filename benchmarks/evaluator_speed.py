@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from transformers import ViTConfig, ViTForImageClassification
 
+from glmc.alignment import Alignment
 from glmc.eval.evaluator import Evaluator
-from glmc.matching.base import Alignment
 from glmc.models import to_canonical
 
 LAMBDAS = [i / 10 for i in range(11)]

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from glmc.alignment import Alignment
 from glmc.eval.evaluator import Evaluator, evaluate, evaluate_path
-from glmc.matching.base import Alignment
 from glmc.models import canonical_forward, to_canonical
 from glmc.models.canonical import circuit_params
 

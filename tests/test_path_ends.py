@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from glmc.alignment import Alignment
 from glmc.eval.barrier import path_end_mismatches
 from glmc.eval.evaluator import Evaluator
-from glmc.matching.base import Alignment
 from glmc.models.compatibility import check_compatible
 from glmc.models.convert import to_canonical
 

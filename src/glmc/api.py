@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
+from glmc.alignment import Alignment
 from glmc.eval import evaluator as _evaluator
-from glmc.matching.base import Alignment, MatchContext, Matcher
+from glmc.matching.base import MatchContext, Matcher
 from glmc.matching.registry import METHODS, build_matcher, default_method_config
 from glmc.metrics import IGNORE_INDEX
 from glmc.models.canonical import CanonicalTransformer

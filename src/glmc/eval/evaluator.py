@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from glmc.alignment import Alignment
 from glmc.interpolation import interpolate_state_dicts, merge_params
-from glmc.matching.base import Alignment
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from glmc.alignment import Alignment
 from glmc.eval.barrier import barrier
 from glmc.interpolation import interpolate
-from glmc.matching.base import Alignment
 
 Point = tuple[float, ...]
 

@@ -32,7 +32,8 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored
+from glmc.alignment import Alignment
+from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.metrics import IGNORE_INDEX
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.symmetry import Orthogonal, OrthogonalScale, Permutation, Transform, apply

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored
+from glmc.alignment import Alignment
+from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.models.canonical import CanonicalTransformer
 
 

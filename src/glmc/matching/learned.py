@@ -33,8 +33,9 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
+from glmc.alignment import Alignment
 from glmc.eval.evaluator import Evaluator
-from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored, settings_hash
+from glmc.matching.base import MatchContext, circuit_pairs, require_factored, settings_hash
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.matching.weight import eigen_angles, used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored
+from glmc.alignment import Alignment
+from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer
 from glmc.symmetry import OrthogonalScale, SymmetrySpec, Transform, apply, apply_params

@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
+from glmc.alignment import Alignment
 from glmc.interpolation import interpolate
-from glmc.matching.base import Alignment, MatchContext, Matcher, require_factored
+from glmc.matching.base import MatchContext, Matcher, require_factored
 from glmc.models.canonical import CanonicalTransformer
 
 

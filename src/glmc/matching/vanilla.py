@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from glmc.matching.base import Alignment, MatchContext
+from glmc.alignment import Alignment
+from glmc.matching.base import MatchContext
 from glmc.models.canonical import CanonicalTransformer
 
 

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from glmc.matching.base import Alignment, MatchContext, circuit_pairs, require_factored
+from glmc.alignment import Alignment
+from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.export import _WRITERS as WRITER_AXES
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_params

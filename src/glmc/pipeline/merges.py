@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
+from glmc.alignment import Alignment
 from glmc.eval.evaluator import Evaluator
 from glmc.eval.merging import merged_model
-from glmc.matching.base import Alignment
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 
 log = logging.getLogger(__name__)

@@ -17,12 +17,13 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from glmc.alignment import Alignment
 from glmc.choices import EvalPrecision
 from glmc.config import Config
 from glmc.data.module import DataModule
 from glmc.eval.barrier import barrier, barrier_vs_mean, lambda_grid, path_end_mismatches
 from glmc.eval.evaluator import Evaluator
-from glmc.matching.base import Alignment, MatchContext
+from glmc.matching.base import MatchContext
 from glmc.matching.registry import build_matcher, method_config
 from glmc.models.canonical import relative_deviation
 from glmc.models.embed_width import match_widths, same_shapes
