@@ -19,8 +19,8 @@ from glmc.interpolation import merge_params
 from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
+from glmc.schedule import warmup_cosine
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply_dense
-from glmc.train.schedule import warmup_cosine
 
 LAMBDA_SCHEMES = ("fixed", "uniform_mid", "uniform", "gaussian", "arcsine")
 KINDS = ("orthogonal", "permutation", "sinkhorn")

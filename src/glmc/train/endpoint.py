@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from glmc.config import TrainConfig
 from glmc.metrics import logits_of, loss_and_correct
-from glmc.train.schedule import warmup_cosine
+from glmc.schedule import warmup_cosine
 
 # Biases, norms, position embeddings and the class token are not decayed (ViT/GPT-2 practice).
 NO_DECAY = ("position_embeddings", "cls_token", "wpe")

@@ -1,4 +1,7 @@
-"""AdamW with linear warm-up and cosine decay, per optimisation step."""
+"""AdamW with linear warm-up and cosine decay, per optimisation step.
+
+Endpoint training (glmc.train) and learned matching (glmc.matching) both use it, so it sits below both.
+"""
 
 from __future__ import annotations
 
