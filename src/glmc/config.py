@@ -18,17 +18,15 @@ from glmc.choices import (
     EvalPrecision,
     EvalSplit,
     Family,
-    HeadForm,
     LoggerKind,
     LoggerMode,
     MergeKind,
     Pairing,
-    ResidualClass,
     Task,
     TokenizerKind,
-    UnitClass,
 )
-from glmc.matching.registry import MatcherConfig
+from glmc.matching.registry import MULTI_METHODS, MatcherConfig
+from glmc.matching.settings import SymmetryConfig, UniverseTraining
 
 
 @dataclass
@@ -121,18 +119,6 @@ class LoggerConfig:
 
 
 @dataclass
-class SymmetryConfig:
-    """Which symmetry spaces are used, and in which class (paper 001 Table 1)."""
-
-    name: str = "orthogonal"
-    residual: ResidualClass = ResidualClass.orthogonal
-    heads: UnitClass = UnitClass.permutation
-    qk: HeadForm = HeadForm.circuit
-    vo: HeadForm = HeadForm.circuit
-    mlp: UnitClass = UnitClass.permutation
-
-
-@dataclass
 class EvalConfig:
     """How every path is evaluated (glmc.eval.evaluator): on the trainer's accelerator, batched."""
 
@@ -155,31 +141,19 @@ class MergeConfig:
 
 
 @dataclass
-class MultiConfig:
+class MultiConfig(UniverseTraining):
     """Multi-model runs (`pairing=universe`, paper 001 §4.3): universe matching of every endpoint, the
-    loss over the simplex they span (Eq. 2) and the pairwise barriers among the aligned models."""
+    loss over the simplex they span (Eq. 2) and the pairwise barriers among the aligned models. The
+    learned refinement's settings (every model's transform trained jointly at Dirichlet coefficients)
+    are UniverseTraining's, declared in glmc.matching.settings."""
 
-    methods: list[str] = field(default_factory=lambda: ["vanilla", "weight", "learned"])
+    # multi-model methods of glmc.matching.registry.MULTI_METHODS, in plot order
+    methods: list[str] = field(default_factory=lambda: list(MULTI_METHODS))
     pairwise: str = "weight"  # the registry method universe matching aligns each model with
     max_rounds: int = 10
     tol: float = 1e-4  # stop when the anchor's relative change falls below this
     step: float = 0.1  # barycentric grid step for three models (0.1: 66 points)
     samples: int = 32  # N > 3: Dirichlet samples besides vertices, edge midpoints and the centroid
-    # learned refinement: every model's transform trained jointly at Dirichlet coefficients
-    max_steps: int = 1500
-    lr: float = 0.3
-    weight_decay: float = 0.01
-    warmup_fraction: float = 0.05
-    concentration: float = 1.0  # Dirichlet(concentration * 1): 1 is uniform over the simplex
-    edge_share: float = 0.5  # share of steps on a random edge (two models): Eq. 2's maximum lay on an edge
-    # lambda on an edge: uniform, or gaussian N(0.5, 0.1) around its midpoint; with edge_share 0.5,
-    # digits went from 0.134 (no edges) to 0.087-0.149 (uniform) and 0.059-0.087 (gaussian) nats
-    edge_lambda: str = "gaussian"
-    # draws of the coefficients per step; >1 trains at the draw whose batch loss exceeds the linear baseline most
-    candidates: int = 1
-    init_noise: float = 1e-3
-    checkpoint_every: int = 50
-    seed: int = 0
 
 
 @dataclass

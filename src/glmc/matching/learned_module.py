@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from glmc.interpolation import merge_params
 from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
+from glmc.matching.settings import LearnedTraining
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.schedule import warmup_cosine
@@ -27,23 +28,10 @@ KINDS = ("orthogonal", "permutation", "sinkhorn")
 
 
 @dataclass
-class LearnedSettings:
-    """Training settings of learned matching (the registry's LearnedMatcherConfig documents them);
-    `where` names the config node in error messages."""
+class LearnedSettings(LearnedTraining):
+    """Training settings of learned matching (their defaults and meaning: LearnedTraining in
+    glmc.matching.settings, the registry's too), checked; `where` names the config node in errors."""
 
-    max_steps: int = 1500
-    lr: float = 0.3
-    weight_decay: float = 0.01
-    warmup_fraction: float = 0.05
-    lambda_scheme: str = "gaussian"
-    lambda_candidates: int = 1
-    init_noise: float = 1e-3
-    sinkhorn_iters: int = 20
-    sinkhorn_temperature: float = 1.0
-    sinkhorn_noise: float = 0.01
-    checkpoint_every: int = 50
-    seed: int = 0
-    epoch_test_batches: int = 16
     where: str = "matcher.learned"
 
     def __post_init__(self):

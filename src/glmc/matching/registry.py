@@ -6,12 +6,16 @@ type-checked at composition and overridable, e.g. `matcher.weight.max_iter=5`), 
 builds the same nodes from Python. Symmetry classes default to the run's `symmetry` group by
 interpolation; outside Hydra they resolve against the schema's defaults.
 
-This module imports no matcher: the classes are loaded by `instantiate` when a method is built.
+Multi-model methods (`pairing=universe`, `multi.methods`) are registered here too, in MULTI_METHODS.
+
+This module imports no matcher and not glmc.config: the classes are loaded by `instantiate` when a
+method is built, and the settings groups they share with the schema live in glmc.matching.settings.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,13 +24,13 @@ from glmc.choices import (
     ActivationResidual,
     HeadAssignment,
     HeadForm,
-    LambdaScheme,
     LearnedInit,
     ResidualClass,
     ResidualMap,
     UnitClass,
     UnitLatent,
 )
+from glmc.matching.settings import LearnedTraining, SymmetryConfig, UniverseTraining
 
 
 @dataclass
@@ -67,10 +71,9 @@ class WeightMatcherConfig:
 
 
 @dataclass
-class LearnedMatcherConfig:
-    """Paper 001 §4.2 learned matching. Defaults as the width-64 digits ablations (Figs. 8 and 9)
-    use them; the demo's config sets 600 steps at lr 0.01 (README, "Choosing the demo model"); paper
-    001 trains CIFAR-10 with lr 3e-4 and lambda_scheme uniform_mid for 5 epochs."""
+class LearnedMatcherConfig(LearnedTraining):
+    """Paper 001 §4.2 learned matching: the training settings of LearnedTraining (their defaults and
+    meaning are declared there) and which spaces are learned, from what start."""
 
     _target_: str = "glmc.matching.learned.LearnedMatcher"
     name: str = "learned"
@@ -83,21 +86,6 @@ class LearnedMatcherConfig:
     init: LearnedInit = LearnedInit.weight
     weight_max_iter: int = "${matcher.weight.max_iter}"  # type: ignore[assignment]
     weight_tol: float = "${matcher.weight.tol}"  # type: ignore[assignment]
-    max_steps: int = 1500
-    lr: float = 0.3
-    weight_decay: float = 0.01
-    warmup_fraction: float = 0.05
-    lambda_scheme: LambdaScheme = LambdaScheme.gaussian
-    # draws of lambda per step; >1 trains at the draw whose batch loss exceeds the endpoints' line the most
-    lambda_candidates: int = 1
-    init_noise: float = 1e-3  # std of the Gaussian added to the initial latents
-    sinkhorn_iters: int = 20
-    sinkhorn_temperature: float = 1.0
-    sinkhorn_noise: float = 0.01  # Appendix D: P_init = P_WM + noise * sqrt(2 / (n + m)) * |N(0, 1)|
-    checkpoint_every: int = 50
-    seed: int = 0  # latent noise and the lambda sequence
-    # after every epoch, log the midpoint's test loss (match_test_loss) on this many test batches; -1: all, 0: off
-    epoch_test_batches: int = 16
 
 
 @dataclass
@@ -133,49 +121,91 @@ class RotationMatcherConfig:
     vocabulary: str = "${matcher.weight.vocabulary}"
 
 
-def _variant(base: str, cls: type, **own) -> Any:
+@dataclass(frozen=True)
+class Method:
+    """A registered pairwise method: its config dataclass and the factory of its default node."""
+
+    schema: type
+    make: Callable[[], Any]
+
+
+def _variant(base: str, cls: type, **own) -> Method:
     """A method that shares `matcher.<base>`'s settings (by interpolation) except `own`."""
     skip = {"_target_", "residual", "heads", "mlp", "units", "qk", "vo", *own}
     shared = {f.name: f"${{matcher.{base}.{f.name}}}" for f in fields(cls) if f.name not in skip}
-    return lambda: cls(**shared, **own)
+    return Method(cls, lambda: cls(**shared, **own))
 
 
-# name -> the config of that method with its defaults; the order is the plot order of `compare`.
-METHODS: dict[str, Any] = {
-    "vanilla": VanillaMatcherConfig,
-    "canonical": CanonicalMatcherConfig,
+# name -> the method's config and defaults, registered here only (the `matcher` schema below is made
+# from it); the order is the plot order of `compare`.
+METHODS: dict[str, Method] = {
+    "vanilla": Method(VanillaMatcherConfig, VanillaMatcherConfig),
+    "canonical": Method(CanonicalMatcherConfig, CanonicalMatcherConfig),
     "weight_perm": _variant("weight", WeightMatcherConfig, name="weight_perm", residual=ResidualClass.permutation),
-    "weight": WeightMatcherConfig,
-    "activation": ActivationMatcherConfig,
+    "weight": Method(WeightMatcherConfig, WeightMatcherConfig),
+    "activation": Method(ActivationMatcherConfig, ActivationMatcherConfig),
     "activation_orth": _variant(
         "activation", ActivationMatcherConfig, name="activation_orth", residual_map=ResidualMap.orthogonal
     ),
-    "rotation": RotationMatcherConfig,
-    "learned": LearnedMatcherConfig,
+    "rotation": Method(RotationMatcherConfig, RotationMatcherConfig),
+    "learned": Method(LearnedMatcherConfig, LearnedMatcherConfig),
     "learned_perm": _variant("learned", LearnedMatcherConfig, name="learned_perm", residual=ResidualClass.permutation),
     "learned_sinkhorn": _variant("learned", LearnedMatcherConfig, name="learned_sinkhorn", units=UnitLatent.sinkhorn),
 }
 
-
-@dataclass
-class MatcherConfig:
-    """Which methods a run evaluates (`methods`, in plot order) and every method's settings."""
-
-    name: str = "compare"
-    methods: list[str] = field(default_factory=lambda: ["vanilla"])
-    vanilla: VanillaMatcherConfig = field(default_factory=METHODS["vanilla"])
-    canonical: CanonicalMatcherConfig = field(default_factory=METHODS["canonical"])
-    weight_perm: WeightMatcherConfig = field(default_factory=METHODS["weight_perm"])
-    weight: WeightMatcherConfig = field(default_factory=METHODS["weight"])
-    activation: ActivationMatcherConfig = field(default_factory=METHODS["activation"])
-    activation_orth: ActivationMatcherConfig = field(default_factory=METHODS["activation_orth"])
-    rotation: RotationMatcherConfig = field(default_factory=METHODS["rotation"])
-    learned: LearnedMatcherConfig = field(default_factory=METHODS["learned"])
-    learned_perm: LearnedMatcherConfig = field(default_factory=METHODS["learned_perm"])
-    learned_sinkhorn: LearnedMatcherConfig = field(default_factory=METHODS["learned_sinkhorn"])
+# The `matcher` group's schema: which methods a run evaluates (`methods`, in plot order) and one node
+# per registered method, `matcher.<name>`.
+MatcherConfig = make_dataclass(
+    "MatcherConfig",
+    [
+        ("name", str, field(default="compare")),
+        ("methods", list[str], field(default_factory=lambda: ["vanilla"])),
+        *((name, method.schema, field(default_factory=method.make)) for name, method in METHODS.items()),
+    ],
+    namespace={"__module__": __name__, "__doc__": "Which methods a run evaluates and every method's settings."},
+)
 
 
-assert set(METHODS) == {f.name for f in fields(MatcherConfig)} - {"name", "methods"}, "register every method twice"
+@dataclass(frozen=True)
+class MultiMethod:
+    """A multi-model method (`multi.methods`, pairing=universe): how the endpoints are aligned before
+    the simplex they span is evaluated."""
+
+    universe: bool  # aligned to a shared universe by the pairwise method `multi.pairwise`; else as trained
+    # then refined by this function (a dotted path, like `_target_`) with every setting of `settings`,
+    # read from `multi.*`: refine(universe_alignment, context, where="multi", **settings)
+    refine: str | None = None
+    settings: type | None = None
+
+
+# name -> how that multi-model method aligns; the order is the default `multi.methods`.
+MULTI_METHODS: dict[str, MultiMethod] = {
+    "vanilla": MultiMethod(universe=False),  # the original parameters, averaged
+    "weight": MultiMethod(universe=True),
+    "learned": MultiMethod(
+        universe=True, refine="glmc.matching.universe_learned.learned_universe", settings=UniverseTraining
+    ),
+}
+
+
+def check_multi_methods(names: list[str]) -> None:
+    unknown = [n for n in names if n not in MULTI_METHODS]
+    if unknown or not names:
+        raise ValueError(f"multi.methods={names}: choose one or more of {', '.join(MULTI_METHODS)}")
+
+
+def build_refinement(name: str, multi: Any) -> Callable[..., Any] | None:
+    """Multi-model method `name`'s refinement of a universe alignment, with its settings read from the
+    `multi` node (every field of the method's settings dataclass); None for a method without one."""
+    import functools
+
+    from hydra.utils import get_method
+
+    method = MULTI_METHODS[name]
+    if method.refine is None:
+        return None
+    values = {f.name: multi[f.name] for f in fields(method.settings)}
+    return functools.partial(get_method(method.refine), where="multi", **values)
 
 
 def check_methods(names: list[str]) -> None:
@@ -205,12 +235,18 @@ def build_matcher(node: DictConfig) -> Any:
         raise
 
 
+@dataclass
+class _MethodDefaults:
+    """What method nodes interpolate from outside a run: the `symmetry` group and the other methods."""
+
+    symmetry: SymmetryConfig = field(default_factory=SymmetryConfig)
+    matcher: MatcherConfig = field(default_factory=MatcherConfig)  # type: ignore[valid-type]
+
+
 def default_method_config(name: str, **options) -> DictConfig:
     """Method `name` with the schema defaults and `options` merged in, type-checked (a misspelled
     option fails naming it). Used by `glmc.align`, where no Hydra config exists."""
-    from glmc.config import Config
-
-    root = OmegaConf.structured(Config)
+    root = OmegaConf.structured(_MethodDefaults)
     node = method_config(root, name)
     if options:
         OmegaConf.set_struct(root, True)

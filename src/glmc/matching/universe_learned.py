@@ -33,6 +33,7 @@ from glmc.matching.base import MatchContext, require_factored, settings_hash
 from glmc.matching.learned import _changes, finite_list, fit_latents
 from glmc.matching.learned_module import DivergenceStop, LearnedMatchingModule, _key, worst_draw
 from glmc.matching.projections import polar, straight_through_permutation
+from glmc.matching.settings import EDGE_LAMBDAS, UniverseTraining
 from glmc.matching.universe import UniverseAlignment
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
@@ -42,29 +43,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class UniverseLearnedSettings:
-    """Training settings of the learned universe refinement; `where` names the config node in errors.
+class UniverseLearnedSettings(UniverseTraining):
+    """The refinement's training settings (their defaults and meaning: UniverseTraining in
+    glmc.matching.settings, the `multi` schema's too), checked; `where` names the config node in errors."""
 
-    concentration: the Dirichlet parameter of the merge coefficients; 1.0 is uniform over the
-    simplex, larger values concentrate the draws near the centroid, smaller ones near the vertices.
-    edge_share: the share of steps whose coefficients lie on an edge of the simplex (two models,
-    lambda ~ U(0, 1)) instead: a Dirichlet draw almost never lands there, yet Eq. 2's maximum often
-    sits on an edge. edge_lambda: "uniform" (lambda ~ U(0, 1)) or "gaussian" (N(0.5, 0.1) clipped
-    to [0, 1], pairwise learned matching's scheme: the edge's midpoint is where its barrier sits).
-    candidates: draws of the coefficients per step; with more than one, the step trains at the draw
-    whose batch loss lies furthest above the members' losses combined by it (Eq. 2's excess)."""
-
-    max_steps: int = 1500
-    lr: float = 0.3
-    weight_decay: float = 0.01
-    warmup_fraction: float = 0.05
-    concentration: float = 1.0
-    edge_share: float = 0.0
-    edge_lambda: str = "uniform"
-    candidates: int = 1
-    init_noise: float = 1e-3
-    seed: int = 0
-    checkpoint_every: int = 50
     where: str = "universe.learned"
 
     def __post_init__(self):
@@ -85,16 +67,13 @@ class UniverseLearnedSettings:
                 raise ValueError(f"{self.where}.{key}={getattr(self, key)!r} is out of range")
 
 
-EDGE_LAMBDAS = ("uniform", "gaussian")
-
-
 def sample_alpha(
     n_models: int,
     concentration: float,
     seed: int,
     step: int,
-    edge_share: float = 0.0,
-    edge_lambda: str = "uniform",
+    edge_share: float = UniverseTraining.edge_share,
+    edge_lambda: str = UniverseTraining.edge_lambda,
     draw: int = 0,
 ) -> list[float]:
     """Merge coefficients ~ Dirichlet(concentration * 1), or with probability `edge_share` a point

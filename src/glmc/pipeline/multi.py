@@ -1,7 +1,8 @@
 """Multi-model runs (`pairing=universe`, paper 001 §4.3): every endpoint aligned to a shared universe,
 the loss over the simplex they span (Eq. 2), the pairwise barriers among the aligned models, and
-one ternary heatmap per method for three models (Fig. 4). Every multi.* setting is checked before any
-work by glmc.pipeline.validate."""
+one ternary heatmap per method for three models (Fig. 4). The methods are those of
+glmc.matching.registry.MULTI_METHODS. Every multi.* setting is checked before any work by
+glmc.pipeline.validate."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from glmc.eval.evaluator import Evaluator
 from glmc.eval.simplex import evaluate_simplex, pairwise_barriers, simplex_points
 from glmc.eval.ternary import plot_simplex_heatmaps
 from glmc.matching.base import MatchContext
-from glmc.matching.registry import build_matcher, method_config
+from glmc.matching.registry import MULTI_METHODS, build_matcher, build_refinement, check_multi_methods, method_config
 from glmc.matching.universe import universe_match
 from glmc.pipeline.endpoints import Endpoint
 
@@ -34,21 +35,23 @@ def run_multi(
     progress = cfg.trainer.enable_progress_bar
     out: dict[str, Any] = {}
     universe = None
+    check_multi_methods(list(cfg.multi.methods))
     for method in cfg.multi.methods:
         start = time.perf_counter()
         info: dict[str, Any] = {}
-        if method == "vanilla":
+        if not MULTI_METHODS[method].universe:
             models, circuits = [e.model for e in endpoints], ()
         else:
-            if universe is None:  # learned refines the weight-matched universe
+            if universe is None:  # every universe method shares one universe (refinements start there)
                 pairwise = build_matcher(method_config(cfg, cfg.multi.pairwise))
                 universe = universe_match(
                     [e.canonical for e in endpoints], pairwise, context, cfg.multi.max_rounds, cfg.multi.tol
                 )
                 universe_seconds = time.perf_counter() - start
             aligned = universe
-            if method == "learned":
-                aligned = refine(cfg, universe, context)
+            refine = build_refinement(method, cfg.multi)
+            if refine is not None:
+                aligned = refine(universe, context)
             models, circuits = aligned.models, tuple(aligned.circuits)
             info = {k: v for k, v in aligned.diagnostics.items() if k != "history"}
             info["universe_seconds"] = universe_seconds
@@ -70,28 +73,6 @@ def run_multi(
             labels=[f"seed {e.seed}" for e in endpoints],
         )
     return out
-
-
-def refine(cfg: Config, universe, context: MatchContext):
-    """Learned refinement of the universe: all transforms trained jointly on the task loss."""
-    from glmc.matching.universe_learned import UniverseLearnedSettings, learned_universe
-
-    m = cfg.multi
-    settings = UniverseLearnedSettings(
-        max_steps=m.max_steps,
-        lr=m.lr,
-        weight_decay=m.weight_decay,
-        warmup_fraction=m.warmup_fraction,
-        concentration=m.concentration,
-        edge_share=m.edge_share,
-        edge_lambda=m.edge_lambda,
-        candidates=m.candidates,
-        init_noise=m.init_noise,
-        seed=m.seed,
-        checkpoint_every=m.checkpoint_every,
-        where="multi",  # an out-of-range setting is named as the config names it
-    )
-    return learned_universe(universe, context, settings)
 
 
 def format_multi(multi: dict[str, Any]) -> str:

@@ -1,0 +1,85 @@
+"""Settings groups of the matchers, each declared once with its defaults.
+
+The Hydra schema (glmc.config's `symmetry` and `multi`, glmc.matching.registry's `matcher.<method>`)
+and the settings the training modules run with (glmc.matching.learned_module.LearnedSettings,
+glmc.matching.universe_learned.UniverseLearnedSettings) are these dataclasses or subclasses that
+add no defaults of their own, so `run.py`, `glmc.align` and the Python classes start from the same
+values. Where a run.py config wants another value it says so in conf/ (tests/test_settings.py lists
+every such patch).
+
+This module imports nothing of glmc but the choices, so the config schema, the registry and the
+matchers can all import it without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from glmc.choices import HeadForm, LambdaScheme, ResidualClass, UnitClass
+
+
+@dataclass
+class SymmetryConfig:
+    """Which symmetry spaces are used, and in which class (paper 001 Table 1)."""
+
+    name: str = "orthogonal"
+    residual: ResidualClass = ResidualClass.orthogonal
+    heads: UnitClass = UnitClass.permutation
+    qk: HeadForm = HeadForm.circuit
+    vo: HeadForm = HeadForm.circuit
+    mlp: UnitClass = UnitClass.permutation
+
+
+@dataclass
+class LearnedTraining:
+    """Training settings of pairwise learned matching (paper 001 §4.2), `matcher.<learned method>.*`.
+    Defaults as the width-64 digits ablations (Figs. 8 and 9) use them; the demo's config sets 600
+    steps at lr 0.01 (README, "Choosing the demo model"); paper 001 trains CIFAR-10 with lr 3e-4 and
+    lambda_scheme uniform_mid for 5 epochs."""
+
+    max_steps: int = 1500
+    lr: float = 0.3
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.05
+    lambda_scheme: LambdaScheme = LambdaScheme.gaussian
+    # draws of lambda per step; >1 trains at the draw whose batch loss exceeds the endpoints' line the most
+    lambda_candidates: int = 1
+    init_noise: float = 1e-3  # std of the Gaussian added to the initial latents
+    sinkhorn_iters: int = 20
+    sinkhorn_temperature: float = 1.0
+    sinkhorn_noise: float = 0.01  # Appendix D: P_init = P_WM + noise * sqrt(2 / (n + m)) * |N(0, 1)|
+    checkpoint_every: int = 50
+    seed: int = 0  # latent noise and the lambda sequence
+    # after every epoch, log the midpoint's test loss (match_test_loss) on this many test batches; -1: all, 0: off
+    epoch_test_batches: int = 16
+
+
+EDGE_LAMBDAS = ("uniform", "gaussian")
+
+
+@dataclass
+class UniverseTraining:
+    """Training settings of the learned universe refinement (paper 001 §4.3), `multi.*` in run.py.
+
+    concentration: the Dirichlet parameter of the merge coefficients; 1.0 is uniform over the
+    simplex, larger values concentrate the draws near the centroid, smaller ones near the vertices.
+    edge_share: the share of steps whose coefficients lie on an edge of the simplex (two models)
+    instead: a Dirichlet draw almost never lands there, yet Eq. 2's maximum often sits on an edge.
+    edge_lambda: where on that edge, one of EDGE_LAMBDAS: "uniform" (lambda ~ U(0, 1)) or "gaussian"
+    (N(0.5, 0.1) clipped to [0, 1], pairwise learned matching's scheme: the edge's midpoint is where
+    its barrier sits). The defaults draw from the Dirichlet alone; conf/config.yaml sets edge_share
+    0.5 and gaussian edges for run.py, as measured on digits (README). candidates: draws of the
+    coefficients per step; with more than one, the step trains at the draw whose batch loss lies
+    furthest above the members' losses combined by it (Eq. 2's excess)."""
+
+    max_steps: int = 1500
+    lr: float = 0.3
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.05
+    concentration: float = 1.0  # Dirichlet(concentration * 1): 1 is uniform over the simplex
+    edge_share: float = 0.0
+    edge_lambda: str = "uniform"
+    candidates: int = 1
+    init_noise: float = 1e-3
+    checkpoint_every: int = 50
+    seed: int = 0
