@@ -17,9 +17,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_hf import tiny_gpt2, tiny_vit  # noqa: E402
-
 import glmc  # noqa: E402
+
+from tiny_hf import tiny_gpt2, tiny_vit  # noqa: E402
 
 PINNED = Path(__file__).resolve().parent / "data" / "pinned_alignments.json"
 LAMBDAS = (0.0, 0.25, 0.5, 0.75, 1.0)

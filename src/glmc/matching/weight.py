@@ -29,7 +29,10 @@ from torch import Tensor
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.models.canonical import CanonicalTransformer
-from glmc.models.export import _WRITERS as WRITER_AXES
+from glmc.models.export import uncentred_writer
+from glmc.models.families import family_named
+from glmc.models.families.base import residual_axis
+from glmc.models.families.roles import layer_of
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_params
 
 Params = dict[str, Tensor]
@@ -99,23 +102,31 @@ def relative_distance(pa: Params, pb: Params) -> float:
     return (diff / norm) ** 0.5
 
 
-RESIDUAL_ONLY = ("embed.patch_w", "embed.patch_b", "embed.cls", "embed.tokens", "embed.pos", "head.w")
+def _residual_only(model: CanonicalTransformer) -> dict[str, tuple[int, bool]]:
+    """The tensors outside the blocks that only the residual map acts on (embeddings, classifier or
+    unembedding), in the model's order: name -> (their residual axis, whether their rows are tokens)."""
+    layout = family_named(model.config.family).layout(model.config.form)
+    out = {}
+    for name in model.params():
+        axis = residual_axis(layout, name, "out")
+        axis = residual_axis(layout, name, "in") if axis is None else axis
+        if layer_of(name) is None and axis is not None:
+            out[name] = (axis, layout[name].vocab_rows)
+    return out
 
 
-def _embedding_blocks(pa: Params, pb: Params, tokens: Tensor | None = None) -> list[tuple[Tensor, Tensor]]:
-    """Residual-side blocks outside the layers as (D, n) matrices: writers as they are, readers
-    transposed. `tokens` keeps only those rows of the token embedding and the unembedding (ids that
-    occur in the training data: the rest of a 50,257-token vocabulary is untrained noise)."""
+def _embedding_blocks(
+    pa: Params, pb: Params, residual_only: dict[str, tuple[int, bool]], tokens: Tensor | None = None
+) -> list[tuple[Tensor, Tensor]]:
+    """Residual-side blocks outside the layers as (D, n) matrices, the residual axis first. `tokens`
+    keeps only those rows of the token embedding and the unembedding (ids that occur in the training
+    data: the rest of a 50,257-token vocabulary is untrained noise)."""
     blocks = []
-    for name in ("embed.patch_w", "embed.patch_b", "embed.cls"):
-        if name in pa:
-            blocks.append((pa[name].reshape(pa[name].shape[0], -1), pb[name].reshape(pb[name].shape[0], -1)))
-    for name in ("embed.tokens", "embed.pos", "head.w"):
-        if name in pa:
-            a, b = pa[name], pb[name]
-            if tokens is not None and name != "embed.pos":
-                a, b = a[tokens], b[tokens]
-            blocks.append((a.T, b.T))
+    for name, (axis, vocab_rows) in residual_only.items():
+        a, b = pa[name], pb[name]
+        if tokens is not None and vocab_rows:
+            a, b = a[tokens], b[tokens]
+        blocks.append(tuple(t.movedim(axis, 0).reshape(t.shape[axis], -1) for t in (a, b)))
     return blocks
 
 
@@ -152,23 +163,10 @@ def mlp_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
     return fa @ fb.T
 
 
-def uncentred_writer(params: Params, tol: float = 1e-6) -> str | None:
-    """The first residual writer whose mean over the width exceeds tol times its largest entry, or None."""
-    for name, t in params.items():
-        axis = WRITER_AXES.get(name, WRITER_AXES.get(name.rsplit(".", 1)[-1]))
-        if axis is None:
-            continue
-        t = t.detach().double()
-        scale = t.abs().max().item()
-        if scale > 0 and t.mean(axis).abs().max().item() > tol * scale:
-            return name
-    return None
-
-
-def stream_is_centred(params: Params, tol: float = 1e-6) -> bool:
+def stream_is_centred(model: CanonicalTransformer, tol: float = 1e-6) -> bool:
     """Whether every residual writer has zero mean over the width (relative tol): the stream then
     lies in the hyperplane orthogonal to the all-ones vector."""
-    return uncentred_writer(params, tol) is None
+    return uncentred_writer(model, tol) is None
 
 
 def ones_complement(width: int) -> Tensor:
@@ -215,18 +213,19 @@ def weight_matching(
     pb = {k: v.detach().to(dtype) for k, v in model_b.params().items()}
     # Embeddings and the classifier only see the residual map: their share of the Procrustes
     # matrix and of the objective is computed once (a GPT-2 vocabulary makes them the costliest part).
-    emb = _embedding_blocks(pa, pb, tokens)
+    residual_only = _residual_only(model_b)
+    emb = _embedding_blocks(pa, pb, residual_only, tokens)
     c_emb_raw = sum(a.double() @ b.double().T for a, b in emb)  # float64: the objective cancels
     c_emb = sum(a.double() @ b.double().T / a.shape[1] for a, b in emb)
     emb_aa, emb_bb = (
         sum(float(a.double().pow(2).sum()) for a, _ in emb),
         sum(float(b.double().pow(2).sum()) for _, b in emb),
     )
-    fixed = [n for n in pa if not n.startswith("blocks.") and n not in RESIDUAL_ONLY]  # head.b: no symmetry acts
+    fixed = [n for n in pa if layer_of(n) is None and n not in residual_only]  # head.b: no symmetry acts
     fixed_diff = sum(float((pa[n] - pb[n]).pow(2).sum()) for n in fixed)
     fixed_norm = sum(float(pa[n].pow(2).sum()) for n in fixed)
-    pa = {k: v for k, v in pa.items() if k.startswith("blocks.")}
-    pb = {k: v for k, v in pb.items() if k.startswith("blocks.")}
+    pa = {k: v for k, v in pa.items() if layer_of(k) is not None}
+    pb = {k: v for k, v in pb.items() if layer_of(k) is not None}
     spec_blocks = spec.restricted_to(set(pb))
 
     layers = range(model_a.num_layers)
@@ -370,7 +369,7 @@ class WeightMatcher:
         if self.keep_mean == "never" or self.residual != "orthogonal":
             return False  # permutations fix 1 anyway
         for label, model in (("A", a), ("B", b)):
-            name = uncentred_writer(model.params())
+            name = uncentred_writer(model)
             if name is None:
                 continue
             if self.keep_mean == "always":
@@ -387,4 +386,4 @@ def used_tokens(model: CanonicalTransformer, context: MatchContext | None) -> Te
     restriction of the embedding rows). None for image models or without data."""
     if model.task != "causal_lm" or context is None or context.data is None:
         return None
-    return context.token_ids(model.params()["embed.tokens"].shape[0])
+    return context.token_ids(family_named(model.config.family).input_limits(model.params())["vocab"])

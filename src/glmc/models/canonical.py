@@ -4,14 +4,11 @@ Every supported model converts to this form. The stream is normalised by a param
 before every reader, so orthogonal maps of the residual stream are exact symmetries. Parameter
 names (the state_dict keys) and shapes, with D width, H heads, dh/dv head dims, F MLP width:
 
-  embed.patch_w (D, Cin, p, p), embed.patch_b (D), embed.cls (D)    ViT
-  embed.tokens (V, D)                                                GPT-2
-  embed.pos (T, D)
+  embed.*, head.*                                                    the family's (models/families/)
   blocks.{l}.q_w, k_w (H, dh, D), q_b, k_b (H, dh)                   factored attention
   blocks.{l}.v_w (H, dv, D), v_b (H, dv), o_w (H, D, dv)
   blocks.{l}.qk (H, D+1, D+1), ov (H, D, D+1)                        circuit attention
   blocks.{l}.o_b (D), in_w (F, D), in_b (F), out_w (D, F), out_b (D)
-  head.w (C, D), head.b (C)
 
 The 1/sqrt(dh) attention scale is folded into q_w and q_b. Sizes are read from the tensors, so
 layers may differ in H and F and a model may be widened.
@@ -27,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from glmc.models.families.registry import family_named, family_names
 
 Recorder = Callable[[str, Tensor], None]
 
@@ -75,7 +74,7 @@ def canonical_activation(name: str) -> str:
 
 @dataclass
 class CanonicalConfig:
-    family: str  # "vit" | "gpt2"
+    family: str  # a name in glmc.models.families
     activation: str  # canonical name, see canonical_activation
     norm_eps: float
     norm_dim: int  # RMS reference width: the width at conversion, kept when the model is widened
@@ -87,8 +86,8 @@ class CanonicalConfig:
 
     def __post_init__(self):
         self.activation = canonical_activation(self.activation)
-        if self.family not in ("vit", "gpt2"):
-            raise ValueError(f"unknown family {self.family!r}")
+        if self.family not in family_names():
+            raise ValueError(f"unknown family {self.family!r}; known: {', '.join(family_names())}")
         if self.pooling not in ("cls", "none"):
             raise ValueError(f"unknown pooling {self.pooling!r}")
         if self.form not in ("factored", "circuit"):
@@ -115,19 +114,6 @@ def relative_deviation(a: Tensor, b: Tensor) -> float:
 def num_layers(params: dict[str, Tensor]) -> int:
     layers = {int(m.group(1)) for k in params if (m := re.match(r"blocks\.(\d+)\.", k))}
     return len(layers)
-
-
-def _embed(config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
-    if config.family == "vit":
-        x = F.conv2d(inputs, p["embed.patch_w"], p["embed.patch_b"], stride=config.patch_size)
-        x = x.flatten(2).transpose(1, 2)  # (B, patches, D)
-        cls = p["embed.cls"].expand(x.shape[0], 1, -1)
-        x = torch.cat([cls, x], dim=1)
-        if x.shape[1] != p["embed.pos"].shape[0]:
-            raise ValueError(f"{x.shape[1]} tokens for {p['embed.pos'].shape[0]} positions: wrong image size")
-    else:
-        x = p["embed.tokens"][inputs]
-    return x + p["embed.pos"][: x.shape[1]]
 
 
 def _attention_factored(config, p, pre, h, record=None):
@@ -168,7 +154,7 @@ def canonical_forward(
     attention = _attention_circuit if config.form == "circuit" else _attention_factored
     rec = record or (lambda name, t: None)
 
-    x = _embed(config, p, inputs)
+    x = family_named(config.family).embed(config, p, inputs)
     rec("embed", x)
     for layer in range(num_layers(p)):
         pre = f"blocks.{layer}."
@@ -238,11 +224,8 @@ class CanonicalTransformer(nn.Module):
         self.head = nn.ParameterDict(list(groups["head"].items()))
 
     def _check(self, params):
-        attn = ("qk", "ov") if self.config.form == "circuit" else ("q_w", "q_b", "k_w", "k_b", "v_w", "v_b", "o_w")
-        block = attn + ("o_b", "in_w", "in_b", "out_w", "out_b")
-        embed = ("patch_w", "patch_b", "cls") if self.config.family == "vit" else ("tokens",)
-        expected = {f"embed.{n}" for n in embed + ("pos",)} | {"head.w", "head.b"}
-        expected |= {f"blocks.{i}.{n}" for i in range(num_layers(params)) for n in block}
+        family = family_named(self.config.family)
+        expected = family.tensor_names(self.config.form, num_layers(params))
         if set(params) != expected:
             raise ValueError(
                 f"canonical params do not match the {self.config.form} {self.config.family} layout: "
@@ -268,7 +251,10 @@ class CanonicalTransformer(nn.Module):
 
     @property
     def width(self) -> int:
-        return self.head["w"].shape[1]
+        """The residual width, read where the first embedding tensor writes into the stream."""
+        role = family_named(self.config.family).embed_roles[0]
+        acts = role.acts_on("residual")[0]
+        return self.embed[role.name.split(".", 1)[1]].shape[acts.axis]
 
     def forward(self, inputs: Tensor) -> Tensor:
         return canonical_forward(self.config, self.params(), inputs)

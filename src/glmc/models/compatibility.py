@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from glmc.models.canonical import CanonicalTransformer
+from glmc.models.families import family_named
+from glmc.models.families.base import layer_sizes
 
 
 def _differences(a: CanonicalTransformer, b: CanonicalTransformer, equal_mlp: bool) -> Iterator[tuple[str, ...]]:
@@ -25,23 +27,21 @@ def _differences(a: CanonicalTransformer, b: CanonicalTransformer, equal_mlp: bo
     yield "has norm epsilon {}", cb.norm_eps, ca.norm_eps
     yield "normalises over {} dimensions", cb.norm_dim, ca.norm_dim
     pa, pb = a.params(), b.params()
-    yield "has {} positions", pb["embed.pos"].shape[0], pa["embed.pos"].shape[0]
-    if ca.family == "gpt2":
-        yield "has a vocabulary of {} tokens", pb["embed.tokens"].shape[0], pa["embed.tokens"].shape[0]
-    else:
-        yield "has patch size {}", cb.patch_size, ca.patch_size
-        yield "has {} input channels", cb.num_channels, ca.num_channels
-    yield "has {} classes", pb["head.w"].shape[0], pa["head.w"].shape[0]
+    if ca.family != cb.family:
+        return
+    family = family_named(ca.family)
+    yield from (
+        (what, vb, va) for (what, vb), (_, va) in zip(family.input_properties(cb, pb), family.input_properties(ca, pa))
+    )
+    layout = family.layout(ca.form)
+    sa, sb = layer_sizes(layout, pa, a.num_layers), layer_sizes(layout, pb, a.num_layers)
     for l in range(a.num_layers):
-        pre = f"blocks.{l}."
-        if ca.form == "factored":
-            yield f"has {{}} heads in layer {l}", pb[pre + "q_w"].shape[0], pa[pre + "q_w"].shape[0]
-            yield f"has query/key head dim {{}} in layer {l}", pb[pre + "q_w"].shape[1], pa[pre + "q_w"].shape[1]
-            yield f"has value head dim {{}} in layer {l}", pb[pre + "v_w"].shape[1], pa[pre + "v_w"].shape[1]
-        else:
-            yield f"has {{}} heads in layer {l}", pb[pre + "qk"].shape[0], pa[pre + "qk"].shape[0]
+        yield f"has {{}} heads in layer {l}", sb["heads"][l], sa["heads"][l]
+        if "qk" in sa:
+            yield f"has query/key head dim {{}} in layer {l}", sb["qk"][l], sa["qk"][l]
+            yield f"has value head dim {{}} in layer {l}", sb["vo"][l], sa["vo"][l]
         if equal_mlp:
-            yield f"has MLP width {{}} in layer {l}", pb[pre + "in_w"].shape[0], pa[pre + "in_w"].shape[0]
+            yield f"has MLP width {{}} in layer {l}", sb["mlp"][l], sa["mlp"][l]
 
 
 def check_compatible(a: CanonicalTransformer, b: CanonicalTransformer, equal_mlp: bool = True) -> None:

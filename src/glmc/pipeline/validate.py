@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from glmc.config import Config, TrainerConfig
 from glmc.matching.registry import METHODS
+from glmc.models.families import families_for_data, family_named
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +50,10 @@ SEED_LIMIT = 2**32  # numpy, sklearn and Lightning take seeds in [0, 2^32)
 MULTI_METHODS = ("vanilla", "weight", "learned")  # what a multi-model run evaluates
 # what a run with data=<name> loads: the text datasets need a GPT-2 model, the others a ViT
 TEXT_DATA = ("pydoc", "tiny_shakespeare", "bookcorpus")
-# endpoints of different widths (endpoint_models) share these with the first (and the family, which
-# every endpoint's data fixes): only the widths differ. A canonical path takes its norm eps from the
-# first model, so eps is shared too
-_SHARED = ("num_layers", "hidden_act", "layer_norm_eps")
-SHARED_MODEL_KEYS = {
-    "vit": (*_SHARED, "qkv_bias", "image_size", "patch_size", "num_channels", "num_labels"),
-    "gpt2": (*_SHARED, "vocab_size", "max_positions"),
-}
+# endpoints of different widths (endpoint_models) share these with the first, and the keys their
+# family names (and the family, which every endpoint's data fixes): only the widths differ. A canonical
+# path takes its norm eps from the first model, so eps is shared too
+SHARED_MODEL_KEYS = ("num_layers", "hidden_act", "layer_norm_eps")
 # what is embedded into the first endpoint's shapes may not be larger there
 WIDTHS = ("hidden_size", "num_heads", "mlp_size", "head_size")
 
@@ -279,7 +276,7 @@ def _model_problems(cfg: Config) -> list[str]:
             )
     first = models[0]
     for index, model in enumerate(models[1:], 1):
-        for key in SHARED_MODEL_KEYS.get(str(first.family), ("num_layers",)):
+        for key in (*SHARED_MODEL_KEYS, *family_named(str(first.family)).shared_model_keys):
             if model[key] != first[key]:
                 problems.append(
                     f"{where[index]}: model.{key}={model[key]} differs from endpoint 0's {first[key]}; endpoints of "
@@ -311,13 +308,12 @@ def _widths(model: Any) -> dict[str, int]:
 
 
 def _fits_data(cfg: Config, model: Any, key: str) -> list[str]:
-    """A text dataset needs a GPT-2 model whose positions hold a window; images need a ViT."""
+    """A text dataset needs a language model whose positions hold a window; images an image model."""
     text = cfg.data.name in TEXT_DATA
-    family = str(model.family)
-    if text and family != "gpt2":
-        return [f"{key}.family={family}: data={cfg.data.name} is text; choose a GPT-2 model (model.family=gpt2)"]
-    if not text and family != "vit":
-        return [f"{key}.family={family}: data={cfg.data.name} is images; choose a ViT model (model.family=vit)"]
+    family, kind = str(model.family), "text" if text else "images"
+    if family_named(family).data_kind != kind:
+        choices = " or ".join(f"model.family={name}" for name in families_for_data(kind))
+        return [f"{key}.family={family}: data={cfg.data.name} is {kind}; choose a model for {kind} ({choices})"]
     seq_len = cfg.data.seq_len
     if text and _number(seq_len) and seq_len > model.max_positions:
         return [
@@ -428,7 +424,8 @@ def _image_size_problems(cfg: Config) -> list[str]:
     if size is not None and size < 8:
         return [f"data.image_size={size}: the digits are 8x8; use 8 or more (e.g. data.image_size=32), or null"]
     loaded = 8 if size is None else size
-    if cfg.data.name == "digits" and cfg.model.family == "vit" and cfg.model.image_size != loaded:
+    images = family_named(str(cfg.model.family)).data_kind == "images"
+    if cfg.data.name == "digits" and images and cfg.model.image_size != loaded:
         return [
             f"data.image_size={size}: the digits would load at {loaded}x{loaded} but model.image_size="
             f"{cfg.model.image_size}; set data.image_size={cfg.model.image_size} (or choose a model for "

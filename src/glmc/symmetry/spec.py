@@ -1,6 +1,6 @@
 """SymmetrySpec: the named spaces of a canonical model that carry a group, and where each acts.
 
-Derived from the model's tensors, never listed by hand:
+Derived from the roles its family gives each tensor (glmc.models.families), never listed by hand:
   residual   the stream (size D)                   orthogonal (incl. rectangular m >= n), permutation
   heads.{l}  the heads of layer l (size H)         permutation, semi_permutation
   qk.{l}     per head, the query/key space (dh)    invertible, orthogonal_scale   (factored form only)
@@ -17,9 +17,12 @@ well defined: heads.{l} comes before qk.{l} and vo.{l}, which are indexed by the
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from glmc.models.canonical import RELU_FAMILY, CanonicalConfig, CanonicalTransformer, num_layers
+from glmc.models.families import family_named
+from glmc.models.families.roles import HEAD_PAIRS, LAYER_SPACES, block_roles
 
 
 @dataclass(frozen=True)
@@ -54,15 +57,25 @@ class SymmetrySpec:
 
     @classmethod
     def from_params(cls, config: CanonicalConfig, params: dict) -> SymmetrySpec:
-        circuit = config.form == "circuit"
+        """Every space that the family's roles place on these tensors, in the order: residual, then per
+        layer heads, qk, vo, mlp (the axes of a space in the order of the roles)."""
+        family = family_named(config.family)
         layers = range(num_layers(params))
-        spaces = [_residual(config, params, layers)]
-        for l in layers:
-            spaces += [_heads(params, l, circuit)]
-            if not circuit:
-                spaces += [_qk(params, l), _vo(params, l)]
-            spaces += [_mlp(config, params, l)]
-        absorbed = tuple(f"{k}.{l}" for l in layers for k in ("qk", "vo")) if circuit else ()
+        axes: dict[str, list[Axis]] = defaultdict(list)
+        kinds: dict[str, tuple[str, int | None]] = {"residual": ("residual", None)}
+        roles = [(r, None) for r in family.embed_roles]
+        roles += [(r, l) for l in layers for r in block_roles(config.form)]
+        roles += [(r, None) for r in family.head_roles]
+        for role, layer in roles:
+            for acts in role.acts:
+                name = acts.space if layer is None else f"{acts.space}.{layer}"
+                if acts.space == "residual":
+                    name = "residual"
+                kinds[name] = (acts.space, layer)
+                axes[name].append(Axis(role.at(layer), acts.axis, acts.side, acts.head_axis, acts.extra))
+        order = ["residual"] + [f"{k}.{l}" for l in layers for k in LAYER_SPACES]
+        spaces = [_space(config, family, n, *kinds[n], tuple(axes[n]), params) for n in order if n in axes]
+        absorbed = tuple(f"{k}.{l}" for l in layers for k in HEAD_PAIRS) if config.form == "circuit" else ()
         return cls({s.name: s for s in spaces}, absorbed)
 
     def __getitem__(self, name: str) -> Space:
@@ -87,54 +100,17 @@ class SymmetrySpec:
         return SymmetrySpec(spaces, self.absorbed)
 
 
-def _residual(config, params, layers) -> Space:
-    writers = ["embed.pos"] + (["embed.tokens"] if config.family == "gpt2" else [])
-    axes = [Axis(p, 1, "out") for p in writers]
-    if config.family == "vit":
-        axes += [Axis("embed.patch_w", 0, "out"), Axis("embed.patch_b", 0, "out"), Axis("embed.cls", 0, "out")]
-    for l in layers:
-        b = f"blocks.{l}."
-        if config.form == "circuit":
-            axes += [Axis(b + "qk", 1, "in", extra=1), Axis(b + "qk", 2, "in", extra=1)]
-            axes += [Axis(b + "ov", 1, "out"), Axis(b + "ov", 2, "in", extra=1)]
-        else:
-            axes += [Axis(b + n, 2, "in") for n in ("q_w", "k_w", "v_w")] + [Axis(b + "o_w", 1, "out")]
-        axes += [Axis(b + "o_b", 0, "out"), Axis(b + "in_w", 1, "in")]
-        axes += [Axis(b + "out_w", 0, "out"), Axis(b + "out_b", 0, "out")]
-    axes += [Axis("head.w", 1, "in")]
-    size = params["head.w"].shape[1]
-    return Space("residual", "residual", None, size, ("orthogonal", "permutation"), tuple(axes))
-
-
-def _heads(params, l, circuit) -> Space:
-    b = f"blocks.{l}."
-    writers = ["qk"] if circuit else ["q_w", "q_b", "k_w", "k_b", "v_w", "v_b"]
-    axes = [Axis(b + n, 0, "out") for n in writers] + [Axis(b + ("ov" if circuit else "o_w"), 0, "in")]
-    size = params[b + ("qk" if circuit else "q_w")].shape[0]
-    # a head's output is linear in its output weights: copies split o_w (or ov) by their shares
-    return Space(f"heads.{l}", "heads", l, size, ("permutation", "semi_permutation"), tuple(axes), shares_on="in")
-
-
-def _qk(params, l) -> Space:
-    # scores q^T k are unchanged by q -> A q, k -> A^-T k (weights and biases alike)
-    b = f"blocks.{l}."
-    axes = [Axis(b + n, 1, "out", head_axis=0) for n in ("q_w", "q_b")]
-    axes += [Axis(b + n, 1, "in", head_axis=0) for n in ("k_w", "k_b")]
-    heads, size = params[b + "q_w"].shape[:2]
-    return Space(f"qk.{l}", "qk", l, size, ("invertible", "orthogonal_scale"), tuple(axes), heads=heads)
-
-
-def _vo(params, l) -> Space:
-    # o_w v is unchanged by v -> B v, o_w -> o_w B^-1
-    b = f"blocks.{l}."
-    axes = [Axis(b + n, 1, "out", head_axis=0) for n in ("v_w", "v_b")] + [Axis(b + "o_w", 2, "in", head_axis=0)]
-    heads, size = params[b + "v_w"].shape[:2]
-    return Space(f"vo.{l}", "vo", l, size, ("invertible", "orthogonal_scale"), tuple(axes), heads=heads)
-
-
-def _mlp(config, params, l) -> Space:
-    b = f"blocks.{l}."
-    axes = (Axis(b + "in_w", 0, "out"), Axis(b + "in_b", 0, "out"), Axis(b + "out_w", 1, "in"))
+def _space(config, family, name, kind, layer, axes, params) -> Space:
+    first = axes[0]
+    size = params[first.param].shape[first.axis] - first.extra
+    if kind == "residual":
+        return Space(name, kind, None, size, family.residual_classes, axes)
+    if kind == "heads":
+        # a head's output is linear in its output weights: copies split o_w (or ov) by their shares
+        return Space(name, kind, layer, size, ("permutation", "semi_permutation"), axes, shares_on="in")
+    if kind in HEAD_PAIRS:
+        heads = params[first.param].shape[first.head_axis]
+        return Space(name, kind, layer, size, ("invertible", "orthogonal_scale"), axes, heads=heads)
     classes = ("permutation", "semi_permutation") if config.activation in RELU_FAMILY else ("permutation",)
     # positive homogeneity: act(w z) = w act(z), so copies scale their input weights by the shares
-    return Space(f"mlp.{l}", "mlp", l, params[b + "in_w"].shape[0], classes, axes, shares_on="out")
+    return Space(name, kind, layer, size, classes, axes, shares_on="out")

@@ -1,0 +1,98 @@
+"""What a model family declares, and what every other module derives from it.
+
+A family subclasses `Family` in its own module, sets the class attributes and implements the methods
+marked as the family's own; `layout` (roles keyed by canonical name) and `layer_sizes` are derived.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor, nn
+
+from glmc.models.families.roles import LAYER_SPACES, Role, block_roles, role_key
+
+if TYPE_CHECKING:
+    from glmc.config import ModelConfig
+    from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
+
+
+class Family:
+    name: str
+    model_types: tuple[str, ...]  # Hugging Face config model_type values this family reads
+    hf_classes: tuple[str, ...]  # the HF model classes it converts
+    data_kind: str  # "images" | "text": the datasets it trains on
+    # ModelConfig keys that endpoints of different widths must share with the first (beyond the layers)
+    shared_model_keys: tuple[str, ...] = ()
+    residual_classes: tuple[str, ...] = ("orthogonal", "permutation")
+    embed_roles: tuple[Role, ...] = ()
+    head_roles: tuple[Role, ...] = ()
+
+    # ---- the family's own: building, conversion, the input side ----
+    def build(self, cfg: ModelConfig) -> nn.Module:
+        raise NotImplementedError
+
+    def to_canonical(self, hf_model: nn.Module) -> CanonicalTransformer:
+        raise NotImplementedError
+
+    def to_hf(self, model: CanonicalTransformer, template: nn.Module) -> nn.Module:
+        raise NotImplementedError
+
+    def embed(self, config: CanonicalConfig, params: dict[str, Tensor], inputs: Tensor) -> Tensor:
+        """The first residual state (B, T, D) from the inputs."""
+        raise NotImplementedError
+
+    def input_limits(self, params: dict[str, Tensor]) -> dict[str, Any]:
+        """What a canonical model of this family accepts (positions, vocab, classes): glmc.api checks batches."""
+        raise NotImplementedError
+
+    def hf_input_limits(self, hf_config: Any) -> dict[str, Any]:
+        """input_limits read from a Hugging Face config."""
+        raise NotImplementedError
+
+    def input_properties(self, config: CanonicalConfig, params: dict[str, Tensor]) -> Iterator[tuple[str, Any]]:
+        """(what, value) pairs two models must share to be aligned, e.g. ("has {} positions", 64)."""
+        raise NotImplementedError
+
+    # ---- derived from the roles ----
+    def roles(self, form: str) -> tuple[Role, ...]:
+        return (*self.embed_roles, *block_roles(form), *self.head_roles)
+
+    def layout(self, form: str) -> dict[str, Role]:
+        """Role by canonical name ("blocks.{l}.q_w" for block tensors)."""
+        return {role.name: role for role in self.roles(form)}
+
+    def tensor_names(self, form: str, layers: int) -> set[str]:
+        names = {r.name for r in (*self.embed_roles, *self.head_roles)}
+        return names | {r.at(l) for l in range(layers) for r in block_roles(form)}
+
+    def __repr__(self) -> str:
+        return f"<model family {self.name}>"
+
+
+def role_of(layout: dict[str, Role], name: str) -> Role | None:
+    return layout.get(role_key(name))
+
+
+def residual_axis(layout: dict[str, Role], name: str, side: str) -> int | None:
+    """The axis over the residual width on which tensor `name` writes ("out") or reads ("in"); the first
+    one for tensors with two (QK circuits)."""
+    role = role_of(layout, name)
+    for acts in role.acts_on("residual") if role else ():
+        if acts.side == side:
+            return acts.axis
+    return None
+
+
+def layer_sizes(layout: dict[str, Role], params: dict[str, Tensor], layers: int) -> dict[str, list[int]]:
+    """Per layer, the size of every layer space that the tensors act on: heads, qk and vo (the per-head
+    dimensions; factored form only) and mlp (units)."""
+    sizes: dict[str, list[int]] = {}
+    for kind in LAYER_SPACES:
+        role = next((r for r in layout.values() if r.acts_on(kind)), None)
+        if role is None:
+            continue
+        acts = role.acts_on(kind)[0]
+        sizes[kind] = [params[role.at(l)].shape[acts.axis] - acts.extra for l in range(layers)]
+    return sizes

@@ -1,0 +1,159 @@
+"""The GPT-2 family: Hugging Face GPT2LMHeadModel <-> canonical Transformer.
+
+Canonical embedding tensors: embed.tokens (V, D), embed.pos (T, D); head.w (V, D), head.b (V), the
+untied unembedding with ln_f folded in, read at every position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonical_activation
+from glmc.models.export import check_heads, check_model, fresh, head_bias_offset, identity_norm, set_param
+from glmc.models.families.base import Family
+from glmc.models.families.fold import center, common_eps, fold_norm
+from glmc.models.families.roles import Acts, Role
+
+
+@torch.no_grad()
+def gpt2_to_canonical(model: GPT2LMHeadModel) -> CanonicalTransformer:
+    tr, cfg = model.transformer, model.config
+    if cfg.add_cross_attention:
+        raise NotImplementedError("GPT-2 with cross-attention")
+    dtype = tr.wte.weight.dtype
+    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back at the end
+    D = cfg.n_embd
+
+    # the token embedding is centred as a writer; the (tied) unembedding is folded separately below
+    p = {"embed.tokens": center(g(tr.wte.weight), 1), "embed.pos": center(g(tr.wpe.weight), 1)}
+    for i, block in enumerate(tr.h):
+        attn, pre = block.attn, f"blocks.{i}."
+        H, dh = attn.num_heads, attn.head_dim
+        # Conv1D weights are (in, out); c_attn packs Q, K, V along its output axis
+        w_qkv, b_qkv = g(attn.c_attn.weight).T, g(attn.c_attn.bias)
+        gamma, beta = g(block.ln_1.weight), g(block.ln_1.bias)
+        for j, (name, scale) in enumerate((("q", attn.scaling), ("k", 1.0), ("v", 1.0))):
+            rows = slice(j * D, (j + 1) * D)
+            w, b = fold_norm(w_qkv[rows], b_qkv[rows], gamma, beta)
+            p[pre + name + "_w"] = (scale * w).reshape(H, dh, D)
+            p[pre + name + "_b"] = (scale * b).reshape(H, dh)
+        p[pre + "o_w"] = center(g(attn.c_proj.weight).T, 0).reshape(D, H, dh).permute(1, 0, 2)
+        p[pre + "o_b"] = center(g(attn.c_proj.bias), 0)
+        gamma, beta = g(block.ln_2.weight), g(block.ln_2.bias)
+        p[pre + "in_w"], p[pre + "in_b"] = fold_norm(g(block.mlp.c_fc.weight).T, g(block.mlp.c_fc.bias), gamma, beta)
+        p[pre + "out_w"] = center(g(block.mlp.c_proj.weight).T, 0)
+        p[pre + "out_b"] = center(g(block.mlp.c_proj.bias), 0)
+    head_b = None if model.lm_head.bias is None else g(model.lm_head.bias)
+    p["head.w"], p["head.b"] = fold_norm(g(model.lm_head.weight), head_b, g(tr.ln_f.weight), g(tr.ln_f.bias))
+
+    config = CanonicalConfig(
+        family="gpt2",
+        activation=cfg.activation_function,
+        norm_eps=common_eps([tr.ln_f] + [n for b in tr.h for n in (b.ln_1, b.ln_2)]),
+        norm_dim=D,
+        causal=True,
+        pooling="none",
+    )
+    return CanonicalTransformer(config, {k: v.to(dtype).contiguous() for k, v in p.items()})
+
+
+def gpt2_from_canonical(model: CanonicalTransformer, template: GPT2LMHeadModel) -> GPT2LMHeadModel:
+    params = check_model(model, "gpt2")
+    p = lambda n: params[n].double()  # noqa: E731
+    cfg = template.config
+    if canonical_activation(cfg.activation_function) != model.config.activation:
+        raise ValueError(
+            f"the template's activation {cfg.activation_function!r} is not the model's {model.config.activation!r}"
+        )
+    if model.width != cfg.n_embd:
+        raise ValueError(f"model width {model.width} but the template's n_embd is {cfg.n_embd}")
+    check_heads(params, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head)
+    beta = head_bias_offset(p("head.w"), p("head.b"))
+    # head.w differs from the token embedding (folding, merging): the head must not be tied
+    hf = fresh(template, layer_norm_epsilon=model.config.norm_eps, tie_word_embeddings=False)
+    tr, D = hf.transformer, model.width
+    set_param(tr.wte.weight, p("embed.tokens"), "embed.tokens")
+    set_param(tr.wpe.weight, p("embed.pos"), "embed.pos")
+    for i, block in enumerate(tr.h):
+        attn, pre = block.attn, f"blocks.{i}."
+        identity_norm(block.ln_1)
+        identity_norm(block.ln_2)
+        # Conv1D weights are (in, out); c_attn packs Q, K, V along its output axis
+        scales = (attn.scaling, 1.0, 1.0)
+        w = torch.cat([p(pre + n + "_w").reshape(D, D) / s for n, s in zip("qkv", scales)], 0)
+        b = torch.cat([p(pre + n + "_b").flatten() / s for n, s in zip("qkv", scales)], 0)
+        set_param(attn.c_attn.weight, w.T, pre + "q_w, k_w, v_w")
+        set_param(attn.c_attn.bias, b, pre + "q_b, k_b, v_b")
+        set_param(attn.c_proj.weight, p(pre + "o_w").permute(1, 0, 2).flatten(1).T, pre + "o_w")
+        set_param(attn.c_proj.bias, p(pre + "o_b"), pre + "o_b")
+        set_param(block.mlp.c_fc.weight, p(pre + "in_w").T, pre + "in_w")
+        set_param(block.mlp.c_fc.bias, p(pre + "in_b"), pre + "in_b")
+        set_param(block.mlp.c_proj.weight, p(pre + "out_w").T, pre + "out_w")
+        set_param(block.mlp.c_proj.bias, p(pre + "out_b"), pre + "out_b")
+    tr.ln_f.weight.fill_(1.0)
+    tr.ln_f.bias.copy_(beta.to(tr.ln_f.bias.dtype))
+    if hf.lm_head.weight is tr.wte.weight:
+        raise ValueError("the exported GPT-2 still ties lm_head to wte: cannot write a separate head")
+    set_param(hf.lm_head.weight, p("head.w"), "head.w")
+    return hf
+
+
+def _writer(name: str, vocab_rows: bool = False) -> Role:
+    return Role(name, "embed", (Acts("residual", 1, "out"),), vocab_rows)
+
+
+class GPT2Family(Family):
+    name = "gpt2"
+    model_types = ("gpt2",)
+    hf_classes = ("GPT2LMHeadModel",)
+    data_kind = "text"
+    shared_model_keys = ("vocab_size", "max_positions")
+    embed_roles = (_writer("embed.pos"), _writer("embed.tokens", vocab_rows=True))
+    head_roles = (Role("head.w", "head", (Acts("residual", 1, "in"),), vocab_rows=True), Role("head.b", "head"))
+
+    def build(self, cfg) -> GPT2LMHeadModel:
+        config = GPT2Config(
+            vocab_size=cfg.vocab_size,
+            n_positions=cfg.max_positions,
+            n_embd=cfg.hidden_size,
+            n_layer=cfg.num_layers,
+            n_head=cfg.num_heads,
+            n_inner=cfg.mlp_size,
+            activation_function=cfg.hidden_act,
+            resid_pdrop=cfg.dropout,
+            embd_pdrop=cfg.dropout,
+            attn_pdrop=cfg.dropout,
+            layer_norm_epsilon=cfg.layer_norm_eps,
+            # GPT-2's BOS/EOS id 50256 exists only in its own vocabulary; a character vocabulary has none
+            bos_token_id=50256 if cfg.vocab_size > 50256 else None,
+            eos_token_id=50256 if cfg.vocab_size > 50256 else None,
+        )
+        return GPT2LMHeadModel(config)
+
+    def to_canonical(self, hf_model) -> CanonicalTransformer:
+        return gpt2_to_canonical(hf_model)
+
+    def to_hf(self, model, template) -> GPT2LMHeadModel:
+        return gpt2_from_canonical(model, template)
+
+    def embed(self, config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
+        x = p["embed.tokens"][inputs]
+        return x + p["embed.pos"][: x.shape[1]]
+
+    def input_limits(self, params) -> dict[str, Any]:
+        return {"positions": params["embed.pos"].shape[0], "vocab": params["embed.tokens"].shape[0]}
+
+    def hf_input_limits(self, hf_config) -> dict[str, Any]:
+        return {"positions": hf_config.n_positions, "vocab": hf_config.vocab_size}
+
+    def input_properties(self, config, params):
+        yield "has {} positions", params["embed.pos"].shape[0]
+        yield "has a vocabulary of {} tokens", params["embed.tokens"].shape[0]
+        yield "has {} classes", params["head.w"].shape[0]
+
+
+FAMILY = GPT2Family()

@@ -1,0 +1,103 @@
+"""Roles of canonical tensors: where each symmetry space acts, as data.
+
+A `Role` names one canonical tensor (block tensors with `{l}` for the layer) and lists its `Acts`: for a
+space kind (residual, heads, qk, vo, mlp), the tensor axis the group acts on and the side, "out" where
+the tensor writes into the space (it gets g) and "in" where it reads from it (it gets g's inverse
+transpose). `head_axis` marks per-head spaces (one group element per head), `extra` trailing entries the
+group leaves alone (the constant-1 coordinate of circuits). `stage` says where in the stream the tensor
+sits: "embed" writes the first state, "attn"/"mlp" read the state before their sublayer and write the
+state after it, "head" reads the last one.
+
+The block layouts below are the canonical pre-norm block (factored attention or QK/OV circuits); a
+family lists its embedding and head roles. The order of the roles is the order in which a space's axes
+are listed (and applied).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# the per-layer space kinds, in the order their spaces are listed (heads before the per-head qk and vo)
+LAYER_SPACES = ("heads", "qk", "vo", "mlp")
+# per-head attention pairs that the circuit form absorbs
+HEAD_PAIRS = ("qk", "vo")
+
+
+@dataclass(frozen=True)
+class Acts:
+    space: str  # residual | heads | qk | vo | mlp
+    axis: int
+    side: str  # "out" | "in"
+    head_axis: int | None = None
+    extra: int = 0
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str  # canonical name; "{l}" stands for the layer
+    stage: str  # embed | attn | mlp | head
+    acts: tuple[Acts, ...] = ()
+    vocab_rows: bool = False  # rows indexed by token id (a language model's embedding and unembedding)
+
+    def at(self, layer: int | None) -> str:
+        return self.name if layer is None else self.name.format(l=layer)
+
+    def acts_on(self, space: str) -> tuple[Acts, ...]:
+        return tuple(a for a in self.acts if a.space == space)
+
+
+def _block(name: str, stage: str, *acts: Acts) -> Role:
+    return Role("blocks.{l}." + name, stage, acts)
+
+
+R, H, QK, VO, M = "residual", "heads", "qk", "vo", "mlp"
+
+_MLP = (
+    _block("in_w", "mlp", Acts(R, 1, "in"), Acts(M, 0, "out")),
+    _block("in_b", "mlp", Acts(M, 0, "out")),
+    _block("out_w", "mlp", Acts(R, 0, "out"), Acts(M, 1, "in")),
+    _block("out_b", "mlp", Acts(R, 0, "out")),
+)
+
+# q k^T is unchanged by q -> A q, k -> A^-T k; o_w v by v -> B v, o_w -> o_w B^-1
+PRE_NORM_FACTORED = (
+    _block("q_w", "attn", Acts(R, 2, "in"), Acts(H, 0, "out"), Acts(QK, 1, "out", head_axis=0)),
+    _block("q_b", "attn", Acts(H, 0, "out"), Acts(QK, 1, "out", head_axis=0)),
+    _block("k_w", "attn", Acts(R, 2, "in"), Acts(H, 0, "out"), Acts(QK, 1, "in", head_axis=0)),
+    _block("k_b", "attn", Acts(H, 0, "out"), Acts(QK, 1, "in", head_axis=0)),
+    _block("v_w", "attn", Acts(R, 2, "in"), Acts(H, 0, "out"), Acts(VO, 1, "out", head_axis=0)),
+    _block("v_b", "attn", Acts(H, 0, "out"), Acts(VO, 1, "out", head_axis=0)),
+    _block("o_w", "attn", Acts(R, 1, "out"), Acts(H, 0, "in"), Acts(VO, 2, "in", head_axis=0)),
+    _block("o_b", "attn", Acts(R, 0, "out")),
+    *_MLP,
+)
+
+# QK (H, D+1, D+1) reads [x; 1] on both sides; OV (H, D, D+1) writes D and reads [x; 1]
+PRE_NORM_CIRCUIT = (
+    _block("qk", "attn", Acts(R, 1, "in", extra=1), Acts(R, 2, "in", extra=1), Acts(H, 0, "out")),
+    _block("ov", "attn", Acts(R, 1, "out"), Acts(R, 2, "in", extra=1), Acts(H, 0, "in")),
+    _block("o_b", "attn", Acts(R, 0, "out")),
+    *_MLP,
+)
+
+BLOCKS = {"factored": PRE_NORM_FACTORED, "circuit": PRE_NORM_CIRCUIT}
+
+_LAYER = re.compile(r"blocks\.(\d+)\.")
+
+
+def block_roles(form: str) -> tuple[Role, ...]:
+    if form not in BLOCKS:
+        raise ValueError(f"unknown form {form!r}; known: {', '.join(BLOCKS)}")
+    return BLOCKS[form]
+
+
+def layer_of(name: str) -> int | None:
+    """The layer of a block tensor's name, None outside the blocks."""
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else None
+
+
+def role_key(name: str) -> str:
+    """A canonical tensor name with its layer replaced by {l}: the key of its Role."""
+    return _LAYER.sub("blocks.{l}.", name, count=1)

@@ -1,0 +1,174 @@
+"""The ViT family: Hugging Face ViTForImageClassification <-> canonical Transformer.
+
+Canonical embedding tensors: embed.patch_w (D, C, p, p), embed.patch_b (D), embed.cls (D), embed.pos
+(T, D); head.w (classes, D), head.b (classes), read from the class token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import ViTConfig, ViTForImageClassification
+
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonical_activation
+from glmc.models.export import check_heads, check_model, fresh, identity_norm, set_param
+from glmc.models.families.base import Family
+from glmc.models.families.fold import center, common_eps, fold_norm
+from glmc.models.families.roles import Acts, Role
+
+
+@torch.no_grad()
+def vit_to_canonical(model: ViTForImageClassification) -> CanonicalTransformer:
+    if not isinstance(model.classifier, torch.nn.Linear):
+        raise ValueError("ViT without a linear classifier (num_labels=0) has no logits to convert")
+    vit, cfg = model.vit, model.config
+    dtype = model.classifier.weight.dtype
+    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back at the end
+    proj = vit.embeddings.patch_embeddings.projection
+    if proj.stride[0] != proj.stride[1] or proj.kernel_size != proj.stride:
+        raise NotImplementedError(f"non-square or overlapping patches {proj.kernel_size}, {proj.stride}")
+    D = cfg.hidden_size
+
+    p = {
+        "embed.patch_w": center(g(proj.weight), 0),
+        "embed.patch_b": center(g(proj.bias), 0),
+        "embed.cls": center(g(vit.embeddings.cls_token).reshape(D), 0),
+        "embed.pos": center(g(vit.embeddings.position_embeddings)[0], 1),
+    }
+    for i, layer in enumerate(vit.layers):
+        attn, pre = layer.attention, f"blocks.{i}."
+        H, dh = attn.num_attention_heads, attn.head_dim
+        gamma, beta = g(layer.layernorm_before.weight), g(layer.layernorm_before.bias)
+        for name, lin, scale in (("q", attn.q_proj, attn.scaling), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
+            bias = None if lin.bias is None else g(lin.bias)
+            w, b = fold_norm(g(lin.weight), bias, gamma, beta)
+            p[pre + name + "_w"] = (scale * w).reshape(H, dh, D)
+            p[pre + name + "_b"] = (scale * b).reshape(H, dh)
+        # o_proj weight (D, H*dh): column block h belongs to head h
+        p[pre + "o_w"] = center(g(attn.o_proj.weight), 0).reshape(D, H, dh).permute(1, 0, 2)
+        p[pre + "o_b"] = center(g(attn.o_proj.bias), 0)
+        gamma, beta = g(layer.layernorm_after.weight), g(layer.layernorm_after.bias)
+        p[pre + "in_w"], p[pre + "in_b"] = fold_norm(g(layer.mlp.fc1.weight), g(layer.mlp.fc1.bias), gamma, beta)
+        p[pre + "out_w"] = center(g(layer.mlp.fc2.weight), 0)
+        p[pre + "out_b"] = center(g(layer.mlp.fc2.bias), 0)
+    final = vit.layernorm
+    head = model.classifier
+    p["head.w"], p["head.b"] = fold_norm(g(head.weight), g(head.bias), g(final.weight), g(final.bias))
+
+    norms = [final] + [n for layer in vit.layers for n in (layer.layernorm_before, layer.layernorm_after)]
+    config = CanonicalConfig(
+        family="vit",
+        activation=cfg.hidden_act,
+        norm_eps=common_eps(norms),
+        norm_dim=D,
+        causal=False,
+        pooling="cls",
+        patch_size=proj.stride[0],
+        num_channels=proj.in_channels,
+    )
+    return CanonicalTransformer(config, {k: v.to(dtype).contiguous() for k, v in p.items()})
+
+
+def vit_from_canonical(model: CanonicalTransformer, template: ViTForImageClassification) -> ViTForImageClassification:
+    params = check_model(model, "vit")
+    p = lambda n: params[n].double()  # noqa: E731
+    cfg = template.config
+    if canonical_activation(cfg.hidden_act) != model.config.activation:
+        raise ValueError(f"the template's activation {cfg.hidden_act!r} is not the model's {model.config.activation!r}")
+    if model.width != cfg.hidden_size:
+        raise ValueError(f"model width {model.width} but the template's hidden_size is {cfg.hidden_size}")
+    check_heads(params, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads)
+    hf = fresh(template, layer_norm_eps=model.config.norm_eps, qkv_bias=True)  # canonical q/k/v always have biases
+    vit, D = hf.vit, model.width
+    emb = vit.embeddings
+    set_param(emb.patch_embeddings.projection.weight, p("embed.patch_w"), "embed.patch_w")
+    set_param(emb.patch_embeddings.projection.bias, p("embed.patch_b"), "embed.patch_b")
+    set_param(emb.cls_token, p("embed.cls").reshape(1, 1, D), "embed.cls")
+    set_param(emb.position_embeddings, p("embed.pos")[None], "embed.pos")
+    for i, layer in enumerate(vit.layers):
+        attn, pre = layer.attention, f"blocks.{i}."
+        identity_norm(layer.layernorm_before)
+        identity_norm(layer.layernorm_after)
+        for name, lin, scale in (("q", attn.q_proj, attn.scaling), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
+            set_param(lin.weight, p(pre + name + "_w").flatten(0, 1) / scale, pre + name + "_w")
+            set_param(lin.bias, p(pre + name + "_b").flatten() / scale, pre + name + "_b")
+        set_param(attn.o_proj.weight, p(pre + "o_w").permute(1, 0, 2).flatten(1), pre + "o_w")
+        set_param(attn.o_proj.bias, p(pre + "o_b"), pre + "o_b")
+        set_param(layer.mlp.fc1.weight, p(pre + "in_w"), pre + "in_w")
+        set_param(layer.mlp.fc1.bias, p(pre + "in_b"), pre + "in_b")
+        set_param(layer.mlp.fc2.weight, p(pre + "out_w"), pre + "out_w")
+        set_param(layer.mlp.fc2.bias, p(pre + "out_b"), pre + "out_b")
+    identity_norm(vit.layernorm)
+    set_param(hf.classifier.weight, p("head.w"), "head.w")
+    set_param(hf.classifier.bias, p("head.b"), "head.b")
+    return hf
+
+
+def _writer(name: str, axis: int) -> Role:
+    return Role(name, "embed", (Acts("residual", axis, "out"),))
+
+
+class ViTFamily(Family):
+    name = "vit"
+    model_types = ("vit",)
+    hf_classes = ("ViTForImageClassification",)
+    data_kind = "images"
+    shared_model_keys = ("qkv_bias", "image_size", "patch_size", "num_channels", "num_labels")
+    embed_roles = (
+        _writer("embed.pos", 1),
+        _writer("embed.patch_w", 0),
+        _writer("embed.patch_b", 0),
+        _writer("embed.cls", 0),
+    )
+    head_roles = (Role("head.w", "head", (Acts("residual", 1, "in"),)), Role("head.b", "head"))
+
+    def build(self, cfg) -> ViTForImageClassification:
+        config = ViTConfig(
+            image_size=cfg.image_size,
+            patch_size=cfg.patch_size,
+            num_channels=cfg.num_channels,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.mlp_size,
+            hidden_act=cfg.hidden_act,
+            hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.dropout,
+            layer_norm_eps=cfg.layer_norm_eps,
+            qkv_bias=cfg.qkv_bias,
+            num_labels=cfg.num_labels,
+        )
+        return ViTForImageClassification(config)
+
+    def to_canonical(self, hf_model) -> CanonicalTransformer:
+        return vit_to_canonical(hf_model)
+
+    def to_hf(self, model, template) -> ViTForImageClassification:
+        return vit_from_canonical(model, template)
+
+    def embed(self, config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
+        x = F.conv2d(inputs, p["embed.patch_w"], p["embed.patch_b"], stride=config.patch_size)
+        x = x.flatten(2).transpose(1, 2)  # (B, patches, D)
+        cls = p["embed.cls"].expand(x.shape[0], 1, -1)
+        x = torch.cat([cls, x], dim=1)
+        if x.shape[1] != p["embed.pos"].shape[0]:
+            raise ValueError(f"{x.shape[1]} tokens for {p['embed.pos'].shape[0]} positions: wrong image size")
+        return x + p["embed.pos"]
+
+    def input_limits(self, params) -> dict[str, Any]:
+        return {"classes": params["head.w"].shape[0]}
+
+    def hf_input_limits(self, hf_config) -> dict[str, Any]:
+        return {"classes": hf_config.num_labels}
+
+    def input_properties(self, config, params):
+        yield "has {} positions", params["embed.pos"].shape[0]
+        yield "has patch size {}", config.patch_size
+        yield "has {} input channels", config.num_channels
+        yield "has {} classes", params["head.w"].shape[0]
+
+
+FAMILY = ViTFamily()
