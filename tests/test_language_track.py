@@ -129,9 +129,11 @@ def test_early_stopping_on_text_stops_when_validation_stalls(tmp_path):
 
 def test_learned_matching_keeps_its_start_when_the_learned_path_is_worse(tmp_path, monkeypatch):
     from glmc.data.module import DataModule
+    from glmc.eval.evaluator import path_losses
     from glmc.matching.base import MatchContext
     from glmc.matching.learned_module import LearnedMatchingModule
     from glmc.matching.registry import build_matcher, method_config
+    from glmc.train.latent_fit import fit_latents
     from glmc.train.trainer import trainer_factory
 
     cfg = compose_config(*TINY_TEXT)
@@ -144,7 +146,8 @@ def test_learned_matching_keeps_its_start_when_the_learned_path_is_worse(tmp_pat
     rotten = Transform.sample(spec, {"residual": "orthogonal", "heads": "permutation", "mlp": "permutation"})
     monkeypatch.setattr(LearnedMatchingModule, "hard_transform", lambda self: rotten)  # a random "result"
     matcher = build_matcher(method_config(cfg, "learned"))
-    context = MatchContext(data=data, trainer=trainer_factory(cfg.trainer), run_dir=tmp_path)
+    make = trainer_factory(cfg.trainer)
+    context = MatchContext(data=data, trainer=make, run_dir=tmp_path, fit=fit_latents, path_loss=path_losses)
     result = matcher.match(a, b, context)
     d = result.diagnostics
     assert d["kept_start"] and d["validation_path_max_loss"]["learned"] > d["validation_path_max_loss"]["start"]

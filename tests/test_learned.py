@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from glmc.data.module import DataModule
-from glmc.eval.evaluator import evaluate_path
+from glmc.eval.evaluator import evaluate_path, path_losses
 from glmc.interpolation import merge_params
 from glmc.matching.base import MatchContext
 from glmc.matching.learned import LearnedMatcher
@@ -16,6 +16,7 @@ from glmc.matching.registry import build_matcher, method_config
 from glmc.models import canonical_forward, to_canonical
 from glmc.models.canonical import circuit_params
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
+from glmc.train.latent_fit import fit_latents
 from glmc.train.trainer import trainer_factory
 
 from conftest import compose_config
@@ -53,7 +54,8 @@ def matcher(cfg, name):
 
 
 def context(cfg, data, run_dir, trainer=None):
-    return MatchContext(data=data, trainer=trainer or trainer_factory(cfg.trainer), run_dir=run_dir)
+    make = trainer or trainer_factory(cfg.trainer)
+    return MatchContext(data=data, trainer=make, run_dir=run_dir, fit=fit_latents, path_loss=path_losses)
 
 
 def test_straight_through_is_hard_forward_and_identity_backward():

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import glmc.matching.learned_module as learned_module
+from glmc.eval.evaluator import path_losses
 from glmc.matching.base import MatchContext
 from glmc.matching.learned import LearnedMatcher
 from glmc.matching.learned_module import LearnedMatchingModule
@@ -22,6 +23,7 @@ from glmc.matching.universe_learned import learned_universe
 from glmc.matching.weight import WeightMatcher
 from glmc.models import to_canonical
 from glmc.symmetry import Orthogonal, SymmetrySpec, apply
+from glmc.train.latent_fit import fit_latents
 from glmc.train.trainer import trainer_factory
 
 from conftest import compose_config
@@ -40,7 +42,8 @@ def context(run_dir):
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(32, 1, 8, 8, generator=g), torch.randint(0, 10, (32,), generator=g))
     trainer = trainer_factory(compose_config("debug=fast", "logger=none").trainer)
-    return MatchContext(data=DataLoader(data, batch_size=16), trainer=trainer, run_dir=run_dir)
+    loader = DataLoader(data, batch_size=16)
+    return MatchContext(data=loader, trainer=trainer, run_dir=run_dir, fit=fit_latents, path_loss=path_losses)
 
 
 def dense(g) -> torch.Tensor:

@@ -11,9 +11,11 @@ from lightning.pytorch.callbacks import Callback
 
 from glmc.data.module import DataModule
 from glmc.data.step_sampler import StepSampler
+from glmc.eval.evaluator import path_losses
 from glmc.matching.base import MatchContext
 from glmc.matching.learned import LearnedMatcher
 from glmc.models.convert import to_canonical
+from glmc.train.latent_fit import fit_latents
 from glmc.train.trainer import trainer_factory
 
 from conftest import compose_config
@@ -64,7 +66,8 @@ def test_a_learned_run_killed_mid_epoch_resumes_to_the_uninterrupted_numbers(tmp
     def run(folder, extra=()):
         trainer = lambda **kw: make(**{**kw, "callbacks": kw["callbacks"] + list(extra)})
         matcher = LearnedMatcher(max_steps=10, checkpoint_every=3, lr=0.05, lambda_scheme="uniform")
-        return matcher.match(a, b, MatchContext(data=data, trainer=trainer, run_dir=folder))
+        context = MatchContext(data=data, trainer=trainer, run_dir=folder, fit=fit_latents, path_loss=path_losses)
+        return matcher.match(a, b, context)
 
     uninterrupted = run(tmp_path / "whole")
     # a second run is killed at step 6: mid-epoch, after last.ckpt of step 3 and the epoch end at step 4

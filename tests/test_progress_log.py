@@ -13,10 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from glmc.eval.evaluator import path_losses
 from glmc.matching.base import MatchContext
 from glmc.matching.learned import LearnedMatcher
 from glmc.models import to_canonical
 from glmc.train.divergence import DivergenceGuard
+from glmc.train.latent_fit import fit_latents
 from glmc.train.progress_log import ProgressLog, duration
 from glmc.train.trainer import trainer_factory
 
@@ -102,7 +104,8 @@ def test_learned_matching_lines_name_the_method(tmp_path, caplog, monkeypatch):
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(16, 1, 8, 8, generator=g), torch.randint(0, 10, (16,), generator=g))
     make = trainer_factory(compose_config("logger=none").trainer)
-    context = MatchContext(data=DataLoader(data, batch_size=8), trainer=make, run_dir=tmp_path)
+    loader = DataLoader(data, batch_size=8)
+    context = MatchContext(data=loader, trainer=make, run_dir=tmp_path, fit=fit_latents, path_loss=path_losses)
     with caplog.at_level(logging.INFO, logger="glmc.train.progress_log"):
         LearnedMatcher(max_steps=3, lr=0.01).match(a, b, context)
     lines = [r.getMessage() for r in caplog.records if r.name == "glmc.train.progress_log"]

@@ -30,7 +30,6 @@ from glmc.data.cifar import cifar_splits, load_batch
 from glmc.data.download import DownloadError
 from glmc.data.module import DataModule
 from glmc.eval.evaluator import Evaluator
-from glmc.matching.learned import resumable
 from glmc.models import to_canonical
 from glmc.models.build import build_model
 from glmc.models.canonical import CanonicalTransformer
@@ -41,6 +40,7 @@ from glmc.pipeline.report import finite_or_none, write_results
 from glmc.pipeline.run import run_pipeline
 from glmc.pipeline.validate import ConfigError, RunFolderGuard, validate_config
 from glmc.train.divergence import DivergenceError
+from glmc.train.resume import resumable
 
 from conftest import ROOT, compose_config
 from tiny_hf import tiny_gpt2, tiny_vit

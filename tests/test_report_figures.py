@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from glmc.data.module import DataModule
+from glmc.eval.evaluator import path_losses
 from glmc.matching.base import MatchContext
 from glmc.matching.registry import build_matcher, method_config
 from glmc.matching.weight import eigen_angles, weight_matching
@@ -25,6 +26,7 @@ from glmc.report import fig5, fig7, fig8, fig9
 from glmc.report.table2 import DIGITS_STEP
 from glmc.report.tables import mean_pm, number
 from glmc.symmetry import Orthogonal, Transform, apply
+from glmc.train.latent_fit import fit_latents
 from glmc.train.trainer import trainer_factory
 
 from conftest import compose_config
@@ -339,7 +341,8 @@ def test_learned_correction_is_zero_when_learning_leaves_weight_matching(tmp_pat
     data = DataModule(cfg.data, seed=0)
     data.setup()
     pair = to_canonical(tiny_vit(0, hidden=16, heads=2, mlp=32)), to_canonical(tiny_vit(1, hidden=16, heads=2, mlp=32))
-    context = MatchContext(data=data, trainer=trainer_factory(cfg.trainer), run_dir=tmp_path)
+    make = trainer_factory(cfg.trainer)
+    context = MatchContext(data=data, trainer=make, run_dir=tmp_path, fit=fit_latents, path_loss=path_losses)
     learned = build_matcher(method_config(cfg, "learned")).match(*pair, context)
     angles = learned.diagnostics["correction_angles"]
     assert len(angles) == 16 and max(angles) < 1e-4

@@ -21,6 +21,7 @@ from glmc.matching.universe_learned import (
 from glmc.matching.weight import WeightMatcher
 from glmc.models import to_canonical
 from glmc.symmetry import Orthogonal, Permutation, Transform, apply
+from glmc.train.latent_fit import fit_latents
 from glmc.train.trainer import trainer_factory
 
 from conftest import compose_config
@@ -69,7 +70,7 @@ def settings(**overrides):
 
 
 def refine(aligned, run_dir, make_trainer=None, **overrides):
-    context = MatchContext(data=images(), trainer=make_trainer or trainer(), run_dir=run_dir)
+    context = MatchContext(data=images(), trainer=make_trainer or trainer(), run_dir=run_dir, fit=fit_latents)
     return learned_universe(aligned, context, settings(**overrides))
 
 

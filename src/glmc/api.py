@@ -25,6 +25,7 @@ from glmc.metrics import IGNORE_INDEX
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.compatibility import check_compatible
 from glmc.models.convert import to_canonical
+from glmc.train.latent_fit import fit_latents
 
 
 def align(
@@ -73,7 +74,12 @@ def align(
         check_data(a, data)
     with tempfile.TemporaryDirectory(prefix="glmc-align-") as scratch:
         context = MatchContext(
-            data=data, trainer=_trainer(trainer), run_dir=Path(run_dir or scratch), device=torch.device(device)
+            data=data,
+            trainer=_trainer(trainer),
+            run_dir=Path(run_dir or scratch),
+            device=torch.device(device),
+            fit=fit_latents,
+            path_loss=_evaluator.path_losses,
         )
         return matcher.match(a, b, context)
 

@@ -173,3 +173,12 @@ def evaluate_path(
     (and None for B) to use its parameterisation and circuit setting."""
     alignment = model_a if isinstance(model_a, Alignment) else Alignment(model_a, model_b, circuits=tuple(circuits))
     return Evaluator(loader, task, progress=progress, **options).path(alignment, lambdas)
+
+
+def path_losses(
+    alignments: dict[str, Alignment], lambdas: Sequence[float], batches: Iterable, task: str, device: torch.device
+) -> dict[str, list[float]]:
+    """Loss along each alignment's path at `lambdas`, all over the same batches (read once), without
+    progress bars: what a matcher's held-out check compares (MatchContext.path_loss)."""
+    check = Evaluator(batches, task, device, progress=False)
+    return {name: check.path(alignment, lambdas)["loss"] for name, alignment in alignments.items()}

@@ -29,6 +29,13 @@ class MatchContext:
     logger   stage name -> Lightning logger (or False), e.g. glmc.pipeline.tracking.Tracker
     run_dir  the folder this method may write into (checkpoints)
     device   where the method's own tensor work runs
+    fit      fit(module, context, folder, settings, logger) -> (seconds, processes, resumed checkpoint):
+             trains a learned matcher's latents (glmc.train.latent_fit.fit_latents)
+    path_loss  path_loss({name: Alignment}, lambdas, batches, task, device) -> {name: losses}: each
+             path's loss at the lambdas over the same batches (glmc.eval.evaluator.path_losses)
+
+    `fit` and `path_loss` come from the caller (the pipeline, glmc.align), so that matching never
+    imports the training or evaluation code it runs.
     """
 
     data: Any = None
@@ -36,7 +43,17 @@ class MatchContext:
     logger: Callable[[str], Any] | None = None
     run_dir: Path = Path("outputs/match")
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    fit: Callable[..., tuple[float, int, Path | None]] | None = None
+    path_loss: Callable[..., dict[str, list[float]]] | None = None
     _token_ids: torch.Tensor | None = field(default=None, repr=False)
+
+    def require(self, name: str, method: str) -> Callable[..., Any]:
+        """The callable `name` (fit, path_loss), or an error that says where to get it."""
+        value = getattr(self, name)
+        if value is None:
+            where = {"fit": "glmc.train.latent_fit.fit_latents", "path_loss": "glmc.eval.evaluator.path_losses"}
+            raise ValueError(f"{method} needs context.{name}: pass {name}={where[name]} to MatchContext")
+        return value
 
     def train_batches(self, method: str) -> Iterable:
         if self.data is None:

@@ -5,14 +5,15 @@
   learned_sinkhorn  orthogonal residual + soft head and MLP permutations (Sinkhorn, Appendix D)
 
 The latents start at the weight-matching solution (init="weight") or the identity. Training runs
-through the same Lightning Trainer settings as the endpoints, with checkpoints under
-<context.run_dir>/pair_<hash>/checkpoints, the hash covering the endpoints and every setting: a run
-started again with the same endpoints and settings resumes from last.ckpt, any other starts afresh.
-The returned transform is the hard projection of the latents, so the aligned model B computes B's
-function, unless its path is worse than the start's on held-out batches (the validation split, or
-training batches where the dataset has none): then the start is returned (`kept_start`). A run
-whose loss or latents stop being finite stops at that step and returns the start too, with
-`diverged` in its diagnostics and a warning naming the lr (glmc.matching.learned_module.DivergenceStop).
+through `context.fit` (glmc.train.latent_fit.fit_latents) with the same Lightning Trainer settings as
+the endpoints, with checkpoints under <context.run_dir>/pair_<hash>/checkpoints, the hash covering
+the endpoints and every setting: a run started again with the same endpoints and settings resumes
+from last.ckpt, any other starts afresh. The returned transform is the hard projection of the
+latents, so the aligned model B computes B's function, unless its path is worse than the start's on
+held-out batches (the validation split, or training batches where the dataset has none; measured by
+`context.path_loss`, the evaluator's): then the start is returned (`kept_start`). A run whose loss
+or latents stop being finite stops at that step and returns the start too, with `diverged` in its
+diagnostics and a warning naming the lr (glmc.matching.learned_module.DivergenceStop).
 The Sinkhorn matcher returns the soft-aligned B instead (the path it trained), marked as not
 function-preserving, with the hard projection as a variant path.
 """
@@ -20,135 +21,26 @@ function-preserving, with the hard projection as a variant path.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import math
-import pickle
 import time
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.eval.evaluator import Evaluator
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored, settings_hash
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.matching.weight import eigen_angles, used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
-from glmc.safe_files import move_aside
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
 
 log = logging.getLogger(__name__)
 
 
-class _SaveLast(Callback):
-    """last.ckpt at the end of training too, not only every `checkpoint_every` steps."""
-
-    def __init__(self, path: Path):
-        self.path = str(path)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        trainer.save_checkpoint(self.path, weights_only=False)  # every rank calls it; rank 0 writes
-
-
 def _dense(g) -> Tensor:
     return g.matrix if isinstance(g, Orthogonal) else g.dense()
-
-
-def resumable(last: Path) -> Path | None:
-    """`last` if it exists and loads as a checkpoint of tensors and plain data; a damaged one (a run
-    killed while writing it, a full disk) is moved aside with a warning, so the rerun starts afresh
-    instead of failing in Lightning's restore."""
-    if not last.exists():
-        return None
-    try:
-        torch.load(last, map_location="cpu", weights_only=True)
-    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as err:
-        reason = f"cannot be resumed from ({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]})"
-        try:
-            move_aside(last, reason)
-        except FileNotFoundError:  # another rank moved it first
-            pass
-        return None
-    return last
-
-
-def _fit(trainer, module, data: dict[str, Any], resume: Path | None) -> None:
-    # Restore with weights_only=True, as torch.load does by default since torch 2.6 (the floor).
-    restricted = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
-    trainer.fit(module, **data, ckpt_path=resume, **restricted)
-
-
-def fit_latents(module, context: MatchContext, folder: Path, settings, logger) -> tuple[float, int, Path | None]:
-    """Train a latent module with a Trainer from the context; returns the seconds spent in fit, the
-    number of processes that trained and the checkpoint it resumed from.
-
-    Checkpoints go to folder/checkpoints: `last.ckpt` every `settings.checkpoint_every` steps, with
-    the random state (glmc.train.resume.EpochCheckpoint, which also writes `epoch.ckpt` at every
-    epoch's end). A run resumes from last.ckpt. On one process with a DataModule, the training order
-    is a function of the step (the DataModule's `train_start_step`, glmc.data.step_sampler), so a run
-    killed anywhere, mid-epoch included, finishes with the numbers of an uninterrupted one. Across
-    several processes the samplers are Lightning's: an interrupted run resumes from epoch.ckpt, the
-    last state whose order can be restored. Exactness assumes no random augmentation: its draws for
-    the batch loaded ahead of a mid-epoch checkpoint are not replayed."""
-    from glmc.train.resume import EpochCheckpoint
-
-    last, epoch = folder / "checkpoints" / "last.ckpt", folder / "checkpoints" / "epoch.ckpt"
-    checkpoints = ModelCheckpoint(
-        dirpath=folder / "checkpoints",
-        save_last=True,
-        save_top_k=0,
-        every_n_train_steps=settings.checkpoint_every,
-        save_on_exception=True,
-        enable_version_counter=False,
-    )
-    callbacks = [checkpoints, _SaveLast(last)]
-    exact = hasattr(context.data, "train_generator_state")  # glmc.data.module.DataModule
-    if exact:
-        callbacks.append(EpochCheckpoint(epoch, context.data))
-    make_trainer = context.trainer or _default_trainer
-    trainer = make_trainer(
-        default_root_dir=str(folder),
-        logger=logger,
-        max_steps=settings.max_steps,
-        max_epochs=-1,
-        callbacks=callbacks,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-    )
-    resume = resumable(last)
-    stepped = exact and trainer.world_size == 1
-    if stepped:
-        context.data.train_start_step = 0 if resume is None else _checkpoint_step(resume)
-    elif exact and resume is not None and _checkpoint_step(resume) < settings.max_steps:
-        resume = resumable(epoch) or resume
-    tick = time.perf_counter()
-    try:
-        with warnings.catch_warnings():  # the DataModule's test split is its val loader; matching has no val loop
-            warnings.filterwarnings("ignore", message=".*val_dataloader.*validation_step")
-            _fit(trainer, module, context.fit_data(), resume)
-    finally:
-        if exact:  # the shared DataModule: the next fit starts from the seeded order again
-            context.data.train_generator_state = None
-            context.data.train_start_step = None
-    return time.perf_counter() - tick, trainer.world_size, resume
-
-
-def _checkpoint_step(path: Path) -> int:
-    return int(torch.load(path, map_location="cpu", weights_only=True).get("global_step", 0))
-
-
-def _default_trainer(**kwargs):
-    from omegaconf import OmegaConf
-
-    from glmc.config import TrainerConfig
-    from glmc.train.trainer import trainer_factory
-
-    return trainer_factory(OmegaConf.structured(TrainerConfig(accelerator="auto")))(**kwargs)
 
 
 class LearnedMatcher:
@@ -227,7 +119,8 @@ class LearnedMatcher:
         pair_dir = context.run_dir / f"pair_{self.checkpoint_key(a, b)}"
         last = pair_dir / "checkpoints" / "last.ckpt"
         logger = context.logger(self.name) if context.logger else False
-        seconds_train, world_size, resume = fit_latents(module, context, pair_dir, self.settings, logger)
+        fit = context.require("fit", self.name)
+        seconds_train, world_size, resume = fit(module, context, pair_dir, self.settings, logger)
         module = module.cpu()
         diverged = module.divergence()
         if diverged is not None:
@@ -275,12 +168,11 @@ class LearnedMatcher:
         hard_alignment = Alignment(reference=a, model=aligned, transform=hard, circuits=self.circuits)
         if "sinkhorn" not in kinds.values():
             # never worse than the start: compare both paths on held-out batches, keep the better
-            check = Evaluator(context.validation_batches(self.name), b.task, context.device, progress=False)
+            path_loss, held_out = context.require("path_loss", self.name), context.validation_batches(self.name)
             start_alignment = Alignment(reference=a, model=apply(start, b), transform=start, circuits=self.circuits)
-            worst = {
-                name: max(check.path(al, GUARD_LAMBDAS)["loss"])
-                for name, al in (("start", start_alignment), ("learned", hard_alignment))
-            }
+            paths = {"start": start_alignment, "learned": hard_alignment}
+            losses = path_loss(paths, GUARD_LAMBDAS, held_out, b.task, context.device)
+            worst = {name: max(loss) for name, loss in losses.items()}
             diagnostics["validation_path_max_loss"] = worst
             diagnostics["kept_start"] = worst["learned"] > worst["start"]
             chosen = start_alignment if diagnostics["kept_start"] else hard_alignment

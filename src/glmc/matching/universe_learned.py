@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from glmc.interpolation import interpolate, merge_params
 from glmc.matching.base import MatchContext, require_factored, settings_hash
-from glmc.matching.learned import _changes, finite_list, fit_latents
+from glmc.matching.learned import _changes, finite_list
 from glmc.matching.learned_module import DivergenceStop, LearnedMatchingModule, _key, worst_draw
 from glmc.matching.projections import polar, straight_through_permutation
 from glmc.matching.settings import EDGE_LAMBDAS, UniverseTraining
@@ -238,7 +238,8 @@ def learned_universe(
     last = run_dir / "checkpoints" / "last.ckpt"
     context.train_batches(f"{name} universe refinement")  # fails early without data
     logger = context.logger(f"{name}_universe") if context.logger else False
-    seconds, world_size, resume = fit_latents(module, context, run_dir, settings, logger)
+    fit = context.require("fit", f"{name} universe refinement")
+    seconds, world_size, resume = fit(module, context, run_dir, settings, logger)
     module = module.cpu()
 
     start = [Transform(), *(Transform({n: Permutation.identity(spec.spaces[n].size) for n in k}) for k in kinds)]

@@ -23,14 +23,13 @@ from glmc.config import Config
 from glmc.data.fingerprint import data_fingerprint
 from glmc.data.module import DataModule
 from glmc.eval.evaluator import Evaluator
-from glmc.matching.learned import resumable
 from glmc.models.build import build_model
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.convert import to_canonical
 from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
 from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
 from glmc.train.endpoint import EndpointModule
-from glmc.train.resume import EpochCheckpoint
+from glmc.train.resume import EpochCheckpoint, resumable
 from glmc.train.trainer import trainer_factory
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from glmc.choices import EvalPrecision
 from glmc.config import Config
 from glmc.data.module import DataModule
 from glmc.eval.barrier import barrier, barrier_vs_mean, lambda_grid, path_end_mismatches
-from glmc.eval.evaluator import Evaluator
+from glmc.eval.evaluator import Evaluator, path_losses
 from glmc.matching.base import MatchContext
 from glmc.matching.registry import build_matcher, method_config
 from glmc.models.canonical import relative_deviation
@@ -35,6 +35,7 @@ from glmc.pipeline.report import format_table, write_results
 from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import check_run_dir, remove_previous_outputs, validate_config
 from glmc.safe_files import atomic_write_text
+from glmc.train.latent_fit import fit_latents
 from glmc.train.trainer import resolve_device, trainer_factory
 
 log = logging.getLogger(__name__)
@@ -277,6 +278,8 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
                     run_dir=run_dir / name,
                     device=device,
                     logger=lambda method, label=label: tracker.lightning_logger(f"{method}_{label}", "match"),
+                    fit=fit_latents,
+                    path_loss=path_losses,
                 )
                 start = time.perf_counter()
                 # a narrower B is embedded exactly into A's shapes first (width-heterogeneous runs)
@@ -322,6 +325,8 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
                 run_dir=run_dir / "universe",
                 device=device,
                 logger=lambda method: tracker.lightning_logger(f"{method}_universe", "match"),
+                fit=fit_latents,
+                path_loss=path_losses,
             )
             multi = run_multi(cfg, run_dir, endpoints, evaluator, context)
             stage.clear()

@@ -12,6 +12,7 @@ The file is written beside its place and renamed, so a kill while writing leaves
 from __future__ import annotations
 
 import os
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Checkpoint
+
+from glmc.safe_files import move_aside
 
 
 def _numpy_state() -> list[Any]:
@@ -93,3 +96,21 @@ class EpochCheckpoint(Checkpoint):
         trainer.save_checkpoint(tmp, weights_only=False)  # every rank calls it; rank 0 writes
         if trainer.is_global_zero:
             os.replace(tmp, self.path)
+
+
+def resumable(last: Path) -> Path | None:
+    """`last` if it exists and loads as a checkpoint of tensors and plain data; a damaged one (a run
+    killed while writing it, a full disk) is moved aside with a warning, so the rerun starts afresh
+    instead of failing in Lightning's restore."""
+    if not last.exists():
+        return None
+    try:
+        torch.load(last, map_location="cpu", weights_only=True)
+    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as err:
+        reason = f"cannot be resumed from ({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]})"
+        try:
+            move_aside(last, reason)
+        except FileNotFoundError:  # another rank moved it first
+            pass
+        return None
+    return last

@@ -1,0 +1,102 @@
+"""Fitting the latents of a learned matcher (pairwise or universe) with a Lightning Trainer, with
+checkpoints and resume.
+
+The matchers live in glmc.matching and never import training code: they call `context.fit`
+(glmc.matching.base.MatchContext), which the pipeline and glmc.align fill with `fit_latents`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from glmc.train.resume import EpochCheckpoint, resumable
+
+
+class _SaveLast(Callback):
+    """last.ckpt at the end of training too, not only every `checkpoint_every` steps."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        trainer.save_checkpoint(self.path, weights_only=False)  # every rank calls it; rank 0 writes
+
+
+def _fit(trainer, module, data: dict[str, Any], resume: Path | None) -> None:
+    # Restore with weights_only=True, as torch.load does by default since torch 2.6 (the floor).
+    restricted = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
+    trainer.fit(module, **data, ckpt_path=resume, **restricted)
+
+
+def fit_latents(module, context, folder: Path, settings, logger) -> tuple[float, int, Path | None]:
+    """Train a latent module with a Trainer from the context (a glmc.matching.base.MatchContext: its
+    `trainer` factory, a default one where None, and its data); returns the seconds spent in fit, the
+    number of processes that trained and the checkpoint it resumed from.
+
+    Checkpoints go to folder/checkpoints: `last.ckpt` every `settings.checkpoint_every` steps, with
+    the random state (glmc.train.resume.EpochCheckpoint, which also writes `epoch.ckpt` at every
+    epoch's end). A run resumes from last.ckpt. On one process with a DataModule, the training order
+    is a function of the step (the DataModule's `train_start_step`, glmc.data.step_sampler), so a run
+    killed anywhere, mid-epoch included, finishes with the numbers of an uninterrupted one. Across
+    several processes the samplers are Lightning's: an interrupted run resumes from epoch.ckpt, the
+    last state whose order can be restored. Exactness assumes no random augmentation: its draws for
+    the batch loaded ahead of a mid-epoch checkpoint are not replayed."""
+    last, epoch = folder / "checkpoints" / "last.ckpt", folder / "checkpoints" / "epoch.ckpt"
+    checkpoints = ModelCheckpoint(
+        dirpath=folder / "checkpoints",
+        save_last=True,
+        save_top_k=0,
+        every_n_train_steps=settings.checkpoint_every,
+        save_on_exception=True,
+        enable_version_counter=False,
+    )
+    callbacks = [checkpoints, _SaveLast(last)]
+    exact = hasattr(context.data, "train_generator_state")  # glmc.data.module.DataModule
+    if exact:
+        callbacks.append(EpochCheckpoint(epoch, context.data))
+    make_trainer = context.trainer or _default_trainer
+    trainer = make_trainer(
+        default_root_dir=str(folder),
+        logger=logger,
+        max_steps=settings.max_steps,
+        max_epochs=-1,
+        callbacks=callbacks,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    resume = resumable(last)
+    stepped = exact and trainer.world_size == 1
+    if stepped:
+        context.data.train_start_step = 0 if resume is None else _checkpoint_step(resume)
+    elif exact and resume is not None and _checkpoint_step(resume) < settings.max_steps:
+        resume = resumable(epoch) or resume
+    tick = time.perf_counter()
+    try:
+        with warnings.catch_warnings():  # the DataModule's test split is its val loader; matching has no val loop
+            warnings.filterwarnings("ignore", message=".*val_dataloader.*validation_step")
+            _fit(trainer, module, context.fit_data(), resume)
+    finally:
+        if exact:  # the shared DataModule: the next fit starts from the seeded order again
+            context.data.train_generator_state = None
+            context.data.train_start_step = None
+    return time.perf_counter() - tick, trainer.world_size, resume
+
+
+def _checkpoint_step(path: Path) -> int:
+    return int(torch.load(path, map_location="cpu", weights_only=True).get("global_step", 0))
+
+
+def _default_trainer(**kwargs):
+    from omegaconf import OmegaConf
+
+    from glmc.config import TrainerConfig
+    from glmc.train.trainer import trainer_factory
+
+    return trainer_factory(OmegaConf.structured(TrainerConfig(accelerator="auto")))(**kwargs)
