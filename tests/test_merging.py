@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glmc.eval.merging import (
+from glmc.interpolation import interpolate
+from glmc.merging.fisher_regmean import (
     augmented_matrix,
     fisher_average,
     fisher_information,
@@ -16,7 +17,6 @@ from glmc.eval.merging import (
     regmean_linear,
     regmean_merge,
 )
-from glmc.interpolation import interpolate
 from glmc.metrics import IGNORE_INDEX
 from glmc.models import canonical_forward, to_canonical
 

@@ -14,7 +14,7 @@ import torch
 
 from glmc.alignment import Alignment
 from glmc.eval.evaluator import Evaluator
-from glmc.eval.merging import merged_model
+from glmc.merging import merged_model
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,8 @@
+"""Ways to combine aligned models beyond the straight line: Fisher-weighted averaging and RegMean.
+
+Merges build models and never score them: the pipeline evaluates what they return.
+"""
+
+from glmc.merging.fisher_regmean import MERGE_KINDS, fisher_merge, merged_model, regmean_merge
+
+__all__ = ["MERGE_KINDS", "fisher_merge", "merged_model", "regmean_merge"]
