@@ -7,7 +7,7 @@ import torch
 
 from glmc.matching.weight import WeightMatcher
 from glmc.models import relative_deviation, to_canonical
-from glmc.models.embed_width import embed_width, layer_sizes, match_widths
+from glmc.symmetry.embed_width import embed_width, layer_sizes, match_widths
 from glmc.symmetry.groups import random_orthogonal
 
 from numeric import FEW_OPS, FORWARD, assert_close_rel

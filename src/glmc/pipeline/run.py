@@ -26,7 +26,6 @@ from glmc.eval.evaluator import Evaluator, path_losses
 from glmc.matching.base import MatchContext
 from glmc.matching.registry import build_matcher, method_config
 from glmc.models.canonical import relative_deviation
-from glmc.models.embed_width import match_widths, same_shapes
 from glmc.pipeline.cache import config_hash
 from glmc.pipeline.endpoints import Endpoint, cache_key, get_endpoints
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
@@ -35,6 +34,7 @@ from glmc.pipeline.report import format_table, write_results
 from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import check_run_dir, remove_previous_outputs, validate_config
 from glmc.safe_files import atomic_write_text
+from glmc.symmetry.embed_width import match_widths, same_shapes
 from glmc.train.latent_fit import fit_latents
 from glmc.train.trainer import resolve_device, trainer_factory
 

@@ -36,8 +36,10 @@ from torch import Tensor
 
 from glmc.choices import EmbedStream
 from glmc.models.canonical import CanonicalTransformer
-from glmc.symmetry import Orthogonal, SymmetrySpec, Transform, apply_params
-from glmc.symmetry.groups import random_orthogonal
+from glmc.symmetry.apply import apply_params
+from glmc.symmetry.groups import Orthogonal, random_orthogonal
+from glmc.symmetry.spec import SymmetrySpec
+from glmc.symmetry.transform import Transform
 
 PerLayer = Sequence[int] | int | None
 READERS = ("q_w", "k_w", "v_w", "in_w")
