@@ -36,6 +36,9 @@ from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.metrics import IGNORE_INDEX
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
+from glmc.models.families import family_named
+from glmc.models.families.base import role_of
+from glmc.models.families.roles import layer_of
 from glmc.symmetry import Orthogonal, OrthogonalScale, Permutation, Transform, apply
 
 STRATEGIES = ("first", "last", "all", "separate")
@@ -147,30 +150,32 @@ def mean_matched(corr: Tensor, perm: Tensor | None = None) -> float:
     return float(corr[torch.arange(corr.shape[0]), idx].mean())
 
 
+def _stream_state(role, layer: int | None, side: str, layers: int) -> str:
+    """The recorded stream state a residual-side tensor writes into or reads from (canonical_forward's
+    names): its sublayer's output for writers, the state before its sublayer for readers."""
+    last = f"blocks.{layers - 1}.mlp_out" if layers else "embed"
+    if role.stage == "embed":
+        return "embed"
+    if role.stage == "head":
+        return last
+    if side == "out":
+        return f"blocks.{layer}.{role.stage}_out"
+    if role.stage == "mlp":
+        return f"blocks.{layer}.attn_out"
+    return "embed" if layer == 0 else f"blocks.{layer - 1}.mlp_out"
+
+
 def _permute_residual_separately(model: CanonicalTransformer, perms: dict[str, Tensor]) -> CanonicalTransformer:
     """Each stream state gets its own permutation: writers into a state and readers of it use that
     state's. Not function-preserving (paper 003's `separate`)."""
     p = {k: v.detach().clone() for k, v in model.params().items()}
-    layers = model.num_layers
-    # writers: the D axis of each tensor writing into a state
-    write = {"embed": [(n, -1) for n in ("embed.patch_w", "embed.patch_b", "embed.cls", "embed.tokens", "embed.pos")]}
-    read = {}
-    previous = "embed"
-    for l in range(layers):
-        pre, a, f = f"blocks.{l}.", f"blocks.{l}.attn_out", f"blocks.{l}.mlp_out"
-        read.setdefault(previous, []).extend((pre + n, -1) for n in ("q_w", "k_w", "v_w"))
-        write[a] = [(pre + "o_w", 1), (pre + "o_b", 0)]
-        read[a] = [(pre + "in_w", 1)]
-        write[f] = [(pre + "out_w", 0), (pre + "out_b", 0)]
-        previous = f
-    read.setdefault(previous, []).append(("head.w", 1))
-    for state, perm in perms.items():
-        for name, axis in write.get(state, []) + read.get(state, []):
-            if name not in p:
-                continue
-            # patch_w is (D, C, p, p) and patch_b/cls (D): their D axis is the first
-            ax = 0 if name in ("embed.patch_w", "embed.patch_b", "embed.cls") else axis
-            p[name] = p[name].index_select(ax, perm.to(p[name].device))
+    layout = family_named(model.config.family).layout(model.config.form)
+    for name in p:
+        role = role_of(layout, name)
+        for acts in role.acts_on("residual"):
+            perm = perms.get(_stream_state(role, layer_of(name), acts.side, model.num_layers))
+            if perm is not None:
+                p[name] = p[name].index_select(acts.axis, perm.to(p[name].device))
     return CanonicalTransformer(model.config, p)
 
 
