@@ -29,7 +29,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from glmc.config import Config, TrainerConfig
-from glmc.matching.registry import METHODS
+from glmc.matching.registry import METHODS, MULTI_METHODS
 from glmc.models.families import families_for_data, family_named
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,6 @@ NOT_RESULTS = (
 )
 
 SEED_LIMIT = 2**32  # numpy, sklearn and Lightning take seeds in [0, 2^32)
-MULTI_METHODS = ("vanilla", "weight", "learned")  # what a multi-model run evaluates
 # what a run with data=<name> loads: the text datasets need a GPT-2 model, the others a ViT
 TEXT_DATA = ("pydoc", "tiny_shakespeare", "bookcorpus")
 # endpoints of different widths (endpoint_models) share these with the first, and the keys their
