@@ -25,6 +25,7 @@ from glmc.metrics import IGNORE_INDEX
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.compatibility import check_compatible
 from glmc.models.convert import to_canonical
+from glmc.models.families import family_named, family_of_model_type
 from glmc.train.latent_fit import fit_latents
 
 
@@ -41,7 +42,7 @@ def align(
 ) -> Alignment:
     """Align model B to model A.
 
-    `model_a`, `model_b`: HF models (ViTForImageClassification, GPT2LMHeadModel) or canonical ones.
+    `model_a`, `model_b`: Hugging Face models of a known family (glmc.models.families) or canonical ones.
     `matcher`: a method name from the registry (vanilla, canonical, weight_perm, weight, activation,
     activation_orth, rotation, learned, learned_perm, learned_sinkhorn) whose settings are overridden
     by `options` (e.g. max_iter=5, lr=1e-2; a misspelled option is an error naming it), or any object with a
@@ -109,27 +110,23 @@ def evaluate_path(
 
 
 def model_limits(model: Any) -> dict[str, Any]:
-    """What a model accepts: its family, positions (GPT-2), vocabulary (GPT-2) and classes (ViT);
-    empty for a model of another kind (nothing is checked then)."""
+    """What a model accepts, as its family states it: positions and vocabulary (language models),
+    classes (classifiers); empty for a model of no known family (nothing is checked then)."""
     if isinstance(model, CanonicalTransformer):
-        p = model.params()
-        if model.config.family == "gpt2":
-            return {"family": "gpt2", "positions": p["embed.pos"].shape[0], "vocab": p["embed.tokens"].shape[0]}
-        return {"family": model.config.family, "classes": p["head.w"].shape[0]}
+        return family_named(model.config.family).input_limits(model.params())
     config = getattr(model, "config", None)
-    kind = getattr(config, "model_type", None)
-    if kind == "gpt2":
-        return {"family": "gpt2", "positions": config.n_positions, "vocab": config.vocab_size}
-    if kind == "vit":
-        return {"family": "vit", "classes": config.num_labels}
-    return {}
+    try:
+        family = family_of_model_type(getattr(config, "model_type", None))
+    except ValueError:
+        return {}
+    return family.hf_input_limits(config)
 
 
 def check_batch(limits: dict[str, Any], inputs: Any, targets: Any, task: str) -> None:
     """ValueError when a batch does not fit the model `limits` describes (model_limits)."""
     if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
         return
-    if limits.get("family") == "gpt2":
+    if "vocab" in limits:
         positions, vocab = limits["positions"], limits["vocab"]
         if inputs.dim() >= 1 and inputs.shape[-1] > positions:
             raise ValueError(

@@ -26,6 +26,7 @@ from glmc.eval.evaluator import Evaluator, path_losses
 from glmc.matching.base import MatchContext
 from glmc.matching.registry import build_matcher, method_config
 from glmc.models.canonical import relative_deviation
+from glmc.models.families import family_named
 from glmc.pipeline.cache import config_hash
 from glmc.pipeline.endpoints import Endpoint, cache_key, get_endpoints
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
@@ -147,8 +148,8 @@ def check_vocabulary(cfg: Config, data: DataModule) -> None:
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the {data.vocab_size} ids of "
             f"data.tokenizer={cfg.data.tokenizer} on data={cfg.data.name}"
         )
-    if data.vocab_size is not None and cfg.model.family != "gpt2":
-        raise ValueError(f"data={cfg.data.name} is text: choose a GPT-2 model (model.family=gpt2)")
+    if data.vocab_size is not None and family_named(str(cfg.model.family)).data_kind != "text":
+        raise ValueError(f"data={cfg.data.name} is text: choose a language model (model.family=gpt2)")
 
 
 def interrupted_message(cfg: Config, run_dir: Path, stage: dict[str, str]) -> str:
