@@ -36,26 +36,23 @@ from torch import Tensor
 
 from glmc.choices import EmbedStream
 from glmc.models.canonical import CanonicalTransformer
+from glmc.models.families import family_named
+from glmc.models.families.base import layer_sizes as family_layer_sizes
 from glmc.symmetry.apply import apply_params
 from glmc.symmetry.groups import Orthogonal, random_orthogonal
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import Transform
 
 PerLayer = Sequence[int] | int | None
-READERS = ("q_w", "k_w", "v_w", "in_w")
+# the per-layer spaces and the names embed_width's sizes have for them
+SIZE_NAMES = {"heads": "heads", "qk": "qk_dim", "vo": "vo_dim", "mlp": "mlp"}
 
 
 def layer_sizes(model: CanonicalTransformer) -> dict[str, list[int]]:
     """Per layer: heads, qk_dim and vo_dim (factored form only) and mlp units."""
-    p = model.params()
-    blocks = [f"blocks.{l}." for l in range(model.num_layers)]
-    attn = "qk" if model.config.form == "circuit" else "q_w"
-    sizes = {"heads": [p[b + attn].shape[0] for b in blocks]}
-    if model.config.form == "factored":
-        sizes["qk_dim"] = [p[b + "q_w"].shape[1] for b in blocks]
-        sizes["vo_dim"] = [p[b + "v_w"].shape[1] for b in blocks]
-    sizes["mlp"] = [p[b + "in_w"].shape[0] for b in blocks]
-    return sizes
+    layout = family_named(model.config.family).layout(model.config.form)
+    sizes = family_layer_sizes(layout, model.params(), model.num_layers)
+    return {SIZE_NAMES[kind]: values for kind, values in sizes.items()}
 
 
 def _per_layer(name: str, value: PerLayer, current: list[int]) -> list[int]:
@@ -93,21 +90,19 @@ def _residual_map(residual_map: Tensor | None, width: int, m: int, generator) ->
     return u
 
 
-def _scale_readers(p: dict[str, Tensor], s: float) -> None:
-    """Multiply every weight that reads the normalised stream by s (in place on the dict)."""
-    for name, t in p.items():
-        key = name.rsplit(".", 1)[-1]
-        if name == "head.w" or (name.startswith("blocks.") and key in READERS):
-            p[name] = t * s
-        elif key == "qk":  # [h; 1]^T QK [h; 1]: both residual sides, not the constant coordinate
-            t = t.clone()
-            t[:, :-1, :] *= s
-            t[:, :, :-1] *= s
-            p[name] = t
-        elif key == "ov":
-            t = t.clone()
-            t[..., :-1] *= s
-            p[name] = t
+def _scale_readers(p: dict[str, Tensor], spec: SymmetrySpec, s: float) -> None:
+    """Multiply every weight that reads the normalised stream by s along its residual axes, leaving
+    alone the constant coordinate of circuits ([h; 1]^T QK [h; 1]); in place on the dict."""
+    for axis in spec["residual"].acts_on:
+        if axis.side != "in":
+            continue
+        t = p[axis.param]
+        if axis.extra == 0:
+            p[axis.param] = t * s
+            continue
+        t = t.clone()
+        t.narrow(axis.axis, 0, t.shape[axis.axis] - axis.extra).mul_(s)
+        p[axis.param] = t
 
 
 @torch.no_grad()
@@ -154,28 +149,19 @@ def embed_width(
     p = {k: v.detach().double() for k, v in original.items()}
     spec = SymmetrySpec.from_params(config, p)
     p = apply_params(Transform({"residual": Orthogonal(u)}), spec, p)
-    _scale_readers(p, math.sqrt(config.norm_dim / norm_dim))
+    _scale_readers(p, spec, math.sqrt(config.norm_dim / norm_dim))
     if stream_scale != 1.0:
         for axis in spec["residual"].acts_on:
             if axis.side == "out":
                 p[axis.param] = p[axis.param] * stream_scale
 
-    for l in range(model.num_layers):
-        b = f"blocks.{l}."
-        if config.form == "factored":
-            for n in ("q_w", "q_b", "k_w", "k_b"):
-                p[b + n] = _pad(p[b + n], 1, target["qk_dim"][l])
-            for n in ("v_w", "v_b"):
-                p[b + n] = _pad(p[b + n], 1, target["vo_dim"][l])
-            p[b + "o_w"] = _pad(p[b + "o_w"], 2, target["vo_dim"][l])
-            attention = ("q_w", "q_b", "k_w", "k_b", "v_w", "v_b", "o_w")
-        else:
-            attention = ("qk", "ov")
-        for n in attention:
-            p[b + n] = _pad(p[b + n], 0, target["heads"][l])
-        p[b + "in_w"] = _pad(p[b + "in_w"], 0, target["mlp"][l])
-        p[b + "in_b"] = _pad(p[b + "in_b"], 0, target["mlp"][l])
-        p[b + "out_w"] = _pad(p[b + "out_w"], 1, target["mlp"][l])
+    # padding goes at the end of every head, head-dimension and unit axis
+    for space in spec:
+        if space.kind == "residual":
+            continue
+        size = target[SIZE_NAMES[space.kind]][space.layer]
+        for axis in space.acts_on:
+            p[axis.param] = _pad(p[axis.param], axis.axis, size)
 
     out = {k: v.to(original[k].dtype) for k, v in p.items()}
     factor = stream_scale**2 * config.norm_dim / norm_dim
@@ -211,13 +197,14 @@ def match_widths(
     if wide.num_layers != narrow.num_layers:
         raise ValueError(f"layers differ: wide {wide.num_layers}, narrow {narrow.num_layers}")
     pw, pn = wide.params(), narrow.params()
-    # every axis that is not a residual, head or MLP axis: vocabulary, positions, classes, patches
-    fixed = {"embed.tokens": (0,), "embed.pos": (0,), "head.w": (0,), "head.b": (0,), "embed.patch_w": (1, 2, 3)}
-    for name, axes in fixed.items():
-        if name in pw:
-            a, b = [pw[name].shape[i] for i in axes], [pn[name].shape[i] for i in axes]
-            if a != b:
-                raise ValueError(f"{name}: narrow has sizes {b}, wide {a} (vocabulary, positions or classes)")
+    # every axis that no symmetry space acts on: vocabulary, positions, classes, patches
+    spec = SymmetrySpec.from_model(wide)
+    moved = {(a.param, a.axis) for space in spec for a in space.acts_on}
+    for name, t in pw.items():
+        axes = [i for i in range(t.dim()) if (name, i) not in moved]
+        a, b = [t.shape[i] for i in axes], [pn[name].shape[i] for i in axes]
+        if a != b:
+            raise ValueError(f"{name}: narrow has sizes {b}, wide {a} (vocabulary, positions or classes)")
     if narrow.width > wide.width:
         raise ValueError(f"width: narrow {narrow.width} is larger than wide {wide.width}")
     sizes_w, sizes_n = layer_sizes(wide), layer_sizes(narrow)
