@@ -158,15 +158,17 @@ def test_merges_of_two_models_are_finite_and_regmean_fits_each_map(build):
     inputs = [_recorded_inputs(m, batches) for m in models]
     params = [m.params() for m in models]
 
-    def sse(p, reads, weight_name):
-        w = augmented_matrix(p, weight_name).double()
-        fits = [x[reads] @ (w - augmented_matrix(q, weight_name).double()).T for x, q in zip(inputs, params)]
+    def sse(p, linear):
+        w = augmented_matrix(p, linear).double()
+        fits = [x[linear.reads] @ (w - augmented_matrix(q, linear).double()).T for x, q in zip(inputs, params)]
         return sum((f**2).sum() for f in fits)
 
-    for reads, weight_name in linear_maps(merged).values():
-        best = sse(merged, reads, weight_name)
+    maps = linear_maps(models[0])
+    assert len(maps) == 6 * models[0].num_layers + 1  # q, k, v, o, in, out per layer and the head
+    for linear in maps.values():
+        best = sse(merged, linear)
         for other in (average, *params):
-            assert best <= sse(other, reads, weight_name) * (1 + 1e-6) + 1e-9, weight_name
+            assert best <= sse(other, linear) * (1 + 1e-6) + 1e-9, linear.weight
 
 
 def test_gram_matrices_drop_padding_and_read_the_class_token_only():

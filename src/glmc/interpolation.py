@@ -14,16 +14,23 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 from collections.abc import Sequence
+from functools import cache
 
 import torch
 from torch import Tensor
 
 from glmc.models.canonical import CanonicalTransformer
+from glmc.models.families.roles import HEAD_PAIRS, Acts, block_roles, role_key
 
-_ATTENTION = re.compile(r"blocks\.\d+\.(q_w|q_b|k_w|k_b|v_w|v_b|o_w)$")  # o_b is a plain vector
-_PAIR = {"q": "qk", "k": "qk", "v": "vo", "o": "vo"}
+_FACTORED = {role.name: role for role in block_roles("factored")}
+
+
+@cache
+def _pair_axis(name: str) -> Acts | None:
+    """Where a per-head attention pair (qk or vo) acts on the tensor `name`, None for other tensors."""
+    role = _FACTORED.get(role_key(name))
+    return next((a for a in role.acts if a.space in HEAD_PAIRS), None) if role else None
 
 
 def _check_weights(weights: Sequence[float], circuits: Sequence[str]) -> None:
@@ -38,7 +45,7 @@ def merge_params(
     `circuits` ("qk", "vo") are merged as circuits by stacking heads (module docstring)."""
     if len(params) != len(weights):
         raise ValueError(f"{len(params)} models but {len(weights)} weights")
-    bad = set(circuits) - {"qk", "vo"}
+    bad = set(circuits) - set(HEAD_PAIRS)
     if bad:
         raise ValueError(f"circuits={list(circuits)}: only 'qk' and 'vo' pairs can be interpolated as circuits")
     _check_weights(weights, circuits)
@@ -47,16 +54,15 @@ def merge_params(
         return dict(kept[0][1])
     out, plain = {}, []
     for name in kept[0][1]:
-        m = _ATTENTION.search(name)
-        letter = m.group(1)[0] if m else None
-        if letter is None or _PAIR[letter] not in circuits:
+        acts = _pair_axis(name)
+        if acts is None or acts.space not in circuits:
             plain.append(name)
-        elif letter in "qk":  # (H, dh, D) and (H, dh): stack along the head dimension
-            out[name] = torch.cat([math.sqrt(w) * p[name] for w, p in kept], dim=1)
-        elif letter == "v":
-            out[name] = torch.cat([p[name] for _, p in kept], dim=1)
-        else:  # o_w (H, D, dv): the heads' value dims are its last axis
-            out[name] = torch.cat([w * p[name] for w, p in kept], dim=2)
+        elif acts.space == "qk":  # q and k (H, dh, D), (H, dh): sqrt(w) on each side of q k^T
+            out[name] = torch.cat([math.sqrt(w) * p[name] for w, p in kept], dim=acts.axis)
+        elif acts.side == "out":  # v: stacked as it is
+            out[name] = torch.cat([p[name] for _, p in kept], dim=acts.axis)
+        else:  # o_w (H, D, dv): the whole weight, the heads' value dims its last axis
+            out[name] = torch.cat([w * p[name] for w, p in kept], dim=acts.axis)
     out.update(_weighted_sum([[p[n] for n in plain] for _, p in kept], [w for w, _ in kept], plain))
     return out
 

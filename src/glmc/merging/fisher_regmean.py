@@ -18,8 +18,8 @@ Batches are read once; every model sees the same batches.
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -27,6 +27,9 @@ from torch import Tensor
 from glmc.interpolation import interpolate
 from glmc.metrics import IGNORE_INDEX, loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
+from glmc.models.families import family_named
+from glmc.models.families.base import role_of
+from glmc.models.families.roles import layer_of
 
 MERGE_KINDS = ("average", "fisher", "regmean")
 
@@ -169,44 +172,46 @@ def fisher_merge(
 
 
 # -- RegMean -----------------------------------------------------------------------------------
-_READS = {"q": "attn_in", "k": "attn_in", "v": "attn_in", "o": "heads", "in": "mlp_in", "out": "mlp_act"}
+class LinearMap(NamedTuple):
+    reads: str  # the recorded input (canonical_forward's names)
+    weight: str
+    bias: str
+    heads_in: bool  # the input is the heads' outputs concatenated (the attention output map)
 
 
-def linear_maps(params: dict[str, Tensor]) -> dict[str, tuple[str, str]]:
-    """Map name -> (recorded input name, weight parameter name): every linear map of the model.
-    A map's bias is the parameter named like the weight with _b (head.b for head.w)."""
-    maps = {"head": ("final", "head.w")}
-    for name in params:
-        m = re.match(r"(blocks\.\d+\.)(q|k|v|o|in|out)_w$", name)
-        if m:
-            maps[m.group(1) + m.group(2)] = (m.group(1) + _READS[m.group(2)], name)
+def linear_maps(model: CanonicalTransformer) -> dict[str, LinearMap]:
+    """Every linear map of the model that its family's roles name, keyed by its weight's name."""
+    layout = family_named(model.config.family).layout(model.config.form)
+    maps = {}
+    for name in model.params():
+        role = role_of(layout, name)
+        if role is not None and role.reads is not None:
+            layer = layer_of(name)
+            heads_in = any(a.space == "heads" and a.side == "in" for a in role.acts)
+            maps[name] = LinearMap(role.at(layer, role.reads), name, role.at(layer, role.bias), heads_in)
     return maps
 
 
-def _bias_name(weight_name: str) -> str:
-    return weight_name[:-1] + "b"
-
-
-def augmented_matrix(params: dict[str, Tensor], weight_name: str) -> Tensor:
+def augmented_matrix(params: dict[str, Tensor], linear: LinearMap) -> Tensor:
     """A map's [W | b] as an (out, in + 1) matrix. q/k/v (H, d, D) -> (H d, D); o_w (H, D, dv) -> (D, H dv)
     with the input index h dv + e, matching the heads concatenated along (H, dv)."""
-    w, b = params[weight_name], params[_bias_name(weight_name)]
-    if weight_name.endswith(".o_w"):
+    w, b = params[linear.weight], params[linear.bias]
+    if linear.heads_in:
         w = w.permute(1, 0, 2).reshape(w.shape[1], -1)
     else:
         w = w.reshape(-1, w.shape[-1])
     return torch.cat([w, b.reshape(-1, 1)], dim=1)
 
 
-def _split_matrix(matrix: Tensor, like: dict[str, Tensor], weight_name: str) -> dict[str, Tensor]:
+def _split_matrix(matrix: Tensor, like: dict[str, Tensor], linear: LinearMap) -> dict[str, Tensor]:
     """Inverse of augmented_matrix, with the shapes and dtypes of `like`."""
-    w_ref, b_ref = like[weight_name], like[_bias_name(weight_name)]
+    w_ref, b_ref = like[linear.weight], like[linear.bias]
     w, b = matrix[:, :-1], matrix[:, -1]
-    if weight_name.endswith(".o_w"):
+    if linear.heads_in:
         H, D, dv = w_ref.shape
         w = w.reshape(D, H, dv).permute(1, 0, 2)
     w, b = w.reshape(w_ref.shape).to(w_ref.dtype), b.reshape(b_ref.shape).to(b_ref.dtype)
-    return {weight_name: w, _bias_name(weight_name): b}
+    return {linear.weight: w, linear.bias: b}
 
 
 def _rows(name: str, t: Tensor, keep: Tensor | None, cls_only: bool) -> Tensor:
@@ -229,7 +234,7 @@ def gram_matrices(
     IGNORE_INDEX (padding) are left out; for pooling="cls" the head's input is position 0 only."""
     models = _check_models(models, "regmean")
     grams: list[dict[str, Tensor]] = [{} for _ in models]
-    wanted = {reads for reads, _ in linear_maps(models[0].params()).values()}
+    wanted = {linear.reads for linear in linear_maps(models[0]).values()}
     seen = 0
     for inputs, targets in _batches(batches, max_batches, "regmean"):
         for model, gram in zip(models, grams):
@@ -303,10 +308,10 @@ def regmean_merge(
     params = [{k: v.detach() for k, v in m.params().items()} for m in models]
     merged: dict[str, Tensor] = {}
     with torch.no_grad():
-        for reads, weight_name in linear_maps(params[0]).values():
-            mats = [augmented_matrix(p, weight_name) for p in params]
-            gs = [g[reads].to(mats[0].device) for g in grams]
-            merged.update(_split_matrix(regmean_linear(mats, gs, weights, alpha), params[0], weight_name))
+        for linear in linear_maps(models[0]).values():
+            mats = [augmented_matrix(p, linear) for p in params]
+            gs = [g[linear.reads].to(mats[0].device) for g in grams]
+            merged.update(_split_matrix(regmean_linear(mats, gs, weights, alpha), params[0], linear))
         for name, ref in params[0].items():
             if name not in merged:
                 merged[name] = sum(w * p[name].double() for w, p in zip(weights, params)).to(ref.dtype)

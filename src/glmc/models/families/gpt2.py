@@ -113,7 +113,10 @@ class GPT2Family(Family):
     data_kind = "text"
     shared_model_keys = ("vocab_size", "max_positions")
     embed_roles = (_writer("embed.pos"), _writer("embed.tokens", vocab_rows=True))
-    head_roles = (Role("head.w", "head", (Acts("residual", 1, "in"),), vocab_rows=True), Role("head.b", "head"))
+    head_roles = (
+        Role("head.w", "head", (Acts("residual", 1, "in"),), reads="final", bias="head.b", vocab_rows=True),
+        Role("head.b", "head"),
+    )
 
     def build(self, cfg) -> GPT2LMHeadModel:
         config = GPT2Config(

@@ -39,36 +39,42 @@ class Role:
     stage: str  # embed | attn | mlp | head
     acts: tuple[Acts, ...] = ()
     vocab_rows: bool = False  # rows indexed by token id (a language model's embedding and unembedding)
+    # linear maps: the state the map reads (canonical_forward's recorded names) and its bias tensor
+    reads: str | None = None
+    bias: str | None = None
 
-    def at(self, layer: int | None) -> str:
-        return self.name if layer is None else self.name.format(l=layer)
+    def at(self, layer: int | None, name: str | None = None) -> str:
+        """This role's tensor name (or `name`, one of its fields such as `reads`) at a layer."""
+        name = self.name if name is None else name
+        return name if layer is None else name.format(l=layer)
 
     def acts_on(self, space: str) -> tuple[Acts, ...]:
         return tuple(a for a in self.acts if a.space == space)
 
 
-def _block(name: str, stage: str, *acts: Acts) -> Role:
-    return Role("blocks.{l}." + name, stage, acts)
+def _block(name: str, stage: str, *acts: Acts, reads: str | None = None) -> Role:
+    bias = "blocks.{l}." + name[:-1] + "b" if reads else None
+    return Role("blocks.{l}." + name, stage, acts, reads=reads and "blocks.{l}." + reads, bias=bias)
 
 
 R, H, QK, VO, M = "residual", "heads", "qk", "vo", "mlp"
 
 _MLP = (
-    _block("in_w", "mlp", Acts(R, 1, "in"), Acts(M, 0, "out")),
+    _block("in_w", "mlp", Acts(R, 1, "in"), Acts(M, 0, "out"), reads="mlp_in"),
     _block("in_b", "mlp", Acts(M, 0, "out")),
-    _block("out_w", "mlp", Acts(R, 0, "out"), Acts(M, 1, "in")),
+    _block("out_w", "mlp", Acts(R, 0, "out"), Acts(M, 1, "in"), reads="mlp_act"),
     _block("out_b", "mlp", Acts(R, 0, "out")),
 )
 
 # q k^T is unchanged by q -> A q, k -> A^-T k; o_w v by v -> B v, o_w -> o_w B^-1
 PRE_NORM_FACTORED = (
-    _block("q_w", "attn", Acts(R, 2, "in"), Acts(H, 0, "out"), Acts(QK, 1, "out", head_axis=0)),
+    _block("q_w", "attn", Acts(R, 2, "in"), Acts(H, 0, "out"), Acts(QK, 1, "out", head_axis=0), reads="attn_in"),
     _block("q_b", "attn", Acts(H, 0, "out"), Acts(QK, 1, "out", head_axis=0)),
-    _block("k_w", "attn", Acts(R, 2, "in"), Acts(H, 0, "out"), Acts(QK, 1, "in", head_axis=0)),
+    _block("k_w", "attn", Acts(R, 2, "in"), Acts(H, 0, "out"), Acts(QK, 1, "in", head_axis=0), reads="attn_in"),
     _block("k_b", "attn", Acts(H, 0, "out"), Acts(QK, 1, "in", head_axis=0)),
-    _block("v_w", "attn", Acts(R, 2, "in"), Acts(H, 0, "out"), Acts(VO, 1, "out", head_axis=0)),
+    _block("v_w", "attn", Acts(R, 2, "in"), Acts(H, 0, "out"), Acts(VO, 1, "out", head_axis=0), reads="attn_in"),
     _block("v_b", "attn", Acts(H, 0, "out"), Acts(VO, 1, "out", head_axis=0)),
-    _block("o_w", "attn", Acts(R, 1, "out"), Acts(H, 0, "in"), Acts(VO, 2, "in", head_axis=0)),
+    _block("o_w", "attn", Acts(R, 1, "out"), Acts(H, 0, "in"), Acts(VO, 2, "in", head_axis=0), reads="heads"),
     _block("o_b", "attn", Acts(R, 0, "out")),
     *_MLP,
 )

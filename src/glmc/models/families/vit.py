@@ -123,7 +123,10 @@ class ViTFamily(Family):
         _writer("embed.patch_b", 0),
         _writer("embed.cls", 0),
     )
-    head_roles = (Role("head.w", "head", (Acts("residual", 1, "in"),)), Role("head.b", "head"))
+    head_roles = (
+        Role("head.w", "head", (Acts("residual", 1, "in"),), reads="final", bias="head.b"),
+        Role("head.b", "head"),
+    )
 
     def build(self, cfg) -> ViTForImageClassification:
         config = ViTConfig(
