@@ -136,21 +136,8 @@ def test_the_check_sees_imports():
     assert "api" in glmc_imports(SRC / "__init__.py")  # `from glmc.api import ...` from the root
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="config -> matching -> models -> config: config.py imports matching/registry.py and "
-    "matching/settings.py, matching imports models, models/build.py imports config.ModelConfig",
-)
 def test_no_import_cycle_between_parts():
     graph = part_graph()
-    found = cycles(graph)
-    assert not found, "import cycles between parts of glmc:\n" + describe(graph, found)
-
-
-def test_no_import_cycle_but_config_and_matching():
-    """Until the cycle through config -> matching is gone (the xfail above): no other cycle."""
-    graph = part_graph()
-    graph["config"].pop("matching", None)
     found = cycles(graph)
     assert not found, "import cycles between parts of glmc:\n" + describe(graph, found)
 

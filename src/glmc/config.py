@@ -179,7 +179,7 @@ class Config:
     # per-endpoint overrides of `model`, one per seed in order ({} keeps the shared model): endpoints
     # of different widths, aligned by embedding the narrower into the wider (pairing=first)
     endpoint_models: list[Any] = field(default_factory=list)
-    # how the narrower model's stream is sized when embedded (glmc.models.embed_width.match_widths)
+    # how the narrower model's stream is sized when embedded (glmc.symmetry.embed_width.match_widths)
     embed_stream: EmbedStream = EmbedStream.keep
 
 

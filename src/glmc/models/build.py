@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
-from glmc.config import ModelConfig
 from glmc.models.families import family_named
 
 
-def build_model(cfg: ModelConfig) -> nn.Module:
+def build_model(cfg: Any) -> nn.Module:
+    """`cfg`: a model config (glmc.config.ModelConfig, or any object with its fields)."""
     try:
         family = family_named(str(cfg.family))
     except ValueError as err:

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 from glmc.models.families.roles import LAYER_SPACES, Role, block_roles, role_key
 
 if TYPE_CHECKING:
-    from glmc.config import ModelConfig
     from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 
 
@@ -30,7 +29,8 @@ class Family:
     head_roles: tuple[Role, ...] = ()
 
     # ---- the family's own: building, conversion, the input side ----
-    def build(self, cfg: ModelConfig) -> nn.Module:
+    def build(self, cfg: Any) -> nn.Module:
+        """The Hugging Face model a model config (glmc.config.ModelConfig) describes."""
         raise NotImplementedError
 
     def to_canonical(self, hf_model: nn.Module) -> CanonicalTransformer:
