@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from glmc.models.families.registry import family_names
 
-class Family(StrEnum):
-    vit = "vit"
-    gpt2 = "gpt2"
+# the model families glmc.models.families registers: a new family is a choice without an edit here
+Family = StrEnum("Family", [(name, name) for name in family_names()])
 
 
 class Dataset(StrEnum):
