@@ -1,4 +1,4 @@
-"""Every matcher on a tiny ViT pair and a tiny GPT-2 pair: the loss along each aligned path.
+"""The pairwise matchers on a tiny ViT pair and a tiny GPT-2 pair: the loss along each aligned path.
 
 `python tests/pinned_alignments.py` writes tests/data/pinned_alignments.json; test_pinned_alignments
 recomputes the same numbers and compares. A change of structure must leave them as they are; a change
@@ -23,7 +23,8 @@ from tiny_hf import tiny_gpt2, tiny_vit  # noqa: E402
 
 PINNED = Path(__file__).resolve().parent / "data" / "pinned_alignments.json"
 LAMBDAS = (0.0, 0.25, 0.5, 0.75, 1.0)
-# every pairwise method, with few iterations or steps so the test stays cheap
+# the pairwise methods of distinct kinds (activation_orth, learned_perm and learned_sinkhorn are variants
+# of activation and learned), with few steps so the test stays cheap
 METHODS = {
     "vanilla": {},
     "canonical": {},

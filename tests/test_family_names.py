@@ -1,7 +1,7 @@
 """Only the families package names a model family or a Hugging Face model class.
 
 Everything else reads roles (glmc.models.families.roles) and asks the registry, so that a new family is
-one module plus one YAML. The allow-list holds what must stay: the config choices and the GPT-2
+one module, one registry line and one model YAML. The allow-list holds what must stay: the config choices and the GPT-2
 tokenizer, a kind of data rather than of model.
 """
 

@@ -26,7 +26,7 @@ from glmc.eval.evaluator import Evaluator, path_losses
 from glmc.matching.base import MatchContext
 from glmc.matching.registry import build_matcher, method_config
 from glmc.models.canonical import relative_deviation
-from glmc.models.families import family_named
+from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.cache import config_hash
 from glmc.pipeline.endpoints import Endpoint, cache_key, get_endpoints
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
@@ -149,7 +149,8 @@ def check_vocabulary(cfg: Config, data: DataModule) -> None:
             f"data.tokenizer={cfg.data.tokenizer} on data={cfg.data.name}"
         )
     if data.vocab_size is not None and family_named(str(cfg.model.family)).data_kind != "text":
-        raise ValueError(f"data={cfg.data.name} is text: choose a language model (model.family=gpt2)")
+        choices = " or ".join(f"model.family={name}" for name in families_for_data("text"))
+        raise ValueError(f"data={cfg.data.name} is text: choose a language model ({choices})")
 
 
 def interrupted_message(cfg: Config, run_dir: Path, stage: dict[str, str]) -> str:
