@@ -1,4 +1,4 @@
-"""The pairwise matchers' paths on a tiny ViT and a tiny GPT-2 pair equals the recorded one (pinned_alignments.py).
+"""The pairwise matchers' paths on a tiny ViT and a tiny GPT-2 pair equal the recorded ones (pinned_alignments.py).
 
 A refactoring must not move these numbers. The models are float64, the evaluation float32: the
 tolerance is relative to the loss, far above float32 rounding of one forward pass and far below what a
