@@ -11,10 +11,10 @@ from glmc.matching.rotation import (
     closed_form_rotations,
     factored_distance,
     optimal_scales,
-    pair_factors,
     pair_objective,
 )
 from glmc.models import to_canonical
+from glmc.models.families.roles import pair_factors
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
 from numeric import FEW_OPS, FORWARD, assert_close_rel, assert_params_close_rel

@@ -38,6 +38,7 @@ from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer
+from glmc.models.families.roles import pair_factors
 from glmc.symmetry import OrthogonalScale, SymmetrySpec, Transform, apply, apply_params
 
 Params = dict[str, Tensor]
@@ -53,15 +54,6 @@ def factored_distance(pa: Params, pb: Params) -> float:
         diff += float((a - pb[name].detach().double()).pow(2).sum())
         norm += float(a.pow(2).sum())
     return (diff / norm) ** 0.5
-
-
-def pair_factors(p: Params, layer: int, pair: str) -> tuple[Tensor, Tensor]:
-    """(X, Y) of one head pair, each (H, d, n): X gets a R and Y gets R / a."""
-    pre = f"blocks.{layer}."
-    aug = lambda n: torch.cat([p[pre + n + "_w"], p[pre + n + "_b"][..., None]], -1)  # noqa: E731
-    if pair == "qk":
-        return aug("q"), aug("k")
-    return aug("v"), p[pre + "o_w"].transpose(1, 2)
 
 
 def closed_form_rotations(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor) -> Tensor:

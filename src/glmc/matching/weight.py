@@ -32,7 +32,7 @@ from glmc.models.canonical import CanonicalTransformer
 from glmc.models.export import uncentred_writer
 from glmc.models.families import family_named
 from glmc.models.families.base import residual_axis
-from glmc.models.families.roles import layer_of
+from glmc.models.families.roles import layer_of, pair_factors
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_params
 
 Params = dict[str, Tensor]
@@ -59,9 +59,9 @@ def head_inner_diag(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
 
 
 def circuit_factors(p: Params, layer: int) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    """QK = Q~^T K~ and OV = W_o V~ = (W_o^T)^T V~, each as a pair (x, y) with circuit x^T y."""
-    pre = f"blocks.{layer}."
-    return (_aug(p, pre, "q"), _aug(p, pre, "k")), (p[pre + "o_w"].transpose(1, 2), _aug(p, pre, "v"))
+    """QK = Q~^T K~ and OV = W_o V~, each as a pair (x, y) with circuit x^T y or y^T x: the head
+    costs and distances below are symmetric in x and y."""
+    return pair_factors(p, layer, "qk"), pair_factors(p, layer, "vo")
 
 
 def circuit_cost(pa: Params, pb: Params, layer: int) -> Tensor:

@@ -18,6 +18,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import torch
+from torch import Tensor
+
 # the per-layer space kinds, in the order their spaces are listed (heads before the per-head qk and vo)
 LAYER_SPACES = ("heads", "qk", "vo", "mlp")
 # per-head attention pairs that the circuit form absorbs
@@ -96,6 +99,19 @@ def block_roles(form: str) -> tuple[Role, ...]:
     if form not in BLOCKS:
         raise ValueError(f"unknown form {form!r}; known: {', '.join(BLOCKS)}")
     return BLOCKS[form]
+
+
+def pair_factors(params: dict[str, Tensor], layer: int, pair: str) -> tuple[Tensor, Tensor]:
+    """One per-head pair (qk or vo) of a factored block as (X, Y), each (H, d, n): X from the tensors
+    that write into the pair (q, v), Y from those that read it (k, o); every tensor with its head axis
+    first, the pair's axis second and the rest flattened, joined along the last axis in role order
+    (weights before biases, so X = [W_q | b_q]). The circuit is X^T Y up to the side it is read from."""
+    sides: dict[str, list[Tensor]] = {"out": [], "in": []}
+    for role in PRE_NORM_FACTORED:
+        for acts in role.acts_on(pair):
+            t = params[role.at(layer)].movedim((acts.head_axis, acts.axis), (0, 1))
+            sides[acts.side].append(t.reshape(t.shape[0], t.shape[1], -1))
+    return torch.cat(sides["out"], -1), torch.cat(sides["in"], -1)
 
 
 def layer_of(name: str) -> int | None:
