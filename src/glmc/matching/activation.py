@@ -39,7 +39,7 @@ from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.models.families import family_named
 from glmc.models.families.base import role_of
 from glmc.models.families.roles import layer_of
-from glmc.symmetry import Orthogonal, OrthogonalScale, Permutation, Transform, apply
+from glmc.symmetry import Orthogonal, OrthogonalScale, Permutation, SymmetrySpec, Transform, apply
 
 STRATEGIES = ("first", "last", "all", "separate")
 
@@ -228,6 +228,7 @@ class ActivationMatcher:
         recorded = time.perf_counter()
 
         transform, correlation = Transform(), {}
+        spec = SymmetrySpec.from_model(a)
         for l in range(layers):
             if self.mlp != "none":
                 corr = moments[f"blocks.{l}.mlp_act"].correlation()
@@ -235,11 +236,11 @@ class ActivationMatcher:
                 correlation[f"mlp.{l}"] = (mean_matched(corr), mean_matched(corr, transform[f"mlp.{l}"].perm))
             if self.heads != "none":
                 corr = moments[f"blocks.{l}.heads"].correlation()
-                h = a.params()[f"blocks.{l}.v_w"].shape[0]
+                h = spec[f"vo.{l}"].heads
                 outer, inner = two_stage_heads(corr, h, monotonic=self.heads == "monotonic")
                 transform[f"heads.{l}"] = outer
                 transform[f"vo.{l}"] = OrthogonalScale(inner, torch.ones(h))
-                if a.params()[f"blocks.{l}.q_w"].shape[1] == inner.shape[-1]:  # same dims: Q/K take V's permutation
+                if spec[f"qk.{l}"].size == inner.shape[-1]:  # same dims: Q/K take V's permutation
                     transform[f"qk.{l}"] = OrthogonalScale(inner, torch.ones(h))
                 dv = inner.shape[-1]
                 full = (outer.perm[:, None] * dv + inner.argmax(-1)).flatten()  # A feature -> B feature

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from glmc.models.canonical import CanonicalTransformer, num_layers
-from glmc.models.families.base import residual_axis
+from glmc.models.canonical import CanonicalTransformer
+from glmc.models.families.base import layer_sizes, residual_axis
 from glmc.models.families.registry import family_named, family_of_hf
 
 EXPORT_FILE = "glmc_export.json"
@@ -69,17 +69,20 @@ def check_model(model: CanonicalTransformer, family: str) -> dict[str, Tensor]:
     return {k: v.detach() for k, v in model.params().items()}
 
 
-def check_heads(params: dict[str, Tensor], layers: int, heads: int, head_dim: int) -> None:
-    if num_layers(params) != layers:
-        raise ValueError(f"the model has {num_layers(params)} layers, the template {layers}")
+def check_heads(model: CanonicalTransformer, layers: int, heads: int, head_dim: int) -> None:
+    """ValueError unless every layer has the template's heads and head dimension (queries, keys, values)."""
+    if model.num_layers != layers:
+        raise ValueError(f"the model has {model.num_layers} layers, the template {layers}")
+    layout = family_named(model.config.family).layout(model.config.form)
+    sizes = layer_sizes(layout, model.params(), layers)
     for layer in range(layers):
-        for n in ("q_w", "k_w", "v_w"):
-            shape = tuple(params[f"blocks.{layer}.{n}"].shape[:2])
+        for pair in ("qk", "vo"):
+            shape = (sizes["heads"][layer], sizes[pair][layer])
             if shape != (heads, head_dim):
                 raise ValueError(
-                    f"blocks.{layer}.{n} has (heads, head dim) {shape} but the template has {(heads, head_dim)}: "
-                    "heads stacked by a circuit merge (head rank up to 2 * d_head) or widened have no "
-                    "Hugging Face shape"
+                    f"layer {layer}'s {pair} heads have (heads, head dim) {shape} but the template has "
+                    f"{(heads, head_dim)}: heads stacked by a circuit merge (head rank up to 2 * d_head) or widened "
+                    "have no Hugging Face shape"
                 )
 
 

@@ -71,7 +71,7 @@ def gpt2_from_canonical(model: CanonicalTransformer, template: GPT2LMHeadModel) 
         )
     if model.width != cfg.n_embd:
         raise ValueError(f"model width {model.width} but the template's n_embd is {cfg.n_embd}")
-    check_heads(params, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head)
+    check_heads(model, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head)
     beta = head_bias_offset(p("head.w"), p("head.b"))
     # head.w differs from the token embedding (folding, merging): the head must not be tied
     hf = fresh(template, layer_norm_epsilon=model.config.norm_eps, tie_word_embeddings=False)

@@ -80,7 +80,7 @@ def vit_from_canonical(model: CanonicalTransformer, template: ViTForImageClassif
         raise ValueError(f"the template's activation {cfg.hidden_act!r} is not the model's {model.config.activation!r}")
     if model.width != cfg.hidden_size:
         raise ValueError(f"model width {model.width} but the template's hidden_size is {cfg.hidden_size}")
-    check_heads(params, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads)
+    check_heads(model, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads)
     hf = fresh(template, layer_norm_eps=model.config.norm_eps, qkv_bias=True)  # canonical q/k/v always have biases
     vit, D = hf.vit, model.width
     emb = vit.embeddings
