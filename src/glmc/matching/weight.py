@@ -32,11 +32,10 @@ from glmc.models.canonical import CanonicalTransformer
 from glmc.models.export import uncentred_writer
 from glmc.models.families import family_named
 from glmc.models.families.base import residual_axis
-from glmc.models.families.roles import layer_of, pair_factors
+from glmc.models.families.roles import in_head_pair, layer_of, pair_factors, unit_rows
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_params
 
 Params = dict[str, Tensor]
-ATTENTION = ("q_w", "q_b", "k_w", "k_b", "v_w", "v_b", "o_w")
 
 
 def _aug(p: Params, pre: str, n: str) -> Tensor:
@@ -79,11 +78,11 @@ def squared_distance(pa: Params, pb: Params) -> tuple[float, float]:
     """(||theta_A - theta_B||^2, ||theta_A||^2) over circuit-form parameters, heads compared in place."""
     diff = norm = 0.0
     for name, a in pa.items():
-        if name.rsplit(".", 1)[-1] in ATTENTION:
+        if in_head_pair(name):  # compared as circuits below
             continue
         diff += float((a - pb[name]).double().pow(2).sum())
         norm += float(a.double().pow(2).sum())
-    layers = {int(n.split(".")[1]) for n in pa if n.startswith("blocks.")}
+    layers = {layer_of(n) for n in pa} - {None}
     for layer in layers:
         for fa, fb in zip(circuit_factors(pa, layer), circuit_factors(pb, layer)):
             # float64: |A|^2 + |B|^2 - 2<A,B> cancels when the circuits nearly agree
@@ -155,9 +154,7 @@ def block_cross_covariance(pa: Params, pb_perm: Params, pb_full: Params) -> Tens
 
 
 def mlp_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
-    pre = f"blocks.{layer}."
-    feats = lambda p: torch.cat([p[pre + "in_w"], p[pre + "in_b"][:, None], p[pre + "out_w"].T], 1)
-    fa, fb = feats(pa), feats(pb)
+    fa, fb = unit_rows(pa, layer, "mlp"), unit_rows(pb, layer, "mlp")
     fa = fa / fa.norm(dim=1, keepdim=True).clamp_min(1e-12)
     fb = fb / fb.norm(dim=1, keepdim=True).clamp_min(1e-12)
     return fa @ fb.T

@@ -93,6 +93,7 @@ PRE_NORM_CIRCUIT = (
 BLOCKS = {"factored": PRE_NORM_FACTORED, "circuit": PRE_NORM_CIRCUIT}
 
 _LAYER = re.compile(r"blocks\.(\d+)\.")
+_FACTORED_BY_KEY = {role.name: role for role in PRE_NORM_FACTORED}
 
 
 def block_roles(form: str) -> tuple[Role, ...]:
@@ -112,6 +113,23 @@ def pair_factors(params: dict[str, Tensor], layer: int, pair: str) -> tuple[Tens
             t = params[role.at(layer)].movedim((acts.head_axis, acts.axis), (0, 1))
             sides[acts.side].append(t.reshape(t.shape[0], t.shape[1], -1))
     return torch.cat(sides["out"], -1), torch.cat(sides["in"], -1)
+
+
+def unit_rows(params: dict[str, Tensor], layer: int, space: str) -> Tensor:
+    """Every unit of a per-layer unit space (mlp) as one row: the tensors it acts on, its axis first and
+    the rest flattened, joined in role order (for the MLP, [W_in | b_in | W_out^T])."""
+    rows = []
+    for role in PRE_NORM_FACTORED:
+        for acts in role.acts_on(space):
+            t = params[role.at(layer)].movedim(acts.axis, 0)
+            rows.append(t.reshape(t.shape[0], -1))
+    return torch.cat(rows, 1)
+
+
+def in_head_pair(name: str) -> bool:
+    """Whether a factored block tensor belongs to a per-head pair (q, k, v, o weights and q, k, v biases)."""
+    role = _FACTORED_BY_KEY.get(role_key(name))
+    return role is not None and any(a.space in HEAD_PAIRS for a in role.acts)
 
 
 def layer_of(name: str) -> int | None:
