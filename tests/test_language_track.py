@@ -10,7 +10,7 @@ import torch
 
 from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
-from glmc.pipeline.report import format_table
+from glmc.pipeline.report import format_table, summary_line
 from glmc.pipeline.run import run_pipeline
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
@@ -78,6 +78,13 @@ def test_text_pipeline_end_to_end(tmp_path):
     )
     table = format_table(results)
     assert "mid ppl" in table and "perplexity" in table and "accuracy" not in table
+    summary = table.splitlines()[-1]  # the line under the table, in the order weight_perm, weight, learned
+    vanilla = results["methods"]["vanilla"]["barrier"]
+    shares = [100 * (1 - results["methods"][m]["barrier"] / vanilla) for m in ("weight", "learned")]
+    assert summary == summary_line(results["methods"])
+    assert summary.startswith(f"Of the vanilla barrier ({vanilla:.3f}), ")
+    assert f"weight matching {shares[0]:.0f} %" in summary or f"weight matching removed {shares[0]:.0f} %" in summary
+    assert summary.endswith(f"learned matching {shares[1]:.0f} %.")
 
 
 def test_vocabulary_too_small_for_the_tokenizer_fails_before_training(tmp_path):
@@ -86,7 +93,7 @@ def test_vocabulary_too_small_for_the_tokenizer_fails_before_training(tmp_path):
         run_pipeline(cfg, tmp_path / "run")
     assert not (tmp_path / "endpoints").exists()
     cfg = compose_config(*TINY_TEXT, "model=vit_tiny", f"cache_dir={tmp_path / 'endpoints'}")
-    with pytest.raises(ValueError, match="GPT-2"):
+    with pytest.raises(ValueError, match="model.family=gpt2"):
         run_pipeline(cfg, tmp_path / "run2")
 
 
