@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[test]"
 	touch $(STAMP)
 
+# The demo is the language track at demo size (conf/experiment/demo_text.yaml); `$(PY) run.py` alone runs
+# the digits ViTs.
 demo: $(STAMP)
-	$(PY) run.py
+	$(PY) run.py experiment=demo_text
 
 # Two test processes (one per core on a 2-core machine), each file's tests in one of them (module
 # fixtures are built once), one torch thread each: tiny models gain nothing from intra-op threads.
