@@ -4,6 +4,8 @@ no two parts of glmc import each other."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +148,12 @@ def test_the_cycle_check_finds_cycles():
     graph = {"a": {"b": ""}, "b": {"c": ""}, "c": {"a": ""}, "d": {"a": ""}}
     assert cycles(graph) == [["a", "b", "c"]]
     assert cycles({"a": {"b": ""}, "b": {}}) == []
+
+
+def test_import_glmc_loads_no_training_or_model_library():
+    """`import glmc` (and so every `glmc.*` import, spawned DDP ranks and sweep jobs included) stays
+    light: Lightning, transformers, Hydra and W&B load where they are used."""
+    heavy = ("lightning", "transformers", "hydra", "wandb")
+    code = f"import sys, glmc; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""

@@ -26,7 +26,6 @@ from glmc.models.canonical import CanonicalTransformer
 from glmc.models.compatibility import check_compatible
 from glmc.models.convert import to_canonical
 from glmc.models.families import family_named, family_of_model_type
-from glmc.train.latent_fit import fit_latents
 
 
 def align(
@@ -73,6 +72,9 @@ def align(
     check_compatible(a, b, equal_mlp=getattr(matcher, "equal_mlp_widths", True))
     if data is not None:
         check_data(a, data)
+    # imported here: Lightning loads only when a model is aligned, not with `import glmc`
+    from glmc.train.latent_fit import fit_latents
+
     with tempfile.TemporaryDirectory(prefix="glmc-align-") as scratch:
         context = MatchContext(
             data=data,
