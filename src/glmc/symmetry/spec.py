@@ -68,9 +68,8 @@ class SymmetrySpec:
         roles += [(r, None) for r in family.head_roles]
         for role, layer in roles:
             for acts in role.acts:
-                name = acts.space if layer is None else f"{acts.space}.{layer}"
-                if acts.space == "residual":
-                    name = "residual"
+                # the residual stream is one space for the whole model; the others are per layer
+                name = "residual" if acts.space == "residual" else f"{acts.space}.{layer}"
                 kinds[name] = (acts.space, layer)
                 axes[name].append(Axis(role.at(layer), acts.axis, acts.side, acts.head_axis, acts.extra))
         order = ["residual"] + [f"{k}.{l}" for l in layers for k in LAYER_SPACES]
