@@ -62,3 +62,35 @@ def inputs_for(model, batch=4, seed=1):
     if isinstance(model, ViTForImageClassification):
         return torch.randn(batch, cfg.num_channels, cfg.image_size, cfg.image_size, generator=g)
     return torch.randint(0, cfg.vocab_size, (batch, 11), generator=g)  # shorter than n_positions
+
+
+def tiny_encoder(family="bert", head="mlm", seed=0, hidden=32, heads=4, mlp=64, act="gelu", layers=2, labels=3):
+    """A tiny BERT or RoBERTa (masked-LM or sequence-classification head) built through its family, with
+    weights drawn as above and randomised LayerNorms."""
+    from types import SimpleNamespace
+
+    from glmc.models.families import family_named
+
+    torch.manual_seed(seed)
+    cfg = SimpleNamespace(
+        vocab_size=53,
+        max_positions=16,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        mlp_size=mlp,
+        hidden_act=act,
+        dropout=0.0,
+        type_vocab_size=2,
+        layer_norm_eps=1e-12,
+        num_labels=labels,
+        head=head,
+    )
+    model = family_named(family).build(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, 0.2)
+            elif "LayerNorm" not in name and "layer_norm" not in name:
+                p.normal_(0.0, 0.1)
+    return randomize_layernorms(model, seed).eval()

@@ -169,7 +169,7 @@ def _permute_residual_separately(model: CanonicalTransformer, perms: dict[str, T
     """Each stream state gets its own permutation: writers into a state and readers of it use that
     state's. Not function-preserving (paper 003's `separate`)."""
     p = {k: v.detach().clone() for k, v in model.params().items()}
-    layout = family_named(model.config.family).layout(model.config.form)
+    layout = family_named(model.config.family).layout(model.config)
     for name in p:
         role = role_of(layout, name)
         for acts in role.acts_on("residual"):

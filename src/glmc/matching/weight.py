@@ -104,7 +104,7 @@ def relative_distance(pa: Params, pb: Params) -> float:
 def _residual_only(model: CanonicalTransformer) -> dict[str, tuple[int, bool]]:
     """The tensors outside the blocks that only the residual map acts on (embeddings, classifier or
     unembedding), in the model's order: name -> (their residual axis, whether their rows are tokens)."""
-    layout = family_named(model.config.family).layout(model.config.form)
+    layout = family_named(model.config.family).layout(model.config)
     out = {}
     for name in model.params():
         axis = residual_axis(layout, name, "out")

@@ -181,7 +181,7 @@ class LinearMap(NamedTuple):
 
 def linear_maps(model: CanonicalTransformer) -> dict[str, LinearMap]:
     """Every linear map of the model that its family's roles name, keyed by its weight's name."""
-    layout = family_named(model.config.family).layout(model.config.form)
+    layout = family_named(model.config.family).layout(model.config)
     maps = {}
     for name in model.params():
         role = role_of(layout, name)

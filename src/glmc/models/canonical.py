@@ -1,7 +1,10 @@
-"""The canonical pre-norm Transformer: plain tensors and one functional forward.
+"""The canonical Transformer: plain tensors and one functional forward, pre-norm or post-norm.
 
-Every supported model converts to this form. The stream is normalised by a parameter-free RMS norm
-before every reader, so orthogonal maps of the residual stream are exact symmetries. Parameter
+Every supported model converts to this form. In pre-norm families (ViT, GPT-2) the stream is
+normalised by a parameter-free RMS norm before every reader, so orthogonal maps of the residual
+stream are exact symmetries. Post-norm families (BERT) keep each sublayer's LayerNorm, with its gain
+and offset (blocks.{l}.ln1_w, ln1_b after attention, ln2_w, ln2_b after the MLP), and the stream is
+its output: only permutations of it are symmetries. Parameter
 names (the state_dict keys) and shapes, with D width, H heads, dh/dv head dims, F MLP width:
 
   embed.*, head.*                                                    the family's (models/families/)
@@ -49,7 +52,7 @@ _ACTIVATION_ALIASES = {
     "sigmoid": "sigmoid",
 }
 
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
@@ -83,6 +86,7 @@ class CanonicalConfig:
     form: str = "factored"  # "factored" | "circuit"
     patch_size: int | None = None
     num_channels: int | None = None
+    pad_token_id: int | None = None  # RoBERTa: positions count the tokens that are not padding
 
     def __post_init__(self):
         self.activation = canonical_activation(self.activation)
@@ -149,13 +153,16 @@ def canonical_forward(
     factored form only), attn_out (the stream after attention), mlp_in, mlp_act (the MLP units after
     the activation), mlp_out (the stream after the MLP); "final" is the normalised stream the head reads."""
     p = params
-    act = _ACTIVATIONS[config.activation]
+    act = ACTIVATIONS[config.activation]
     norm = lambda x: rms_norm(x, config.norm_dim, config.norm_eps)  # noqa: E731
     attention = _attention_circuit if config.form == "circuit" else _attention_factored
     rec = record or (lambda name, t: None)
 
-    x = family_named(config.family).embed(config, p, inputs)
+    family = family_named(config.family)
+    x = family.embed(config, p, inputs)
     rec("embed", x)
+    if family.norm == "post":
+        return family.head(config, p, _post_norm_blocks(config, p, x, act, attention, record, rec), rec)
     for layer in range(num_layers(p)):
         pre = f"blocks.{layer}."
         h = norm(x)
@@ -170,9 +177,31 @@ def canonical_forward(
         rec(pre + "mlp_out", x)
     x = norm(x)
     rec("final", x)
-    if config.pooling == "cls":
-        x = x[:, 0]
-    return F.linear(x, p["head.w"], p["head.b"])
+    return family.head(config, p, x, rec)
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    """LayerNorm over the last axis with this gain and offset (the post-norm families' own norm)."""
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+def _post_norm_blocks(config, p, x, act, attention, record, rec) -> Tensor:
+    """Post-norm blocks, x = LN(x + attn(x)), x = LN(x + mlp(x)): the sublayers read the stream itself,
+    which is the previous LayerNorm's output; the recorded names are the pre-norm ones."""
+    for layer in range(num_layers(p)):
+        pre = f"blocks.{layer}."
+        rec(pre + "attn_in", x)
+        h = x + attention(config, p, pre, x, record) + p[pre + "o_b"]
+        x = layer_norm(h, p[pre + "ln1_w"], p[pre + "ln1_b"], config.norm_eps)
+        rec(pre + "attn_out", x)
+        rec(pre + "mlp_in", x)
+        a = act(F.linear(x, p[pre + "in_w"], p[pre + "in_b"]))
+        rec(pre + "mlp_act", a)
+        h = x + F.linear(a, p[pre + "out_w"], p[pre + "out_b"])
+        x = layer_norm(h, p[pre + "ln2_w"], p[pre + "ln2_b"], config.norm_eps)
+        rec(pre + "mlp_out", x)
+    rec("final", x)
+    return x
 
 
 def _head_circuits(params: dict[str, Tensor], pre: str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -225,7 +254,7 @@ class CanonicalTransformer(nn.Module):
 
     def _check(self, params):
         family = family_named(self.config.family)
-        expected = family.tensor_names(self.config.form, num_layers(params))
+        expected = family.tensor_names(self.config, num_layers(params))
         if set(params) != expected:
             raise ValueError(
                 f"canonical params do not match the {self.config.form} {self.config.family} layout: "
@@ -242,8 +271,10 @@ class CanonicalTransformer(nn.Module):
 
     @property
     def task(self) -> str:
-        """classification (logits of the class token) or causal_lm (logits at every position)."""
-        return "classification" if self.config.pooling == "cls" else "causal_lm"
+        """classification (logits of the class token), causal_lm or masked_lm (logits at every position)."""
+        if self.config.pooling == "cls":
+            return "classification"
+        return "causal_lm" if self.config.causal else "masked_lm"
 
     @property
     def num_layers(self) -> int:

@@ -33,7 +33,7 @@ def _differences(a: CanonicalTransformer, b: CanonicalTransformer, equal_mlp: bo
     yield from (
         (what, vb, va) for (what, vb), (_, va) in zip(family.input_properties(cb, pb), family.input_properties(ca, pa))
     )
-    layout = family.layout(ca.form)
+    layout = family.layout(ca)
     sa, sb = layer_sizes(layout, pa, a.num_layers), layer_sizes(layout, pb, a.num_layers)
     for l in range(a.num_layers):
         yield f"has {{}} heads in layer {l}", sb["heads"][l], sa["heads"][l]

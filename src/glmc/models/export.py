@@ -27,7 +27,7 @@ EXPORT_FILE = "glmc_export.json"
 
 def uncentred_writer(model: CanonicalTransformer, tol: float = 1e-6) -> str | None:
     """The first residual writer whose mean over the width exceeds tol times its largest entry, or None."""
-    layout = family_named(model.config.family).layout(model.config.form)
+    layout = family_named(model.config.family).layout(model.config)
     for name, t in model.params().items():
         axis = residual_axis(layout, name, "out")
         if axis is None:
@@ -65,7 +65,8 @@ def check_model(model: CanonicalTransformer, family: str) -> dict[str, Tensor]:
             f"the model was widened (width {model.width}, norm_dim {model.config.norm_dim}): a Hugging Face "
             "LayerNorm normalises over the full width, so only models with norm_dim == width export"
         )
-    _check_mean_zero(model)
+    if family_named(family).norm == "pre":  # post-norm families keep their LayerNorms: no mean to hold
+        _check_mean_zero(model)
     return {k: v.detach() for k, v in model.params().items()}
 
 
@@ -73,7 +74,7 @@ def check_heads(model: CanonicalTransformer, layers: int, heads: int, head_dim: 
     """ValueError unless every layer has the template's heads and head dimension (queries, keys, values)."""
     if model.num_layers != layers:
         raise ValueError(f"the model has {model.num_layers} layers, the template {layers}")
-    layout = family_named(model.config.family).layout(model.config.form)
+    layout = family_named(model.config.family).layout(model.config)
     sizes = layer_sizes(layout, model.params(), layers)
     for layer in range(layers):
         for pair in ("qk", "vo"):

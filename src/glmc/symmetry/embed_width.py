@@ -50,7 +50,7 @@ SIZE_NAMES = {"heads": "heads", "qk": "qk_dim", "vo": "vo_dim", "mlp": "mlp"}
 
 def layer_sizes(model: CanonicalTransformer) -> dict[str, list[int]]:
     """Per layer: heads, qk_dim and vo_dim (factored form only) and mlp units."""
-    layout = family_named(model.config.family).layout(model.config.form)
+    layout = family_named(model.config.family).layout(model.config)
     sizes = family_layer_sizes(layout, model.params(), model.num_layers)
     return {SIZE_NAMES[kind]: values for kind, values in sizes.items()}
 

@@ -1,7 +1,8 @@
 """SymmetrySpec: the named spaces of a canonical model that carry a group, and where each acts.
 
 Derived from the roles its family gives each tensor (glmc.models.families), never listed by hand:
-  residual   the stream (size D)                   orthogonal (incl. rectangular m >= n), permutation
+  residual   the stream (size D)                   orthogonal (incl. rectangular m >= n), permutation;
+                                                   permutation only for post-norm families (BERT)
   heads.{l}  the heads of layer l (size H)         permutation, semi_permutation
   qk.{l}     per head, the query/key space (dh)    invertible, orthogonal_scale   (factored form only)
   vo.{l}     per head, the value space (dv)        invertible, orthogonal_scale   (factored form only)
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from glmc.models.canonical import RELU_FAMILY, CanonicalConfig, CanonicalTransformer, num_layers
 from glmc.models.families import family_named
-from glmc.models.families.roles import HEAD_PAIRS, LAYER_SPACES, block_roles
+from glmc.models.families.roles import HEAD_PAIRS, LAYER_SPACES
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,8 @@ class SymmetrySpec:
         axes: dict[str, list[Axis]] = defaultdict(list)
         kinds: dict[str, tuple[str, int | None]] = {"residual": ("residual", None)}
         roles = [(r, None) for r in family.embed_roles]
-        roles += [(r, l) for l in layers for r in block_roles(config.form)]
-        roles += [(r, None) for r in family.head_roles]
+        roles += [(r, l) for l in layers for r in family.blocks(config.form)]
+        roles += [(r, None) for r in family.heads(config)]
         for role, layer in roles:
             for acts in role.acts:
                 # the residual stream is one space for the whole model; the others are per layer

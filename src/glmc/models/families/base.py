@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from glmc.models.families.roles import LAYER_SPACES, Role, block_roles, role_key
@@ -25,6 +26,9 @@ class Family:
     # ModelConfig keys that endpoints of different widths must share with the first (beyond the layers)
     shared_model_keys: tuple[str, ...] = ()
     residual_classes: tuple[str, ...] = ("orthogonal", "permutation")
+    # "pre": a parameter-free RMS norm before every reader (LayerNorms folded at conversion); "post": a
+    # LayerNorm with gain and offset after every sublayer, kept as it is (BERT)
+    norm: str = "pre"
     embed_roles: tuple[Role, ...] = ()
     head_roles: tuple[Role, ...] = ()
 
@@ -55,17 +59,32 @@ class Family:
         """(what, value) pairs two models must share to be aligned, e.g. ("has {} positions", 64)."""
         raise NotImplementedError
 
+    def heads(self, config: CanonicalConfig) -> tuple[Role, ...]:
+        """The head's roles; a family with one head per task (BERT: masked-LM or classification) picks by
+        the config's pooling."""
+        return self.head_roles
+
+    def head(self, config: CanonicalConfig, p: dict[str, Tensor], x: Tensor, record) -> Tensor:
+        """Logits from the last residual state x (B, T, D), already normalised where the family's norm
+        is "pre"; `record(name, tensor)` receives any state a head's linear map reads beyond "final"."""
+        if config.pooling == "cls":
+            x = x[:, 0]
+        return F.linear(x, p["head.w"], p["head.b"])
+
     # ---- derived from the roles ----
-    def roles(self, form: str) -> tuple[Role, ...]:
-        return (*self.embed_roles, *block_roles(form), *self.head_roles)
+    def blocks(self, form: str) -> tuple[Role, ...]:
+        return block_roles(form, self.norm)
 
-    def layout(self, form: str) -> dict[str, Role]:
+    def roles(self, config: CanonicalConfig) -> tuple[Role, ...]:
+        return (*self.embed_roles, *self.blocks(config.form), *self.heads(config))
+
+    def layout(self, config: CanonicalConfig) -> dict[str, Role]:
         """Role by canonical name ("blocks.{l}.q_w" for block tensors)."""
-        return {role.name: role for role in self.roles(form)}
+        return {role.name: role for role in self.roles(config)}
 
-    def tensor_names(self, form: str, layers: int) -> set[str]:
-        names = {r.name for r in (*self.embed_roles, *self.head_roles)}
-        return names | {r.at(l) for l in range(layers) for r in block_roles(form)}
+    def tensor_names(self, config: CanonicalConfig, layers: int) -> set[str]:
+        names = {r.name for r in (*self.embed_roles, *self.heads(config))}
+        return names | {r.at(l) for l in range(layers) for r in self.blocks(config.form)}
 
     def __repr__(self) -> str:
         return f"<model family {self.name}>"

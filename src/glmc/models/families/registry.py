@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 MODULES = {
     "vit": "glmc.models.families.vit",
     "gpt2": "glmc.models.families.gpt2",
+    "bert": "glmc.models.families.bert",
+    "roberta": "glmc.models.families.roberta",
 }
 
 

@@ -8,9 +8,9 @@ group leaves alone (the constant-1 coordinate of circuits). `stage` says where i
 sits: "embed" writes the first state, "attn"/"mlp" read the state before their sublayer and write the
 state after it, "head" reads the last one.
 
-The block layouts below are the canonical pre-norm block (factored attention or QK/OV circuits); a
-family lists its embedding and head roles. The order of the roles is the order in which a space's axes
-are listed (and applied).
+The block layouts below are the canonical pre-norm block (factored attention or QK/OV circuits) and the
+post-norm block, which adds its LayerNorms' gains and offsets; a family lists its embedding and head
+roles. The order of the roles is the order in which a space's axes are listed (and applied).
 """
 
 from __future__ import annotations
@@ -92,14 +92,27 @@ PRE_NORM_CIRCUIT = (
 
 BLOCKS = {"factored": PRE_NORM_FACTORED, "circuit": PRE_NORM_CIRCUIT}
 
+# Post-norm blocks (BERT): x = LN(x + attn(x)), x = LN(x + mlp(x)). The stream is the LayerNorms' output,
+# so their gains and offsets write it (a residual permutation moves them; no orthogonal map commutes with
+# the mean subtraction and the elementwise gain).
+_POST_NORMS = (
+    _block("ln1_w", "attn", Acts(R, 0, "out")),
+    _block("ln1_b", "attn", Acts(R, 0, "out")),
+    _block("ln2_w", "mlp", Acts(R, 0, "out")),
+    _block("ln2_b", "mlp", Acts(R, 0, "out")),
+)
+POST_NORM_BLOCKS = {form: (*roles, *_POST_NORMS) for form, roles in BLOCKS.items()}
+
 _LAYER = re.compile(r"blocks\.(\d+)\.")
 _FACTORED_BY_KEY = {role.name: role for role in PRE_NORM_FACTORED}
 
 
-def block_roles(form: str) -> tuple[Role, ...]:
+def block_roles(form: str, norm: str = "pre") -> tuple[Role, ...]:
+    """The roles of one block's tensors: pre-norm (RMS before each reader, parameter-free) or post-norm
+    (a LayerNorm with gain and offset after each sublayer)."""
     if form not in BLOCKS:
         raise ValueError(f"unknown form {form!r}; known: {', '.join(BLOCKS)}")
-    return BLOCKS[form]
+    return (BLOCKS if norm == "pre" else POST_NORM_BLOCKS)[form]
 
 
 def pair_factors(params: dict[str, Tensor], layer: int, pair: str) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,273 @@
+"""The BERT family: Hugging Face BertForMaskedLM / BertForSequenceClassification <-> canonical Transformer.
+
+Post-norm encoders keep their LayerNorms (gain and offset) as canonical tensors: the residual stream is
+a LayerNorm's output, so nothing folds and only permutations of the stream are symmetries.
+Canonical embedding tensors: embed.tokens (V, D), embed.pos (P, D), embed.types (token types, D) of
+which row 0 is added (inputs carry no segment ids), embed.norm_w, embed.norm_b (D): the embedding
+LayerNorm. Heads, chosen by the config's pooling:
+  masked-LM ("none", logits at every position): head.dense_w (D, D), head.dense_b, the activation,
+    head.norm_w, head.norm_b (the head's LayerNorm), head.w (V, D), head.b (V), untied from embed.tokens;
+  classification ("cls", logits of position 0): head.dense_w, head.dense_b (BERT's pooler), tanh,
+    head.w (C, D), head.b (C).
+RoBERTa (glmc.models.families.roberta) shares this layout and differs in its module names, its
+positions and its masked-LM activation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
+
+from glmc.models.canonical import (
+    ACTIVATIONS,
+    CanonicalConfig,
+    CanonicalTransformer,
+    canonical_activation,
+    layer_norm,
+)
+from glmc.models.export import check_heads, check_model, fresh, set_param
+from glmc.models.families.base import Family
+from glmc.models.families.fold import common_eps
+from glmc.models.families.roles import Acts, Role
+
+HEADS = ("mlm", "classification")
+
+
+def _residual(name: str, axis: int, vocab_rows: bool = False) -> Role:
+    return Role(name, "embed", (Acts("residual", axis, "out"),), vocab_rows)
+
+
+def _head(name: str, reads: str | None = None, bias: str | None = None, residual: bool = False) -> Role:
+    return Role(name, "head", (Acts("residual", 1, "in"),) if residual else (), reads=reads, bias=bias)
+
+
+# the head's first map reads the stream ("final"; position 0 for classification), its output map the
+# head's own hidden state, which no symmetry moves
+_DENSE = (_head("head.dense_w", "final", "head.dense_b", residual=True), _head("head.dense_b"))
+_OUT = (_head("head.w", "head.hidden", "head.b"), _head("head.b"))
+MLM_HEAD = (*_DENSE, _head("head.norm_w"), _head("head.norm_b"), *_OUT)
+CLASSIFICATION_HEAD = (*_DENSE, *_OUT)
+
+
+class BertFamily(Family):
+    name = "bert"
+    model_types = ("bert",)
+    hf_classes = ("BertForMaskedLM", "BertForSequenceClassification")
+    data_kind = "text"
+    shared_model_keys = ("vocab_size", "max_positions", "head", "num_labels", "type_vocab_size")
+    residual_classes = ("permutation",)
+    norm = "post"
+    embed_roles = (
+        _residual("embed.tokens", 1, vocab_rows=True),
+        _residual("embed.pos", 1),
+        _residual("embed.types", 1),
+        _residual("embed.norm_w", 0),
+        _residual("embed.norm_b", 0),
+    )
+
+    # ---- what RoBERTa changes ----
+    def base(self, hf: nn.Module) -> nn.Module:
+        return hf.bert
+
+    def mlm_modules(self, hf: nn.Module) -> tuple[nn.Linear, nn.LayerNorm, nn.Linear]:
+        t = hf.cls.predictions.transform
+        return t.dense, t.LayerNorm, hf.cls.predictions.decoder
+
+    def classifier_modules(self, hf: nn.Module) -> tuple[nn.Linear, nn.Linear]:
+        return hf.bert.pooler.dense, hf.classifier
+
+    def mlm_activation(self, config: CanonicalConfig) -> str:
+        return config.activation  # BERT's transform uses hidden_act
+
+    def position_table(self, hf: nn.Module) -> Tensor:
+        return self.base(hf).embeddings.position_embeddings.weight
+
+    def write_positions(self, hf: nn.Module, pos: Tensor) -> None:
+        set_param(self.position_table(hf), pos, "embed.pos")
+
+    def positions(self, config: CanonicalConfig, inputs: Tensor) -> Tensor:
+        return torch.arange(inputs.shape[1], device=inputs.device)
+
+    def pad_token_id(self, hf_config: Any) -> int | None:
+        return None
+
+    def hf_class(self, head: str) -> type:
+        return BertForMaskedLM if head == "mlm" else BertForSequenceClassification
+
+    def hf_config(self, cfg: Any, **common) -> Any:
+        return BertConfig(**common, max_position_embeddings=cfg.max_positions, pad_token_id=0)
+
+    # ---- building and conversion ----
+    def build(self, cfg) -> nn.Module:
+        if cfg.head not in HEADS:
+            raise ValueError(f"model.head={cfg.head!r} is not one of {', '.join(HEADS)}")
+        config = self.hf_config(
+            cfg,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.mlp_size,
+            hidden_act=cfg.hidden_act,
+            hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.dropout,
+            type_vocab_size=cfg.type_vocab_size,
+            layer_norm_eps=cfg.layer_norm_eps,
+            num_labels=cfg.num_labels,
+        )
+        return self.hf_class(cfg.head)(config)
+
+    def head_of(self, hf: nn.Module) -> str:
+        """ "mlm" or "classification", from the HF class (TypeError for another one)."""
+        name = type(hf).__name__
+        if name not in self.hf_classes:
+            raise TypeError(f"the {self.name} family converts {', '.join(self.hf_classes)}, not {name}")
+        return "mlm" if name.endswith("MaskedLM") else "classification"
+
+    @torch.no_grad()
+    def to_canonical(self, hf: nn.Module) -> CanonicalTransformer:
+        cfg, base = hf.config, self.base(hf)
+        head = self.head_of(hf)
+        if cfg.is_decoder or getattr(cfg, "add_cross_attention", False):
+            raise NotImplementedError(f"{type(hf).__name__} as a decoder or with cross-attention")
+        if getattr(cfg, "position_embedding_type", "absolute") != "absolute":
+            raise NotImplementedError(f"position_embedding_type={cfg.position_embedding_type!r}")
+        emb, D, H = base.embeddings, cfg.hidden_size, cfg.num_attention_heads
+        dh, dtype = D // H, emb.word_embeddings.weight.dtype
+        g = lambda t: t.detach().double()  # noqa: E731  convert in float64, cast back at the end
+        p = {
+            "embed.tokens": g(emb.word_embeddings.weight),
+            "embed.pos": g(self.position_table(hf)),
+            "embed.types": g(emb.token_type_embeddings.weight),
+            "embed.norm_w": g(emb.LayerNorm.weight),
+            "embed.norm_b": g(emb.LayerNorm.bias),
+        }
+        norms = [emb.LayerNorm]
+        for i, layer in enumerate(base.encoder.layer):
+            att, pre = layer.attention.self, f"blocks.{i}."
+            for name, lin, scale in (("q", att.query, dh**-0.5), ("k", att.key, 1.0), ("v", att.value, 1.0)):
+                p[pre + name + "_w"] = (scale * g(lin.weight)).reshape(H, dh, D)
+                p[pre + name + "_b"] = (scale * g(lin.bias)).reshape(H, dh)
+            out = layer.attention.output
+            p[pre + "o_w"] = g(out.dense.weight).reshape(D, H, dh).permute(1, 0, 2)
+            p[pre + "o_b"] = g(out.dense.bias)
+            p[pre + "ln1_w"], p[pre + "ln1_b"] = g(out.LayerNorm.weight), g(out.LayerNorm.bias)
+            p[pre + "in_w"], p[pre + "in_b"] = g(layer.intermediate.dense.weight), g(layer.intermediate.dense.bias)
+            p[pre + "out_w"], p[pre + "out_b"] = g(layer.output.dense.weight), g(layer.output.dense.bias)
+            p[pre + "ln2_w"], p[pre + "ln2_b"] = g(layer.output.LayerNorm.weight), g(layer.output.LayerNorm.bias)
+            norms += [out.LayerNorm, layer.output.LayerNorm]
+        if head == "mlm":
+            dense, norm, decoder = self.mlm_modules(hf)
+            p["head.norm_w"], p["head.norm_b"] = g(norm.weight), g(norm.bias)
+            norms.append(norm)
+        else:
+            dense, decoder = self.classifier_modules(hf)
+        p["head.dense_w"], p["head.dense_b"] = g(dense.weight), g(dense.bias)
+        p["head.w"], p["head.b"] = g(decoder.weight), g(decoder.bias)
+        config = CanonicalConfig(
+            family=self.name,
+            activation=cfg.hidden_act,
+            norm_eps=common_eps(norms),
+            norm_dim=D,
+            causal=False,
+            pooling="none" if head == "mlm" else "cls",
+            pad_token_id=self.pad_token_id(cfg),
+        )
+        return CanonicalTransformer(config, {k: v.to(dtype).contiguous() for k, v in p.items()})
+
+    @torch.no_grad()
+    def to_hf(self, model: CanonicalTransformer, template: nn.Module) -> nn.Module:
+        params = check_model(model, self.name)
+        p = lambda n: params[n].double()  # noqa: E731
+        cfg, head = template.config, self.head_of(template)
+        if head != ("mlm" if model.config.pooling == "none" else "classification"):
+            raise ValueError(f"a {model.task} model cannot be written into a {type(template).__name__} template")
+        if canonical_activation(cfg.hidden_act) != model.config.activation:
+            raise ValueError(
+                f"the template's activation {cfg.hidden_act!r} is not the model's {model.config.activation!r}"
+            )
+        if model.width != cfg.hidden_size:
+            raise ValueError(f"model width {model.width} but the template's hidden_size is {cfg.hidden_size}")
+        H = cfg.num_attention_heads
+        dh = model.width // H
+        check_heads(model, cfg.num_hidden_layers, H, dh)
+        # head.w differs from the token embedding after any merge: the masked-LM decoder must not be tied
+        hf = fresh(template, layer_norm_eps=model.config.norm_eps, tie_word_embeddings=False)
+        base = self.base(hf)
+        emb = base.embeddings
+        set_param(emb.word_embeddings.weight, p("embed.tokens"), "embed.tokens")
+        self.write_positions(hf, p("embed.pos"))
+        set_param(emb.token_type_embeddings.weight, p("embed.types"), "embed.types")
+        set_param(emb.LayerNorm.weight, p("embed.norm_w"), "embed.norm_w")
+        set_param(emb.LayerNorm.bias, p("embed.norm_b"), "embed.norm_b")
+        for i, layer in enumerate(base.encoder.layer):
+            att, out, pre = layer.attention.self, layer.attention.output, f"blocks.{i}."
+            for name, lin, scale in (("q", att.query, dh**-0.5), ("k", att.key, 1.0), ("v", att.value, 1.0)):
+                set_param(lin.weight, p(pre + name + "_w").flatten(0, 1) / scale, pre + name + "_w")
+                set_param(lin.bias, p(pre + name + "_b").flatten() / scale, pre + name + "_b")
+            set_param(out.dense.weight, p(pre + "o_w").permute(1, 0, 2).flatten(1), pre + "o_w")
+            set_param(out.dense.bias, p(pre + "o_b"), pre + "o_b")
+            set_param(out.LayerNorm.weight, p(pre + "ln1_w"), pre + "ln1_w")
+            set_param(out.LayerNorm.bias, p(pre + "ln1_b"), pre + "ln1_b")
+            set_param(layer.intermediate.dense.weight, p(pre + "in_w"), pre + "in_w")
+            set_param(layer.intermediate.dense.bias, p(pre + "in_b"), pre + "in_b")
+            set_param(layer.output.dense.weight, p(pre + "out_w"), pre + "out_w")
+            set_param(layer.output.dense.bias, p(pre + "out_b"), pre + "out_b")
+            set_param(layer.output.LayerNorm.weight, p(pre + "ln2_w"), pre + "ln2_w")
+            set_param(layer.output.LayerNorm.bias, p(pre + "ln2_b"), pre + "ln2_b")
+        if head == "mlm":
+            dense, norm, decoder = self.mlm_modules(hf)
+            if decoder.weight is emb.word_embeddings.weight:
+                raise ValueError(f"the exported {type(hf).__name__} still ties its decoder to the token embedding")
+            set_param(norm.weight, p("head.norm_w"), "head.norm_w")
+            set_param(norm.bias, p("head.norm_b"), "head.norm_b")
+        else:
+            dense, decoder = self.classifier_modules(hf)
+        set_param(dense.weight, p("head.dense_w"), "head.dense_w")
+        set_param(dense.bias, p("head.dense_b"), "head.dense_b")
+        set_param(decoder.weight, p("head.w"), "head.w")
+        set_param(decoder.bias, p("head.b"), "head.b")
+        return hf
+
+    # ---- the forward's family parts ----
+    def heads(self, config: CanonicalConfig) -> tuple[Role, ...]:
+        return CLASSIFICATION_HEAD if config.pooling == "cls" else MLM_HEAD
+
+    def embed(self, config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
+        limit = self.input_limits(p)["positions"]
+        if inputs.shape[1] > limit:
+            raise ValueError(f"{inputs.shape[1]} tokens but the model has {limit} positions")
+        x = p["embed.tokens"][inputs] + p["embed.pos"][self.positions(config, inputs)] + p["embed.types"][0]
+        return layer_norm(x, p["embed.norm_w"], p["embed.norm_b"], config.norm_eps)
+
+    def head(self, config: CanonicalConfig, p: dict[str, Tensor], x: Tensor, record) -> Tensor:
+        if config.pooling == "cls":
+            h = torch.tanh(F.linear(x[:, 0], p["head.dense_w"], p["head.dense_b"]))
+        else:
+            h = ACTIVATIONS[self.mlm_activation(config)](F.linear(x, p["head.dense_w"], p["head.dense_b"]))
+            h = layer_norm(h, p["head.norm_w"], p["head.norm_b"], config.norm_eps)
+        record("head.hidden", h)
+        return F.linear(h, p["head.w"], p["head.b"])
+
+    # ---- the input side ----
+    def input_limits(self, params) -> dict[str, Any]:
+        limits = {"positions": params["embed.pos"].shape[0], "vocab": params["embed.tokens"].shape[0]}
+        if "head.norm_w" not in params:
+            limits["classes"] = params["head.w"].shape[0]
+        return limits
+
+    def hf_input_limits(self, hf_config) -> dict[str, Any]:
+        return {"positions": hf_config.max_position_embeddings, "vocab": hf_config.vocab_size}
+
+    def input_properties(self, config, params):
+        yield "has {} positions", params["embed.pos"].shape[0]
+        yield "has a vocabulary of {} tokens", params["embed.tokens"].shape[0]
+        yield "has {} token types", params["embed.types"].shape[0]
+        yield "has {} outputs", params["head.w"].shape[0]
+
+
+FAMILY = BertFamily()
