@@ -126,3 +126,26 @@ def test_requires_factored_models():
     a = to_canonical(tiny_vit(seed=0))
     with pytest.raises(ValueError, match="factored"):
         RotationMatcher().match(a.to_circuit(), a.to_circuit())
+
+
+def test_in_head_permutations_are_recovered_exactly():
+    from glmc.matching.rotation import head_transforms
+    from glmc.symmetry import OrthogonalScale, Permutation
+
+    a = to_canonical(tiny_gpt2(seed=0))
+    spec = SymmetrySpec.from_model(a)
+    g = torch.Generator().manual_seed(7)
+    hidden = Transform()
+    for name in spec.names("qk") + spec.names("vo"):
+        space = spec[name]
+        perms = torch.stack([Permutation(torch.randperm(space.size, generator=g)).dense() for _ in range(space.heads)])
+        hidden[name] = OrthogonalScale(perms, torch.ones(space.heads))
+    b = apply(hidden, a)
+    found = head_transforms(_double(a), _double(b), rescale=False, group="permutation")
+    for r in (g.rotations for g in found.values()):  # every map is a permutation matrix
+        assert torch.equal(r.abs().sum(-1), torch.ones(r.shape[:-1], dtype=r.dtype)) and set(r.unique().tolist()) <= {
+            0,
+            1,
+        }
+    back = apply(found.to(dtype=torch.float32), b)
+    assert_params_close_rel(back.params(), a.params(), FEW_OPS, "in-head permutations undone")

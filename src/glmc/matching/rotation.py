@@ -39,7 +39,7 @@ from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families.roles import pair_factors
-from glmc.symmetry import OrthogonalScale, SymmetrySpec, Transform, apply, apply_params
+from glmc.symmetry import OrthogonalScale, Permutation, SymmetrySpec, Transform, apply, apply_params
 
 Params = dict[str, Tensor]
 PAIRS = ("qk", "vo")
@@ -56,10 +56,14 @@ def factored_distance(pa: Params, pb: Params) -> float:
     return (diff / norm) ** 0.5
 
 
-def closed_form_rotations(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
-    """Per head the orthogonal R minimising ||X_A - R X_B||^2 + ||Y_A - R Y_B||^2, (H, d, d) float64."""
+def closed_form_rotations(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, group: str = "orthogonal") -> Tensor:
+    """Per head the orthogonal R minimising ||X_A - R X_B||^2 + ||Y_A - R Y_B||^2, (H, d, d) float64; with
+    group="permutation" the best permutation matrix instead (an assignment on the same cross-covariance:
+    the in-head permutation baseline that rotation matching generalises)."""
     xa, ya, xb, yb = (t.double() for t in (xa, ya, xb, yb))
     m = xa @ xb.transpose(1, 2) + ya @ yb.transpose(1, 2)
+    if group == "permutation":
+        return torch.stack([Permutation.project(head).dense(torch.float64) for head in m])
     u, _, vh = torch.linalg.svd(m)
     return u @ vh
 
@@ -93,15 +97,15 @@ def optimal_scales(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, rotations: Te
     return torch.tensor(scales, dtype=torch.float64)
 
 
-def head_transforms(pa: Params, pb: Params, rescale: bool = True) -> Transform:
+def head_transforms(pa: Params, pb: Params, rescale: bool = True, group: str = "orthogonal") -> Transform:
     """OrthogonalScale elements for every qk.{l} and vo.{l} moving pb's heads onto pa's (float64);
-    scales are 1 without rescaling."""
+    scales are 1 without rescaling; group="permutation" restricts the maps to in-head permutations."""
     layers = sorted({int(n.split(".")[1]) for n in pa if n.startswith("blocks.")})
     out = Transform()
     for layer in layers:
         for pair in PAIRS:
             (xa, ya), (xb, yb) = pair_factors(pa, layer, pair), pair_factors(pb, layer, pair)
-            r = closed_form_rotations(xa, ya, xb, yb)
+            r = closed_form_rotations(xa, ya, xb, yb, group)
             s = optimal_scales(xa, ya, xb, yb, r) if rescale else torch.ones(len(r), dtype=torch.float64)
             out[f"{pair}.{layer}"] = OrthogonalScale(r, s)
     return out
@@ -188,8 +192,11 @@ class RotationMatcher:
         model = apply(transform, b)
         diagnostics["seconds"] = time.perf_counter() - start
         # the ablations of paper 002's claim, evaluated beside the full method: the same unit
-        # permutations without the per-head step, and rotation without rescaling
+        # permutations without the per-head step, with in-head permutations instead of rotations, and
+        # rotation without rescaling
         variants = {"permutation_only": Alignment(reference=a, model=apply(units, b), circuits=self.circuits)}
+        in_head = Transform({**units, **head_transforms(pa, pb_units, False, "permutation").to(dtype=torch.float32)})
+        variants["head_permutation"] = Alignment(reference=a, model=apply(in_head, b), circuits=self.circuits)
         if self.rescale:
             no_rescale = Transform({**units, **rotated.to(dtype=torch.float32)})
             variants["no_rescale"] = Alignment(reference=a, model=apply(no_rescale, b), circuits=self.circuits)
