@@ -36,6 +36,11 @@ CHANGED = {
         "image_size": 16,
         "tokenizer": "gpt2",
         "seq_len": 64,
+        "tokenizer_vocab": 500,
+        "mask_prob": 0.2,
+        "mask_seed": 1,
+        "subset": 1,
+        "num_subsets": 2,
     },
     "trainer": {
         "accelerator": "gpu",

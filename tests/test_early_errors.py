@@ -107,6 +107,16 @@ CASES = [
     (("+trainer.devicez=2",), "trainer.devicez: not a setting of trainer (known: _target_, accelerator,"),
     (("+logger.projet=x",), "logger.projet: not a setting of logger"),
     (("+sed=1",), "sed: not a setting of the config (known: cache_dir,"),
+    # 10. the task against the data: masked LM, the topic task and its datasets
+    (("data=pydoc_mlm", "model=gpt2_text", "data.tokenizer=char"), "data.tokenizer=char: data.task=masked_lm needs"),
+    (("data=pydoc_mlm", "model=gpt2_text", "data.mask_prob=0"), "data.mask_prob=0.0: use a share in (0, 1)"),
+    (("data=pydoc_mlm", "model=gpt2_text", "data.mask_seed=-1"), "data.mask_seed=-1: use a seed in [0, 2^32)"),
+    (("data=pydoc_mlm", "model=gpt2_text", "data.tokenizer_vocab=0"), "data.tokenizer_vocab=0: use at least 1"),
+    (("data=bookcorpus", "model=gpt2_text", "data.task=masked_lm"), "data.task=masked_lm: data=bookcorpus has no"),
+    (("data=pydoc_topics", "model=gpt2_text"), "model.num_labels=10: data=pydoc_topics has 4 labels"),
+    (("data=pydoc_topics", "data.subset=3"), "data.subset=3: pick one of the data.num_subsets=3 datasets"),
+    (("data=pydoc_topics", "data.num_subsets=14"), "data.num_subsets=14: use 1 to 13"),
+    (("data=pydoc_topics", "data.task=causal_lm"), "data.task=causal_lm: data=pydoc_topics is a classification"),
 ]
 
 

@@ -21,7 +21,7 @@ from glmc.alignment import Alignment
 from glmc.eval import evaluator as _evaluator
 from glmc.matching.base import MatchContext, Matcher
 from glmc.matching.registry import METHODS, build_matcher, default_method_config
-from glmc.metrics import IGNORE_INDEX
+from glmc.metrics import IGNORE_INDEX, is_token_task
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.compatibility import check_compatible
 from glmc.models.convert import to_canonical
@@ -141,7 +141,7 @@ def check_batch(limits: dict[str, Any], inputs: Any, targets: Any, task: str) ->
                 f"input token id {int(outside[0])} is outside the model's vocabulary of {vocab} ids (0 to "
                 f"{vocab - 1}): tokenize with the model's own tokenizer"
             )
-        if task == "causal_lm":
+        if is_token_task(task):
             outside = targets[((targets < 0) & (targets != IGNORE_INDEX)) | (targets >= vocab)]
             if outside.numel():
                 raise ValueError(

@@ -16,6 +16,7 @@ class Dataset(StrEnum):
     cifar100 = "cifar100"
     tiny_imagenet = "tiny_imagenet"
     pydoc = "pydoc"  # embedded text: CPython's help topics
+    pydoc_topics = "pydoc_topics"  # the help topics as a 4-way sequence-classification task
     tiny_shakespeare = "tiny_shakespeare"
     bookcorpus = "bookcorpus"
 
@@ -23,11 +24,13 @@ class Dataset(StrEnum):
 class TokenizerKind(StrEnum):
     char = "char"  # one id per character of the corpus
     gpt2 = "gpt2"  # GPT-2's byte-level BPE (50,257 ids)
+    wordpiece = "wordpiece"  # BERT-style WordPiece trained on the corpus's training block (glmc.data.wordpiece)
 
 
 class Task(StrEnum):
     classification = "classification"
     causal_lm = "causal_lm"
+    masked_lm = "masked_lm"  # BERT's objective: predict the masked tokens of a window
 
 
 class LoggerKind(StrEnum):
@@ -102,6 +105,7 @@ class EvalSplit(StrEnum):
 class ActivationResidual(StrEnum):
     """Which stream states fit activation matching's residual map (paper 003 §3.3)."""
 
+    identity = "identity"  # no residual map: the stream keeps its coordinates (paper 003's best on MultiBERTs)
     first = "first"  # the embedding output
     last = "last"  # the final normalised stream
     all = "all"  # every layer's stream after attention and after the MLP
@@ -116,6 +120,7 @@ class ResidualMap(StrEnum):
 class HeadAssignment(StrEnum):
     two_stage = "two_stage"  # heads on their best in-head costs, then dimensions inside (paper 003)
     monotonic = "monotonic"  # heads in place, dimensions permuted inside each
+    ignore = "ignore"  # one permutation of all heads' features, across head boundaries: not a symmetry
     none = "none"
 
 

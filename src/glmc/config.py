@@ -46,9 +46,13 @@ class ModelConfig:
     num_channels: int = 1
     num_labels: int = 10
     qkv_bias: bool = True
-    # GPT-2 only
+    # text models (GPT-2, BERT, RoBERTa)
     vocab_size: int = 256
     max_positions: int = 128
+    # BERT and RoBERTa only: which head the encoder carries ("mlm": masked-LM; "classification": num_labels
+    # classes from the first position) and how many token types it embeds
+    head: str = "mlm"
+    type_vocab_size: int = 2
 
 
 @dataclass
@@ -73,8 +77,18 @@ class DataConfig:
     image_size: int | None = None
     # text only
     tokenizer: TokenizerKind = TokenizerKind.char
-    tokenizer_path: str | None = None  # a folder saved with save_pretrained (data.tokenizer=gpt2)
+    # a folder saved with save_pretrained (data.tokenizer=gpt2), or holding the tokenizer.json of a
+    # WordPiece tokenizer (data.tokenizer=wordpiece) instead of training one
+    tokenizer_path: str | None = None
     seq_len: int = 128  # tokens per window (bookcorpus: per example, padded with EOS)
+    tokenizer_vocab: int = 1000  # ids of a WordPiece tokenizer trained on the corpus (special tokens included)
+    # masked LM only (glmc.data.masked_lm): the share of a window's tokens that are chosen, and the seed of
+    # the fixed masks of the validation and test windows (training windows draw new masks at every fetch)
+    mask_prob: float = 0.15
+    mask_seed: int = 0
+    # pydoc_topics only: which of num_subsets topic-disjoint datasets of the task (0 .. num_subsets - 1)
+    subset: int = 0
+    num_subsets: int = 3
 
 
 @dataclass

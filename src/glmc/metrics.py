@@ -1,4 +1,5 @@
-"""Loss and accuracy of logits against a batch, for image classification and causal language models."""
+"""Loss and accuracy of logits against a batch, for image classification, causal and masked language
+models."""
 
 from __future__ import annotations
 
@@ -7,6 +8,15 @@ import torch.nn.functional as F
 
 IGNORE_INDEX = -100  # padding targets (cross_entropy's default ignore_index)
 
+# tasks whose logits and targets have one entry per token: target IGNORE_INDEX marks one no loss counts
+TOKEN_TASKS = ("causal_lm", "masked_lm")
+
+
+def is_token_task(task: str) -> bool:
+    """A language-model task: a prediction per token, loss per counted token, perplexity = exp(loss)
+    (for masked LM the pseudo-perplexity of the masked positions)."""
+    return str(task) in TOKEN_TASKS
+
 
 def logits_of(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     """HF models return an output object, canonical models a tensor; both take the same input."""
@@ -14,13 +24,24 @@ def logits_of(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out
 
 
+def flat_predictions(logits: torch.Tensor, targets: torch.Tensor, task: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, classes) logits and (N,) targets that the loss compares. Causal LM: token t+1 predicted
+    from the prefix up to t (shifted by one); masked LM: every position against its own target (the
+    dataset marks the unmasked ones IGNORE_INDEX); classification: as given."""
+    if task == "causal_lm":
+        return logits[:, :-1].flatten(0, 1), targets[:, 1:].flatten()
+    if task == "masked_lm":
+        return logits.flatten(0, 1), targets.flatten()
+    return logits, targets
+
+
 def loss_and_correct(
     logits: torch.Tensor, targets: torch.Tensor, task: str
 ) -> tuple[torch.Tensor, torch.Tensor, int | torch.Tensor]:
-    """Summed loss, number of correct predictions and number of predictions in the batch.
-    Causal LM: token t+1 predicted from the prefix up to t; target id -100 (padding) is not counted."""
-    if task == "causal_lm":
-        logits, targets = logits[:, :-1].flatten(0, 1), targets[:, 1:].flatten()
+    """Summed loss, number of correct predictions and number of predictions in the batch. For the
+    token tasks target id -100 (padding, unmasked positions) is not counted."""
+    logits, targets = flat_predictions(logits, targets, task)
+    if is_token_task(task):
         counted = targets != IGNORE_INDEX
         loss = F.cross_entropy(logits, targets, reduction="sum", ignore_index=IGNORE_INDEX)
         correct = ((logits.argmax(-1) == targets) & counted).sum()

@@ -67,13 +67,17 @@ def tree_checksum(path: Path) -> str | None:
     return _tree_digest(str(path), listing)
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=4)
 def _embedded_digest(name: str) -> str:
     h = hashlib.sha256()
-    if name == "pydoc":
+    if name in ("pydoc", "pydoc_topics"):
         from glmc.data.pydoc_corpus import pydoc_text
 
         h.update(pydoc_text().encode("utf-8"))
+        if name == "pydoc_topics":  # the labels and the rules that cut the examples are part of the data
+            from glmc.data.pydoc_topics import task_definition
+
+            h.update(task_definition().encode("utf-8"))
     else:
         from sklearn.datasets import load_digits
 
@@ -86,7 +90,7 @@ def _embedded_digest(name: str) -> str:
 def corpus_checksum(cfg: DataConfig) -> str | None:
     """The checksum of the data `cfg` reads; None where its files are not (yet) on disk."""
     name = str(cfg.name)
-    if name in ("digits", "pydoc"):
+    if name in ("digits", "pydoc", "pydoc_topics"):
         return _embedded_digest(name)
     if name not in ON_DISK:
         raise ValueError(f"data.name={name!r}: no checksum rule for this dataset")
@@ -94,10 +98,15 @@ def corpus_checksum(cfg: DataConfig) -> str | None:
 
 
 def tokenizer_checksum(cfg: DataConfig) -> str | None:
-    """The saved tokenizer's files (data.tokenizer_path); None for the character tokenizer, which
-    the corpus itself determines, and for images."""
+    """The saved tokenizer's files (data.tokenizer_path); for a WordPiece tokenizer trained here, the
+    version of its rules (the corpus and the data.* keys determine the rest); None for the character
+    tokenizer, which the corpus itself determines, and for images."""
     if cfg.get("tokenizer_path") and str(cfg.tokenizer) != "char":
         return tree_checksum(Path(cfg.tokenizer_path))
+    if str(cfg.get("tokenizer")) == "wordpiece":  # the rules that train it, so a change of them retrains
+        from glmc.data.wordpiece import TRAINER_VERSION
+
+        return f"wordpiece trainer v{TRAINER_VERSION}"
     return None
 
 

@@ -53,6 +53,7 @@ def load_splits(cfg: DataConfig) -> Splits:
 
 TEXT_LOADERS = {
     "pydoc": ("glmc.data.pydoc_corpus", "pydoc_splits"),
+    "pydoc_topics": ("glmc.data.pydoc_topics", "pydoc_topics_splits"),
     "tiny_shakespeare": ("glmc.data.tiny_shakespeare", "tiny_shakespeare_splits"),
     "bookcorpus": ("glmc.data.bookcorpus", "bookcorpus_splits"),
 }
@@ -60,6 +61,18 @@ TEXT_LOADERS = {
 
 def _limit(dataset: Dataset, n: int | None) -> Dataset:
     return dataset if n is None else Subset(dataset, range(min(n, len(dataset))))
+
+
+def _fixed_masks(dataset: Dataset, cfg: DataConfig) -> Dataset:
+    """Masked-LM training windows draw new masks at every fetch; evaluated along a path, every λ
+    must see the same inputs, so they are drawn once (from data.mask_seed's training stream)."""
+    if isinstance(dataset, Subset):
+        return Subset(_fixed_masks(dataset.dataset, cfg), dataset.indices)
+    if not hasattr(dataset, "with_fixed_masks"):
+        return dataset
+    from glmc.data.masked_lm import split_mask_seed
+
+    return dataset.with_fixed_masks(split_mask_seed(cfg.mask_seed, "train"))
 
 
 class DataModule(L.LightningDataModule):
@@ -130,7 +143,7 @@ class DataModule(L.LightningDataModule):
 
     def eval_dataloader(self, split: str) -> DataLoader:
         """A fixed-order loader of `split` (test or train) for evaluation: the training split
-        without augmentation, in its stored order."""
+        without augmentation, in its stored order, and with masked-LM masks drawn once."""
         if split == "test":
             return self.test_dataloader()
         if split != "train":
@@ -140,4 +153,5 @@ class DataModule(L.LightningDataModule):
             plain = copy.deepcopy(self.cfg)
             plain.augment = False
             train = _limit(load_splits(plain).train, self.cfg.limit_train)
+        train = _fixed_masks(train, self.cfg)
         return DataLoader(train, batch_size=self.cfg.eval_batch_size, num_workers=self.cfg.num_workers)

@@ -4,7 +4,10 @@ A corpus is split into contiguous train / validation / test blocks (by `data.val
 `data.test_fraction` of its characters, in that order), each block tokenized on its own and cut into
 non-overlapping windows of `data.seq_len` tokens. The test windows are fixed, so every method is
 evaluated on the same tokens. A window is (inputs, targets) with targets = inputs: the causal-LM
-loss shifts them (glmc.metrics); target id -100 marks padding that no loss counts.
+loss shifts them (glmc.metrics); target id -100 marks padding that no loss counts. With
+`data.task=masked_lm` the windows are [CLS] + (seq_len - 1) tokens with BERT's masking
+(glmc.data.masked_lm). The WordPiece tokenizer is trained on the training block alone
+(glmc.data.wordpiece); the character tokenizer reads the whole corpus.
 """
 
 from __future__ import annotations
@@ -113,12 +116,17 @@ def check_tokenizer_folder(path: Path) -> None:
             ) from None
 
 
-def make_tokenizer(cfg: DataConfig, corpus: str) -> Tokenizer:
+def make_tokenizer(cfg: DataConfig, corpus: str, training_text: str | None = None) -> Tokenizer:
+    """`training_text`: what a trained tokenizer (wordpiece) learns from, the corpus when not given."""
     if cfg.tokenizer == "char":
         return CharTokenizer(corpus)
     if cfg.tokenizer == "gpt2":
         return gpt2_tokenizer(cfg)
-    raise ValueError(f"data.tokenizer={cfg.tokenizer!r} is not one of char, gpt2")
+    if cfg.tokenizer == "wordpiece":
+        from glmc.data.wordpiece import wordpiece_tokenizer
+
+        return wordpiece_tokenizer(cfg, corpus if training_text is None else training_text)
+    raise ValueError(f"data.tokenizer={cfg.tokenizer!r} is not one of char, gpt2, wordpiece")
 
 
 def split_text(text: str, val_fraction: float, test_fraction: float) -> tuple[str, str, str]:
@@ -173,19 +181,22 @@ class PaddedSequences(Dataset):
 SPLITS = ("train", "validation", "test")
 
 
-def text_splits(
-    cfg: DataConfig, text: str, source: str = "the corpus"
-) -> tuple[TokenWindows, TokenWindows, TokenWindows, Tokenizer]:
+def text_splits(cfg: DataConfig, text: str, source: str = "the corpus") -> tuple[Dataset, Dataset, Dataset, Tokenizer]:
     """A whole corpus -> fixed-window train / validation / test sets and the tokenizer. `source`
     names the corpus (its file) in the ValueError of a corpus too short for one window per split."""
+    masked = cfg.task == "masked_lm"
+    if masked:
+        from glmc.data.masked_lm import check_masked_lm_tokenizer, masked_windows
+
+        check_masked_lm_tokenizer(cfg)
     if not text:
         raise ValueError(f"{source} is empty: it needs at least one window of data.seq_len={cfg.seq_len} per split")
-    tokenizer = make_tokenizer(cfg, text)
     blocks = split_text(text, cfg.val_fraction, cfg.test_fraction)
+    tokenizer = make_tokenizer(cfg, text, training_text=blocks[0])
     sets = []
     for name, block in zip(SPLITS, blocks):
         ids = tokenizer.encode(block)
-        if len(ids) < cfg.seq_len:
+        if len(ids) < cfg.seq_len - masked:  # a masked-LM window holds [CLS] and seq_len - 1 tokens
             share = min(cfg.val_fraction, cfg.test_fraction)
             raise ValueError(
                 f"{source} is too short: {len(text)} characters, of which the {name} split holds "
@@ -193,5 +204,6 @@ def text_splits(
                 f"use a smaller data.seq_len or a corpus of at least about {math.ceil(cfg.seq_len / share)} "
                 f"characters (data.val_fraction={cfg.val_fraction}, data.test_fraction={cfg.test_fraction})"
             )
-        sets.append(TokenWindows(torch.tensor(ids, dtype=torch.long), cfg.seq_len))
+        tokens = torch.tensor(ids, dtype=torch.long)
+        sets.append(masked_windows(cfg, tokens, tokenizer, name) if masked else TokenWindows(tokens, cfg.seq_len))
     return sets[0], sets[1], sets[2], tokenizer

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
-from glmc.metrics import IGNORE_INDEX
+from glmc.metrics import IGNORE_INDEX, is_token_task
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.models.families import family_named
 from glmc.models.families.base import role_of
@@ -93,7 +93,7 @@ def record_moments(
     with torch.inference_mode():
         for inputs, targets in batches:
             inputs, targets = inputs.to(device), targets.to(device)
-            keep = (targets != IGNORE_INDEX).reshape(-1) if task == "causal_lm" else None
+            keep = (targets != IGNORE_INDEX).reshape(-1) if is_token_task(task) else None
             states: dict[tuple[str, str], Tensor] = {}
             for key, config, params in (("a", a.config, pa), ("b", b.config, pb)):
                 canonical_forward(config, params, inputs, _recorder(states, key, names))

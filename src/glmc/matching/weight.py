@@ -28,6 +28,7 @@ from torch import Tensor
 
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.export import uncentred_writer
 from glmc.models.families import family_named
@@ -381,6 +382,6 @@ class WeightMatcher:
 def used_tokens(model: CanonicalTransformer, context: MatchContext | None) -> Tensor | None:
     """For a language model with training data in the context: the ids that occur in it (paper 001's
     restriction of the embedding rows). None for image models or without data."""
-    if model.task != "causal_lm" or context is None or context.data is None:
+    if not is_token_task(model.task) or context is None or context.data is None:
         return None
     return context.token_ids(family_named(model.config.family).input_limits(model.params())["vocab"])

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from glmc.interpolation import interpolate
-from glmc.metrics import IGNORE_INDEX, loss_and_correct
+from glmc.metrics import IGNORE_INDEX, is_token_task, loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.models.families import family_named
 from glmc.models.families.base import role_of
@@ -230,8 +230,9 @@ def gram_matrices(
     models: Sequence[CanonicalTransformer], batches: Iterable, max_batches: int | None = None
 ) -> list[dict[str, Tensor]]:
     """Per model, recorded input name -> X^T X (float64) of the augmented inputs [x; 1] of its linear
-    maps, summed over the tokens of at most max_batches batches. Causal LM positions whose target is
-    IGNORE_INDEX (padding) are left out; for pooling="cls" the head's input is position 0 only."""
+    maps, summed over the tokens of at most max_batches batches. Language-model positions whose target
+    is IGNORE_INDEX (padding; masked LM: unmasked positions) are left out; for pooling="cls" the head's
+    input is position 0 only."""
     models = _check_models(models, "regmean")
     grams: list[dict[str, Tensor]] = [{} for _ in models]
     wanted = {linear.reads for linear in linear_maps(models[0]).values()}
@@ -240,7 +241,7 @@ def gram_matrices(
         for model, gram in zip(models, grams):
             device = _device(model)
             x = inputs.to(device)
-            keep = targets.to(device) != IGNORE_INDEX if model.task == "causal_lm" else None
+            keep = targets.to(device) != IGNORE_INDEX if is_token_task(model.task) else None
             cls_only = model.config.pooling == "cls"
 
             def record(name, t, gram=gram, keep=keep, cls_only=cls_only):

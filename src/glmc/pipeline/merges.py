@@ -15,6 +15,7 @@ import torch
 from glmc.alignment import Alignment
 from glmc.eval.evaluator import Evaluator
 from glmc.merging import merged_model
+from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def format_merges(results: dict[str, Any]) -> str:
     if not methods:
         return ""
     kinds = list(next(iter(methods.values()))["merges"])
-    lm = results.get("task") == "causal_lm"
+    lm = is_token_task(results.get("task", ""))
 
     def cell(loss: float, accuracy: float | None) -> str:
         quality = f"ppl {math.exp(loss):.2f}" if lm else ("" if accuracy is None else f"{100 * accuracy:.1f}%")

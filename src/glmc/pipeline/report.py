@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from glmc.eval.plots import plot_barrier_curves
+from glmc.metrics import is_token_task
 from glmc.safe_files import atomic_path, atomic_write_text
 
 
@@ -45,7 +46,7 @@ def write_results(results: dict[str, Any], run_dir: Path) -> None:
 
 def format_table(results: dict[str, Any]) -> str:
     """The endpoints and one row per method; language models show perplexity where images show accuracy."""
-    lm = results.get("task") == "causal_lm"
+    lm = is_token_task(results.get("task", ""))
     lines = ["endpoints:"]
     for e in results["endpoints"]:
         if lm:

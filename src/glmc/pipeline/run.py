@@ -25,6 +25,7 @@ from glmc.eval.barrier import barrier, barrier_vs_mean, lambda_grid, path_end_mi
 from glmc.eval.evaluator import Evaluator, path_losses
 from glmc.matching.base import MatchContext
 from glmc.matching.registry import build_matcher, method_config
+from glmc.metrics import is_token_task
 from glmc.models.canonical import relative_deviation
 from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.cache import config_hash
@@ -135,7 +136,7 @@ def evaluate_alignment(
         "lambdas": lambdas,
         "test_loss": curve["loss"],
         "test_accuracy": curve["accuracy"] if task == "classification" else [None] * len(lambdas),
-        **({"test_perplexity": [math.exp(x) for x in curve["loss"]]} if task == "causal_lm" else {}),
+        **({"test_perplexity": [math.exp(x) for x in curve["loss"]]} if is_token_task(task) else {}),
         "endpoint_deviation": relative_deviation(evaluator.logits(alignment.model), evaluator.logits(b.model)),
         "function_preserving": alignment.function_preserving,
     }

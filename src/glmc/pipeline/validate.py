@@ -48,7 +48,9 @@ NOT_RESULTS = (
 
 SEED_LIMIT = 2**32  # numpy, sklearn and Lightning take seeds in [0, 2^32)
 # what a run with data=<name> loads: the text datasets need a GPT-2 model, the others a ViT
-TEXT_DATA = ("pydoc", "tiny_shakespeare", "bookcorpus")
+TEXT_DATA = ("pydoc", "pydoc_topics", "tiny_shakespeare", "bookcorpus")
+# the text datasets of fixed windows, which data.task=masked_lm can mask (bookcorpus pads GPT-2 rows)
+MASKABLE_DATA = ("pydoc", "tiny_shakespeare")
 # endpoints of different widths (endpoint_models) share these with the first, and the keys their
 # family names (and the family, which every endpoint's data fixes): only the widths differ. A canonical
 # path takes its norm eps from the first model, so eps is shared too
@@ -103,7 +105,13 @@ SECTION_RULES = {
         "dropout": "fraction",
         "layer_norm_eps": "positive",
     },
-    "data": {"seq_len": "count", "split_seed": "seed", "num_workers": "count0"},
+    "data": {
+        "seq_len": "count",
+        "split_seed": "seed",
+        "num_workers": "count0",
+        "tokenizer_vocab": "count",
+        "mask_seed": "seed",
+    },
     "train": {
         "weight_decay": "nonnegative",
         "warmup_fraction": "fraction",
@@ -187,6 +195,7 @@ def _problems(cfg: Config) -> list[str]:
         if cfg.data[key] < 1:
             problems.append(f"data.{key}={cfg.data[key]}: use a batch size of at least 1")
     problems += _fraction_problems(cfg)
+    problems += _task_problems(cfg)
     problems += _image_size_problems(cfg)
     problems += _model_problems(cfg)
     problems += _method_problems(cfg)
@@ -204,6 +213,62 @@ def _pairing_problems(cfg: Config) -> list[str]:
         return [str(err)]
     if cfg.pairing == "universe" and len(cfg.seeds) < 3:
         return [f"seeds={list(cfg.seeds)}: pairing=universe aligns three or more models; give at least 3 seeds"]
+    return []
+
+
+def _task_problems(cfg: Config) -> list[str]:
+    """The task against the data: masked LM needs WordPiece's [CLS] and [MASK] and fixed windows,
+    the topic task is classification over WordPiece ids and picks one of its datasets."""
+    data = cfg.data
+    problems = []
+    if data.task == "masked_lm":
+        if data.name not in MASKABLE_DATA:
+            problems.append(
+                f"data.task=masked_lm: data={data.name} has no masked-LM windows; use data=pydoc_mlm (or "
+                f"data.name={' or '.join(MASKABLE_DATA)})"
+            )
+        if data.tokenizer != "wordpiece":
+            problems.append(
+                f"data.tokenizer={data.tokenizer}: data.task=masked_lm needs [CLS] and [MASK] tokens; use "
+                "data.tokenizer=wordpiece"
+            )
+        if not (_number(data.mask_prob) and 0 < data.mask_prob < 1):
+            problems.append(f"data.mask_prob={data.mask_prob}: use a share in (0, 1) (BERT: 0.15)")
+        if _number(data.seq_len) and data.seq_len < 2:
+            problems.append(f"data.seq_len={data.seq_len}: a masked-LM window needs [CLS] and at least one token")
+    if data.name == "pydoc_topics":
+        if data.task != "classification":
+            problems.append(f"data.task={data.task}: data=pydoc_topics is a classification task")
+        if data.tokenizer != "wordpiece":
+            problems.append(
+                f"data.tokenizer={data.tokenizer}: data=pydoc_topics reads WordPiece ids; use data.tokenizer=wordpiece"
+            )
+        from glmc.data.pydoc_topics import LABELS
+
+        if cfg.model.num_labels != len(LABELS):
+            problems.append(
+                f"model.num_labels={cfg.model.num_labels}: data=pydoc_topics has {len(LABELS)} labels "
+                f"({', '.join(LABELS)}); set model.num_labels={len(LABELS)}"
+            )
+    return problems + _subset_problems(data)
+
+
+def _subset_problems(data: Any) -> list[str]:
+    """data.num_subsets and data.subset: read by data=pydoc_topics only, checked in every run (the
+    topics are counted only where they are read)."""
+    most = None
+    if data.name == "pydoc_topics":
+        from glmc.data.pydoc_topics import max_subsets
+
+        most = max_subsets()
+    if not (_number(data.num_subsets) and 1 <= data.num_subsets <= (most or data.num_subsets)):
+        upto = f"1 to {most} (every dataset must hold topics of every label)" if most else "at least 1"
+        return [f"data.num_subsets={data.num_subsets}: use {upto}"]
+    if not (_number(data.subset) and 0 <= data.subset < data.num_subsets):
+        return [
+            f"data.subset={data.subset}: pick one of the data.num_subsets={data.num_subsets} datasets "
+            f"(0 to {data.num_subsets - 1})"
+        ]
     return []
 
 
@@ -334,8 +399,17 @@ def _method_problems(cfg: Config) -> list[str]:
     if cfg.pairing == "universe" and cfg.multi.pairwise in METHODS:
         names = [n for n in dict.fromkeys([*names, str(cfg.multi.pairwise)])]
     problems = []
+    family = family_named(str(cfg.model.family))
     for name in names:
         node = cfg.matcher[name]
+        key = "residual_map" if "residual_map" in node else "residual"
+        if node.get(key) not in (None, "none", *family.residual_classes) and key in node:
+            problems.append(
+                f"matcher.{name}.{key}={node.get(key)}: not a symmetry of model.family={family.name}, whose residual "
+                f"stream admits {', '.join(family.residual_classes)} only (a post-norm stream is a LayerNorm's output: "
+                f"no rotation commutes with its mean and gain); use symmetry=permutation or "
+                f"matcher.{name}.{key}=permutation"
+            )
         if "lr" in node:
             problems += _lr_problems(f"matcher.{name}.lr", node.lr, "0.3")
         problems += _section_problems(f"matcher.{name}", node, SHARED_RULES)

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from glmc.metrics import is_token_task
+
 
 def mean_se(values: list[float]) -> tuple[float, float | None]:
     """Mean and standard error of the mean (None for a single value: no spread to estimate)."""
@@ -73,7 +75,7 @@ def curve(pairs: list[dict[str, Any]], key: str, label: str = "", group: str = "
 def second_metric(task: str) -> tuple[str, str, float]:
     """The curve beside the loss: (pair key, axis label, scale). Language models have no accuracy,
     so they show perplexity (the pipeline stores it per pair as test_perplexity)."""
-    if task == "causal_lm":
+    if is_token_task(task):
         return "test_perplexity", "test perplexity", 1.0
     return "test_accuracy", "test accuracy (%)", 100.0
 

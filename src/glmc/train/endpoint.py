@@ -1,4 +1,5 @@
-"""LightningModule that trains one endpoint model: a HF ViT (classification) or GPT-2 (causal LM)."""
+"""LightningModule that trains one endpoint model: a HF ViT or encoder (classification), GPT-2 (causal LM)
+or an encoder with a masked-LM head."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from glmc.config import TrainConfig
-from glmc.metrics import logits_of, loss_and_correct
+from glmc.metrics import IGNORE_INDEX, flat_predictions, logits_of, loss_and_correct
 from glmc.schedule import warmup_cosine
 
 # Biases, norms, position embeddings and the class token are not decayed (ViT/GPT-2 practice).
@@ -26,10 +27,10 @@ class EndpointModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
-        logits = self(inputs)
-        if self.task == "causal_lm":
-            logits, targets = logits[:, :-1].flatten(0, 1), targets[:, 1:].flatten()
-        loss = F.cross_entropy(logits, targets, label_smoothing=self.train_cfg.label_smoothing)
+        logits, targets = flat_predictions(self(inputs), targets, self.task)
+        loss = F.cross_entropy(
+            logits, targets, label_smoothing=self.train_cfg.label_smoothing, ignore_index=IGNORE_INDEX
+        )
         self.log("train_loss", loss, prog_bar=True)
         return loss
 
