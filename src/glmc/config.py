@@ -106,6 +106,19 @@ class TrainConfig:
 
 
 @dataclass
+class PretrainConfig:
+    """One model pretrained before the endpoints, each endpoint starting from its encoder (its head as the
+    endpoint's seed initialises it): endpoints fine-tuned from one checkpoint, as in paper 002. The
+    pretrained model has the run's architecture with `head`, and is cached like any endpoint."""
+
+    enabled: bool = False
+    seed: int = 0
+    head: str = "mlm"  # the pretraining head (model.head of the pretrained model)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+@dataclass
 class TrainerConfig:
     """Where and how Lightning runs; not part of the cache key. The fields are `lightning.Trainer`
     arguments: glmc.train.trainer builds it with `instantiate`."""
@@ -183,6 +196,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     symmetry: SymmetryConfig = field(default_factory=SymmetryConfig)

@@ -4,7 +4,8 @@ Both canonical models run on the same training batches; every unit's activation 
 every token (padding excluded) and A's units are compared with B's by the standardised
 cross-correlation corr(X_A, X_B) (Eq. 1). Assignments maximise the summed correlation (Eq. 2,
 scipy's linear_sum_assignment):
-  residual  one permutation of the stream for the whole model, from the embedding output (`first`),
+  residual  none (`identity`: the stream keeps its coordinates, paper 003's best residual strategy),
+            or one permutation of the stream for the whole model, from the embedding output (`first`),
             the final normalised stream (`last`), or every layer's stream after attention and after
             the MLP (`all`: the states' correlation matrices summed, each standardised on its own).
             `separate` gives each of those states its own permutation: not a symmetry of the model
@@ -17,7 +18,8 @@ scipy's linear_sum_assignment):
             head pair (j, k) the best in-head permutation of its dv x dv correlation block and its
             summed correlation, then heads assigned on those sums; the in-head permutation acts on
             V/O and on Q/K alike (an exact symmetry). `monotonic` keeps heads in place and only
-            permutes inside them.
+            permutes inside them. `ignore` (paper 003's Ignore-Heads) assigns all heads' features at
+            once, so features move between heads: not a symmetry, evaluated as function-changing.
 Permuted factored weights are interpolated as they are (qk = vo = none), as in paper 003.
 """
 
@@ -41,7 +43,8 @@ from glmc.models.families.base import role_of
 from glmc.models.families.roles import layer_of
 from glmc.symmetry import Orthogonal, OrthogonalScale, Permutation, SymmetrySpec, Transform, apply
 
-STRATEGIES = ("first", "last", "all", "separate")
+STRATEGIES = ("identity", "first", "last", "all", "separate")
+HEAD_STRATEGIES = ("two_stage", "monotonic", "ignore", "none")
 
 
 class CrossMoments:
@@ -75,6 +78,8 @@ class CrossMoments:
 
 def residual_states(num_layers: int, strategy: str) -> list[str]:
     """The recorded stream states a residual strategy reads (canonical_forward's record names)."""
+    if strategy == "identity":
+        return []
     if strategy == "first":
         return ["embed"]
     if strategy == "last":
@@ -165,6 +170,26 @@ def _stream_state(role, layer: int | None, side: str, layers: int) -> str:
     return "embed" if layer == 0 else f"blocks.{layer - 1}.mlp_out"
 
 
+def _permute_heads_jointly(model: CanonicalTransformer, perms: dict[int, Tensor]) -> CanonicalTransformer:
+    """Per layer, one permutation of the heads' features taken together (heads times head dimension)
+    on every tensor of the per-head pairs: queries, keys and values rows, output columns. Not
+    function-preserving: features move between heads (paper 003's Ignore-Heads)."""
+    p = {k: v.detach().clone() for k, v in model.params().items()}
+    layout = family_named(model.config.family).layout(model.config)
+    for name in p:
+        role, layer = role_of(layout, name), layer_of(name)
+        pair = [a for a in role.acts if a.head_axis is not None] if role else []
+        if layer not in perms or not pair:
+            continue
+        t = p[name].movedim((pair[0].head_axis, pair[0].axis), (0, 1))
+        joined = t.reshape(-1, *t.shape[2:])
+        if joined.shape[0] != perms[layer].numel():
+            raise ValueError(f"heads=ignore needs equal query/key and value head sizes ({name}: {tuple(t.shape)})")
+        t = joined[perms[layer]].reshape(t.shape)
+        p[name] = t.movedim((0, 1), (pair[0].head_axis, pair[0].axis)).contiguous()
+    return CanonicalTransformer(model.config, p)
+
+
 def _permute_residual_separately(model: CanonicalTransformer, perms: dict[str, Tensor]) -> CanonicalTransformer:
     """Each stream state gets its own permutation: writers into a state and readers of it use that
     state's. Not function-preserving (paper 003's `separate`)."""
@@ -200,14 +225,16 @@ class ActivationMatcher:
         checks = {
             "residual": (residual, STRATEGIES),
             "residual_map": (residual_map, ("permutation", "orthogonal")),
-            "heads": (heads, ("two_stage", "monotonic", "none")),
+            "heads": (heads, HEAD_STRATEGIES),
             "mlp": (mlp, ("permutation", "none")),
         }
         for key, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"matcher.{name}.{key}={value!r} is not one of {', '.join(allowed)}")
-        if residual == "separate" and residual_map == "orthogonal":
-            raise ValueError(f"matcher.{name}.residual=separate fits permutations only: use residual_map=permutation")
+        if residual in ("separate", "identity") and residual_map == "orthogonal":
+            raise ValueError(
+                f"matcher.{name}.residual={residual} fits no orthogonal map: use residual_map=permutation"
+            )
         if batches < 1:
             raise ValueError(f"matcher.{name}.batches={batches}: record at least one batch")
         self.name, self.residual, self.residual_map = name, residual, residual_map
@@ -224,17 +251,22 @@ class ActivationMatcher:
         names |= {f"blocks.{l}.mlp_act" for l in range(layers)} if self.mlp != "none" else set()
         names |= {f"blocks.{l}.heads" for l in range(layers)} if self.heads != "none" else set()
         batches = itertools.islice(iter(context.train_batches(self.name)), self.batches)
-        moments = record_moments(a, b, batches, names, a.task, context.device)
+        moments = record_moments(a, b, batches, names, a.task, context.device) if names else {}
         recorded = time.perf_counter()
 
         transform, correlation = Transform(), {}
+        joint: dict[int, Tensor] = {}  # heads=ignore: per layer, one permutation of all heads' features
         spec = SymmetrySpec.from_model(a)
         for l in range(layers):
             if self.mlp != "none":
                 corr = moments[f"blocks.{l}.mlp_act"].correlation()
                 transform[f"mlp.{l}"] = Permutation(torch.as_tensor(assign(corr)[0]))
                 correlation[f"mlp.{l}"] = (mean_matched(corr), mean_matched(corr, transform[f"mlp.{l}"].perm))
-            if self.heads != "none":
+            if self.heads == "ignore":
+                corr = moments[f"blocks.{l}.heads"].correlation()
+                joint[l] = torch.as_tensor(assign(corr)[0])
+                correlation[f"heads.{l}"] = (mean_matched(corr), mean_matched(corr, joint[l]))
+            elif self.heads != "none":
                 corr = moments[f"blocks.{l}.heads"].correlation()
                 h = spec[f"vo.{l}"].heads
                 outer, inner = two_stage_heads(corr, h, monotonic=self.heads == "monotonic")
@@ -254,6 +286,8 @@ class ActivationMatcher:
                 separate[state] = torch.as_tensor(assign(corr)[0])
                 correlation[state] = (mean_matched(corr), mean_matched(corr, separate[state]))
             function_preserving = False
+        elif self.residual == "identity":
+            pass
         elif self.residual_map == "permutation":
             corr = sum(moments[s].correlation() for s in states) / len(states)
             transform["residual"] = Permutation(torch.as_tensor(assign(corr)[0]))
@@ -264,8 +298,11 @@ class ActivationMatcher:
         aligned = apply(transform, b)
         if separate:
             aligned = _permute_residual_separately(aligned, separate)
+        if joint:
+            aligned = _permute_heads_jointly(aligned, joint)
+            function_preserving = False
         diagnostics: dict[str, Any] = {
-            "tokens": moments[next(iter(sorted(names)))].n,
+            "tokens": moments[min(names)].n if names else 0,
             "batches": self.batches,
             "seconds_recording": recorded - start,
             "seconds_assignment": time.perf_counter() - recorded,
@@ -275,7 +312,7 @@ class ActivationMatcher:
         return Alignment(
             reference=a,
             model=aligned,
-            transform=transform if not separate else None,
+            transform=transform if function_preserving else None,
             circuits=self.circuits,
             diagnostics=diagnostics,
             function_preserving=function_preserving,

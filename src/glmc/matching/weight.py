@@ -130,17 +130,28 @@ def _embedding_blocks(
     return blocks
 
 
-def block_cross_covariance(pa: Params, pb_perm: Params, pb_full: Params) -> Tensor:
+def residual_vectors(model: CanonicalTransformer) -> tuple[str, ...]:
+    """The block tensors that are one vector written into the stream, as role suffixes in role order:
+    the output biases ("o_b", "out_b") and, in post-norm blocks, the LayerNorms' gains and offsets."""
+    blocks = family_named(model.config.family).blocks(model.config.form)
+    single = [r for r in blocks if len(r.acts) == 1 and r.acts[0].space == "residual" and r.acts[0].side == "out"]
+    return tuple(r.name.split(".", 2)[2] for r in single if r.acts[0].axis == 0)
+
+
+def block_cross_covariance(
+    pa: Params, pb_perm: Params, pb_full: Params, vectors: tuple[str, ...] = ("o_b", "out_b")
+) -> Tensor:
     """C = sum_k M_A,k M_B,k^T / n_k over the blocks' weights, so that <O, C> = sum_k <M_A,k, O M_B,k> / n_k.
 
     pb_perm has the head and MLP permutations applied (the residual side still free); pb_full also
     has the current residual map, used for the other side of the two-sided circuits. The embedding
-    blocks do not depend on the permutations and are added once by the caller."""
+    blocks do not depend on the permutations and are added once by the caller. `vectors`: the block
+    tensors that are single residual vectors (residual_vectors)."""
     c = 0.0
     layers = sorted({int(n.split(".")[1]) for n in pa if n.startswith("blocks.")})
     for layer in layers:
         pre = f"blocks.{layer}."
-        for name in ("o_b", "out_b"):
+        for name in vectors:
             c = c + torch.outer(pa[pre + name], pb_perm[pre + name])
         c = c + pa[pre + "in_w"].T @ pb_perm[pre + "in_w"] / pa[pre + "in_w"].shape[0]
         c = c + pa[pre + "out_w"] @ pb_perm[pre + "out_w"].T / pa[pre + "out_w"].shape[1]
@@ -212,6 +223,7 @@ def weight_matching(
     # Embeddings and the classifier only see the residual map: their share of the Procrustes
     # matrix and of the objective is computed once (a GPT-2 vocabulary makes them the costliest part).
     residual_only = _residual_only(model_b)
+    vectors = residual_vectors(model_b)
     emb = _embedding_blocks(pa, pb, residual_only, tokens)
     c_emb_raw = sum(a.double() @ b.double().T for a, b in emb)  # float64: the objective cancels
     c_emb = sum(a.double() @ b.double().T / a.shape[1] for a, b in emb)
@@ -264,7 +276,7 @@ def weight_matching(
             tick = time.perf_counter()
             c = c_emb
             if it > 0:  # the first iteration sees only the embeddings and the classifier
-                c = c + block_cross_covariance(pa, apply_params(perms, spec_blocks, pb), pb_cur)
+                c = c + block_cross_covariance(pa, apply_params(perms, spec_blocks, pb), pb_cur, vectors)
             # the polar factor in float64: its error grows with the conditioning of c
             if residual == "permutation":
                 res = {"residual": Permutation.project(c)}

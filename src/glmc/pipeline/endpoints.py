@@ -7,6 +7,7 @@ removed once the endpoint is cached."""
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import logging
 import shutil
@@ -31,6 +32,7 @@ from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
 from glmc.train.endpoint import EndpointModule
 from glmc.train.resume import EpochCheckpoint, resumable
 from glmc.train.trainer import trainer_factory
+from glmc.train.warm_start import load_encoder
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,37 @@ class Endpoint:
 def cache_key(cfg: Config) -> dict[str, Any]:
     as_dict = lambda node: OmegaConf.to_container(node, resolve=True)
     sources = data_fingerprint(cfg.data)
-    return endpoint_key(as_dict(cfg.model), as_dict(cfg.data), as_dict(cfg.train), as_dict(cfg.trainer), sources)
+    train = as_dict(cfg.train)
+    if cfg.pretrain.enabled:  # fine-tuned endpoints are keyed by the model they start from
+        train["start_from"] = cache_key(pretrain_config(cfg))
+    return endpoint_key(as_dict(cfg.model), as_dict(cfg.data), train, as_dict(cfg.trainer), sources)
+
+
+def pretrain_config(cfg: Config) -> Config:
+    """The config of the pretrained model that `pretrain.enabled` endpoints start from: the run's
+    architecture with `pretrain.head`, trained on `pretrain.data` with `pretrain.train`."""
+    own = copy.deepcopy(cfg)
+    with open_dict(own):
+        own.endpoint_models = []
+        own.seeds = [cfg.pretrain.seed]
+        own.model.head = cfg.pretrain.head
+        own.data = copy.deepcopy(cfg.pretrain.data)
+        own.train = copy.deepcopy(cfg.pretrain.train)
+        own.pretrain.enabled = False
+    return own
+
+
+def pretrained_model(cfg: Config, run_dir: Path, tracker) -> torch.nn.Module:
+    """The model that `pretrain.enabled` endpoints start from, from the cache or trained now."""
+    pre = pretrain_config(cfg)
+    data = DataModule(pre.data, seed=0)
+    data.setup()
+    evaluator = Evaluator(data.test_dataloader(), task=pre.data.task, progress=cfg.trainer.enable_progress_bar)
+    cache, key, seed = EndpointCache(Path(cfg.cache_dir)), cache_key(pre), pre.pretrain.seed
+    with cache.lock(key, seed) as waited:
+        model, metrics, _ = _load_or_train(pre, seed, key, cache, run_dir / "pretrain", tracker, evaluator, waited)
+    log.info("pretrained model (seed %d): test loss %.4f on %s", seed, metrics["test_loss"], pre.data.name)
+    return model
 
 
 def divergence_hint(cfg: Config) -> str:
@@ -57,12 +89,20 @@ def divergence_hint(cfg: Config) -> str:
 
 
 def train_endpoint(
-    cfg: Config, seed: int, run_dir: Path, logger: Any, checkpoint_dir: Path | None = None
+    cfg: Config,
+    seed: int,
+    run_dir: Path,
+    logger: Any,
+    checkpoint_dir: Path | None = None,
+    start_from: torch.nn.Module | None = None,
 ) -> torch.nn.Module:
     """Train one endpoint. With `checkpoint_dir`, write last.ckpt there after every epoch and resume
-    from an intact one found there (a damaged one is moved aside and training starts afresh)."""
+    from an intact one found there (a damaged one is moved aside and training starts afresh). With
+    `start_from`, the model starts from that model's encoder (fine-tuning)."""
     L.seed_everything(seed, workers=True, verbose=False)  # seed 0 is a seed like any other
     model = build_model(cfg.model)
+    if start_from is not None:
+        load_encoder(model, start_from)
     module = EndpointModule(model, cfg.train, cfg.data.task)
     data = DataModule(cfg.data, seed)
     data.setup()
@@ -124,7 +164,17 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
         cfg = endpoint_config(shared, index)
         key = cache_key(cfg)
         with cache.lock(key, seed) as waited:
-            model, metrics, cached = _load_or_train(cfg, seed, key, cache, run_dir, tracker, evaluator, waited)
+            model, metrics, cached = _load_or_train(
+                cfg,
+                seed,
+                key,
+                cache,
+                run_dir,
+                tracker,
+                evaluator,
+                waited,
+                functools.partial(pretrained_model, shared, run_dir, tracker),
+            )
         model.eval()
         endpoints.append(
             Endpoint(seed, model, to_canonical(model), metrics["test_loss"], metrics["test_accuracy"], cached)
@@ -133,9 +183,18 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
 
 
 def _load_or_train(
-    cfg: Config, seed: int, key: dict[str, Any], cache: EndpointCache, run_dir: Path, tracker, evaluator, waited: bool
+    cfg: Config,
+    seed: int,
+    key: dict[str, Any],
+    cache: EndpointCache,
+    run_dir: Path,
+    tracker,
+    evaluator,
+    waited: bool,
+    pretrained=None,
 ) -> tuple[torch.nn.Module, dict[str, Any], bool]:
-    """The cached endpoint, or one trained and cached now; the caller holds the entry's lock."""
+    """The cached endpoint, or one trained and cached now; the caller holds the entry's lock.
+    `pretrained()` gives the model to start from when `pretrain.enabled` (called only to train)."""
     training_dir = cache.training_dir(key, seed)
     meta = None
     if cache.has(key, seed):
@@ -153,7 +212,8 @@ def _load_or_train(
     else:
         log.info("seed %d: training (cache entry %s)", seed, cache.entry(key, seed))
         logger = tracker.lightning_logger(f"seed_{seed}", "train")
-        model = train_endpoint(cfg, seed, run_dir, logger, checkpoint_dir=training_dir)
+        start = pretrained() if cfg.pretrain.enabled and pretrained is not None else None
+        model = train_endpoint(cfg, seed, run_dir, logger, checkpoint_dir=training_dir, start_from=start)
         loss, acc = evaluator.evaluate(model)
         metrics, cached = {"test_loss": loss, "test_accuracy": acc}, False
         check_finite_endpoint(model, metrics, f"seed {seed}", divergence_hint(cfg))  # before caching

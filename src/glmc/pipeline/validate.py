@@ -196,6 +196,7 @@ def _problems(cfg: Config) -> list[str]:
             problems.append(f"data.{key}={cfg.data[key]}: use a batch size of at least 1")
     problems += _fraction_problems(cfg)
     problems += _task_problems(cfg)
+    problems += _head_problems(cfg)
     problems += _image_size_problems(cfg)
     problems += _model_problems(cfg)
     problems += _method_problems(cfg)
@@ -214,6 +215,41 @@ def _pairing_problems(cfg: Config) -> list[str]:
     if cfg.pairing == "universe" and len(cfg.seeds) < 3:
         return [f"seeds={list(cfg.seeds)}: pairing=universe aligns three or more models; give at least 3 seeds"]
     return []
+
+
+def _head_problems(cfg: Config) -> list[str]:
+    """Families with a head per task (BERT): model.head must be the data's task, and a pretrained start
+    (pretrain.enabled) needs a head of the family trained on pretrain.data's task, with the same ids."""
+    family = family_named(str(cfg.model.family))
+    heads = family.task_heads
+    problems = []
+    if heads and cfg.model.head not in heads:
+        problems.append(f"model.head={cfg.model.head}: model.family={family.name} has heads {', '.join(heads)}")
+    elif heads and heads[cfg.model.head] != cfg.data.task:
+        fits = [h for h, task in heads.items() if task == cfg.data.task]
+        fix = f"use model.head={fits[0]}" if fits else f"no {family.name} head trains on it"
+        problems.append(
+            f"model.head={cfg.model.head} trains on {heads[cfg.model.head]}, data.task={cfg.data.task}: {fix}"
+        )
+    pre = cfg.pretrain
+    if not pre.enabled:
+        return problems
+    if pre.head not in heads:
+        named = f"heads {', '.join(heads)}" if heads else "one head only"
+        problems.append(
+            f"pretrain.head={pre.head}: model.family={family.name} has {named}, so it cannot be pretrained with another"
+        )
+    elif heads[pre.head] != pre.data.task:
+        problems.append(f"pretrain.head={pre.head} trains on {heads[pre.head]}, pretrain.data.task={pre.data.task}")
+    same = ("tokenizer", "tokenizer_vocab", "tokenizer_path", "val_fraction", "test_fraction")
+    if pre.data.tokenizer == "wordpiece" or cfg.data.tokenizer == "wordpiece":
+        for key in same:  # WordPiece ids are learned from the corpus' training block: all of these fix them
+            if pre.data[key] != cfg.data[key]:
+                problems.append(
+                    f"pretrain.data.{key}={pre.data[key]} but data.{key}={cfg.data[key]}: the pretrained model's "
+                    "token ids would not be the fine-tuning data's; set both alike"
+                )
+    return problems
 
 
 def _task_problems(cfg: Config) -> list[str]:

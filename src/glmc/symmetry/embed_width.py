@@ -131,6 +131,13 @@ def embed_width(
     m = model.width
     if not isinstance(width, int) or isinstance(width, bool) or width < m:
         raise ValueError(f"width={width!r}: must be an int of at least the model's width {m}")
+    post = family_named(config.family).norm == "post"
+    if post and (width > m or residual_map is not None or stream_scale != 1.0 or norm_dim not in (None, m)):
+        raise ValueError(
+            f"width={width}: a {config.family} model's stream is a LayerNorm's output, whose mean and variance "
+            f"over the width change when the stream is embedded in more dimensions or rescaled; only its heads "
+            f"and MLP widen (width {m}, no residual_map, stream_scale or norm_dim)"
+        )
     norm_dim = width if norm_dim is None else norm_dim
     if not math.isfinite(stream_scale) or stream_scale <= 0:
         raise ValueError(f"stream_scale={stream_scale!r}: must be a positive finite number")
@@ -148,8 +155,9 @@ def embed_width(
     original = model.params()
     p = {k: v.detach().double() for k, v in original.items()}
     spec = SymmetrySpec.from_params(config, p)
-    p = apply_params(Transform({"residual": Orthogonal(u)}), spec, p)
-    _scale_readers(p, spec, math.sqrt(config.norm_dim / norm_dim))
+    if not post:  # a post-norm stream stays as it is
+        p = apply_params(Transform({"residual": Orthogonal(u)}), spec, p)
+        _scale_readers(p, spec, math.sqrt(config.norm_dim / norm_dim))
     if stream_scale != 1.0:
         for axis in spec["residual"].acts_on:
             if axis.side == "out":

@@ -31,6 +31,9 @@ class Family:
     norm: str = "pre"
     embed_roles: tuple[Role, ...] = ()
     head_roles: tuple[Role, ...] = ()
+    # families with a head per task (model.head): head -> the data task it is trained on; empty where the
+    # family has one head
+    task_heads: dict[str, str] = {}
 
     # ---- the family's own: building, conversion, the input side ----
     def build(self, cfg: Any) -> nn.Module:

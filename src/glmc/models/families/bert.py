@@ -34,7 +34,8 @@ from glmc.models.families.base import Family
 from glmc.models.families.fold import common_eps
 from glmc.models.families.roles import Acts, Role
 
-HEADS = ("mlm", "classification")
+# model.head -> the data task it trains on
+TASK_HEADS = {"mlm": "masked_lm", "classification": "classification"}
 
 
 def _residual(name: str, axis: int, vocab_rows: bool = False) -> Role:
@@ -61,6 +62,7 @@ class BertFamily(Family):
     shared_model_keys = ("vocab_size", "max_positions", "head", "num_labels", "type_vocab_size")
     residual_classes = ("permutation",)
     norm = "post"
+    task_heads = TASK_HEADS
     embed_roles = (
         _residual("embed.tokens", 1, vocab_rows=True),
         _residual("embed.pos", 1),
@@ -103,8 +105,8 @@ class BertFamily(Family):
 
     # ---- building and conversion ----
     def build(self, cfg) -> nn.Module:
-        if cfg.head not in HEADS:
-            raise ValueError(f"model.head={cfg.head!r} is not one of {', '.join(HEADS)}")
+        if cfg.head not in TASK_HEADS:
+            raise ValueError(f"model.head={cfg.head!r} is not one of {', '.join(TASK_HEADS)}")
         config = self.hf_config(
             cfg,
             vocab_size=cfg.vocab_size,
