@@ -107,3 +107,16 @@ def test_masked_lm_and_classifier_templates_do_not_mix(encoder):
     other = tiny_encoder(name.split("-")[0], "classification" if name.endswith("mlm") else "mlm")
     with pytest.raises(ValueError, match="cannot be written"):
         to_hf(model, other)
+
+
+def test_fine_tuning_starts_from_the_pretrained_encoder():
+    from glmc.train.warm_start import load_encoder
+
+    for family in ("bert", "roberta"):
+        pretrained, fresh = tiny_encoder(family, "mlm", seed=0), tiny_encoder(family, "classification", seed=1)
+        load_encoder(fresh, pretrained)
+        own = pretrained.base_model.state_dict()
+        for name, tensor in fresh.base_model.state_dict().items():
+            assert name.startswith("pooler.") or torch.equal(tensor, own[name]), f"{family}: {name}"
+        with pytest.raises(ValueError, match="shape"):
+            load_encoder(tiny_encoder(family, "classification", hidden=16), pretrained)
