@@ -12,7 +12,9 @@ regmean_merge (Jin et al., 2023): every linear map y = W x + b is merged as the 
   scaled by alpha. Biases are merged with their weights through an augmented input [x; 1]. The
   remaining tensors (embeddings, positions, ViT patch embedding and class token) are averaged.
 
-Batches are read once; every model sees the same batches.
+Batches are read once; every model sees the same batches. To give each model statistics of its own
+data, compute them per model (fisher_information, gram_matrices) and combine them with fisher_average
+or regmean_from_grams.
 """
 
 from __future__ import annotations
@@ -304,8 +306,23 @@ def regmean_merge(
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha={alpha} must lie in [0, 1]")
     models = _check_models(models, "regmean")
+    return regmean_from_grams(models, gram_matrices(models, batches, max_batches), weights, alpha)
+
+
+def regmean_from_grams(
+    models: Sequence[CanonicalTransformer],
+    grams: Sequence[dict[str, Tensor]],
+    weights: Sequence[float] | None = None,
+    alpha: float = 0.9,
+) -> CanonicalTransformer:
+    """regmean_merge with the Gram matrices given (gram_matrices' output, one dict per model), so that
+    each model's may come from other batches (e.g. each model's own training data)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha={alpha} must lie in [0, 1]")
+    models = _check_models(models, "regmean")
+    if len(grams) != len(models):
+        raise ValueError(f"regmean: {len(models)} models but {len(grams)} sets of Gram matrices")
     weights = _normalised_weights(weights, len(models))
-    grams = gram_matrices(models, batches, max_batches)
     params = [{k: v.detach() for k, v in m.params().items()} for m in models]
     merged: dict[str, Tensor] = {}
     with torch.no_grad():

@@ -182,6 +182,27 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
     return endpoints
 
 
+def cached_endpoints(cfg: Config, step: str | None = None) -> list[torch.nn.Module]:
+    """Every seed's endpoint of the run config `cfg` (the trained HF models, in eval mode), read from
+    the endpoint cache and never trained: for reports on the endpoints of finished runs. A missing
+    entry raises FileNotFoundError naming `step`, what trains it (e.g. a reproduce.py step); a damaged
+    one, CorruptEntryError (moved aside: running that step again retrains it)."""
+    cache = EndpointCache(Path(cfg.cache_dir))
+    models = []
+    for index, seed in enumerate(cfg.seeds):
+        own = endpoint_config(cfg, index)
+        key = cache_key(own)
+        if not cache.has(key, seed):
+            raise FileNotFoundError(
+                f"seed {seed}: no cached endpoint at {cache.entry(key, seed)}; "
+                f"run {step or 'run.py with the same config'} first (it trains and caches the endpoints)"
+            )
+        model = build_model(own.model)
+        cache.load(key, seed, model)  # entries are renamed into place when complete: no lock needed to read
+        models.append(model.eval())
+    return models
+
+
 def _load_or_train(
     cfg: Config,
     seed: int,
