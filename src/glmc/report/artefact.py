@@ -18,6 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# --tiny for a text model: one layer of width 32 on windows of 32 tokens (after the step's `model=...`,
+# since debug=fast swaps in the tiny ViT)
+TINY_TEXT_MODEL = (
+    "model.num_layers=1",
+    "model.hidden_size=32",
+    "model.num_heads=2",
+    "model.mlp_size=64",
+    "model.max_positions=32",
+    "data.seq_len=32",
+)
+
 
 @dataclass(frozen=True)
 class Step:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from glmc.report.artefact import Artefact, Step
+from glmc.report.artefact import TINY_TEXT_MODEL, Artefact, Step
 from glmc.report.results import grid_results, mean_se, run_results
 from glmc.report.section import write_section
 from glmc.report.tables import markdown, mean_pm, seconds, write_csv
@@ -20,12 +20,7 @@ from glmc.safe_files import atomic_write_text
 
 TINY = (
     "model=bert_tiny",  # debug=fast swaps in the tiny ViT
-    "model.num_layers=1",
-    "model.hidden_size=32",
-    "model.num_heads=2",
-    "model.mlp_size=64",
-    "model.max_positions=32",
-    "data.seq_len=32",
+    *TINY_TEXT_MODEL,
     "data.limit_train=64",
     "data.limit_test=16",
     "train.max_epochs=1",

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from glmc.report.artefact import Artefact, Step
+from glmc.report.artefact import TINY_TEXT_MODEL, Artefact, Step
 from glmc.report.results import mean_se, run_results
 from glmc.report.section import write_section
 from glmc.report.tables import markdown, mean_pm, seconds, write_csv
@@ -42,12 +42,7 @@ DATASETS = (0, 1, 2)
 # --tiny: a one-layer, width-32 RoBERTa, one epoch of pretraining and of fine-tuning on a few windows, two seeds
 TINY = (
     "model=roberta_tiny",  # debug=fast swaps in the tiny ViT
-    "model.num_layers=1",
-    "model.hidden_size=32",
-    "model.num_heads=2",
-    "model.mlp_size=64",
-    "model.max_positions=32",
-    "data.seq_len=32",
+    *TINY_TEXT_MODEL,
     "data.limit_train=64",
     "data.limit_test=32",
     "pretrain.data.seq_len=32",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from glmc.report.artefact import Artefact, Step
+from glmc.report.artefact import TINY_TEXT_MODEL, Artefact, Step
 from glmc.report.results import barrier_stats, run_results
 from glmc.report.section import write_section
 from glmc.report.tables import latex, markdown, mean_pm, number, ratio, seconds, write_csv
@@ -24,12 +24,7 @@ TEXT_STEP = Step(
     overrides=("experiment=table2_text",),
     tiny=(
         "model=gpt2_text",  # debug=fast swaps in the tiny ViT; a text task needs a GPT-2
-        "model.num_layers=1",
-        "model.hidden_size=32",
-        "model.num_heads=2",
-        "model.mlp_size=64",
-        "model.max_positions=32",
-        "data.seq_len=32",
+        *TINY_TEXT_MODEL,
         "data.limit_train=96",
         "data.limit_test=24",
         "train.max_epochs=1",
