@@ -190,7 +190,7 @@ def test_huge_learning_rate_stops_at_first_nonfinite_loss_and_caches_nothing(tmp
 def test_nonfinite_trained_weights_are_refused(tmp_path, tiny_overrides, monkeypatch):
     cfg = compose_config(*tiny_overrides, "seeds=[0,5]")
 
-    def nan_for_seed_5(cfg, seed, run_dir, logger, checkpoint_dir=None):
+    def nan_for_seed_5(cfg, seed, run_dir, logger, checkpoint_dir=None, start_from=None):
         torch.manual_seed(seed)
         model = build_model(cfg.model)
         if seed == 5:
@@ -342,7 +342,8 @@ def test_pipeline_retrains_an_entry_holding_another_seeds_weights(tmp_path, tiny
     cfg = compose_config(*tiny_overrides, "seeds=[0,1]")
     trained = []
 
-    def fake_training(cfg, seed, run_dir, logger, checkpoint_dir=None):  # a seeded init stands in for training
+    # a seeded init stands in for training
+    def fake_training(cfg, seed, run_dir, logger, checkpoint_dir=None, start_from=None):
         trained.append(seed)
         torch.manual_seed(seed)
         return build_model(cfg.model)

@@ -232,9 +232,7 @@ class ActivationMatcher:
             if value not in allowed:
                 raise ValueError(f"matcher.{name}.{key}={value!r} is not one of {', '.join(allowed)}")
         if residual in ("separate", "identity") and residual_map == "orthogonal":
-            raise ValueError(
-                f"matcher.{name}.residual={residual} fits no orthogonal map: use residual_map=permutation"
-            )
+            raise ValueError(f"matcher.{name}.residual={residual} fits no orthogonal map: use residual_map=permutation")
         if batches < 1:
             raise ValueError(f"matcher.{name}.batches={batches}: record at least one batch")
         self.name, self.residual, self.residual_map = name, residual, residual_map
