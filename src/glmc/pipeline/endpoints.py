@@ -160,6 +160,8 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
     cache = EndpointCache(Path(cfg.cache_dir))
     shared = cfg
     endpoints = []
+    # the model fine-tuned endpoints start from: loaded (or trained) once, when the first needs it
+    pretrained = functools.cache(functools.partial(pretrained_model, shared, run_dir, tracker))
     for index, seed in enumerate(shared.seeds):
         cfg = endpoint_config(shared, index)
         key = cache_key(cfg)
@@ -173,7 +175,7 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
                 tracker,
                 evaluator,
                 waited,
-                functools.partial(pretrained_model, shared, run_dir, tracker),
+                pretrained,
             )
         model.eval()
         endpoints.append(
