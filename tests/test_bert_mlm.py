@@ -70,3 +70,12 @@ def test_report_reads_the_three_steps(tmp_path):
     assert "two_stage < none < monotonic < ignore" in text and "— different" in text  # measured vs paper 003
     assert "identity < first < last < all < separate; paper 003's: identity < all < last < first < separate" in text
     assert "learned matching" in text and (tmp_path / "out" / "section.md").is_file()
+
+
+def test_a_task_the_family_cannot_train_on_is_refused():
+    with pytest.raises(ConfigError, match="data.task=masked_lm: model.family=gpt2 trains on causal_lm; choose a model"):
+        validate_config(compose_config("model=gpt2_text", "data=pydoc_mlm"))
+    with pytest.raises(ConfigError, match="model.head=mlm trains on masked_lm, data.task=classification"):
+        validate_config(compose_config("experiment=roberta_finetune", "model.head=mlm"))
+    with pytest.raises(ConfigError, match="pretrain.data.tokenizer_vocab=500 but data.tokenizer_vocab=1000"):
+        validate_config(compose_config("experiment=roberta_finetune", "pretrain.data.tokenizer_vocab=500"))

@@ -91,3 +91,10 @@ def test_widening_a_post_norm_stream_is_refused(pair):
     x = next(iter(pair[2]))[0]
     with torch.no_grad():
         assert_close_rel(wider_mlp(x), a(x), FORWARD, "bert with a widened MLP")
+
+
+def test_masked_lm_vocabulary_counts_the_inputs(pair):
+    hf_a, hf_b, data = pair
+    seen = torch.cat([torch.cat([x.flatten(), y[y >= 0]]) for x, y in data]).unique()
+    alignment = glmc.align(hf_a, hf_b, "weight", data, residual="permutation", max_iter=2)
+    assert alignment.diagnostics["vocabulary_rows"] == seen.numel()  # not only the masked targets

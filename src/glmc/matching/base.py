@@ -67,13 +67,15 @@ class MatchContext:
             return self.data.val_dataloader()
         return list(itertools.islice(iter(self.train_batches(method)), fallback_batches))
 
-    def token_ids(self, vocab_size: int) -> torch.Tensor:
-        """The token ids that occur as targets in the training data (text only), sorted."""
+    def token_ids(self, vocab_size: int, inputs: bool = False) -> torch.Tensor:
+        """The token ids that occur as targets in the training data (text only), sorted; with `inputs`,
+        also those that occur as inputs (masked-LM targets are the masked positions only)."""
         if self._token_ids is None:
             counts = torch.zeros(vocab_size, dtype=torch.long)
-            for _, targets in self.train_batches("vocabulary restriction"):
-                targets = targets[targets >= 0]  # padding targets are negative
-                counts += torch.bincount(targets.flatten(), minlength=vocab_size)[:vocab_size]
+            for batch_inputs, targets in self.train_batches("vocabulary restriction"):
+                ids = torch.cat([targets.flatten(), batch_inputs.flatten()]) if inputs else targets.flatten()
+                ids = ids[ids >= 0]  # padding targets are negative
+                counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
             self._token_ids = counts.nonzero().flatten()
         return self._token_ids
 

@@ -396,4 +396,5 @@ def used_tokens(model: CanonicalTransformer, context: MatchContext | None) -> Te
     restriction of the embedding rows). None for image models or without data."""
     if not is_token_task(model.task) or context is None or context.data is None:
         return None
-    return context.token_ids(family_named(model.config.family).input_limits(model.params())["vocab"])
+    vocab = family_named(model.config.family).input_limits(model.params())["vocab"]
+    return context.token_ids(vocab, inputs=model.task == "masked_lm")

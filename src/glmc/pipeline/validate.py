@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from glmc.config import Config, TrainerConfig
 from glmc.matching.registry import METHODS, MULTI_METHODS
-from glmc.models.families import families_for_data, family_named
+from glmc.models.families import families_for_data, family_named, family_names
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,17 @@ def _head_problems(cfg: Config) -> list[str]:
     family = family_named(str(cfg.model.family))
     heads = family.task_heads
     problems = []
-    if heads and cfg.model.head not in heads:
+    if cfg.data.task not in family.tasks:
+        others = [
+            n
+            for n in family_names()
+            if cfg.data.task in family_named(n).tasks and family_named(n).data_kind == family.data_kind
+        ]
+        problems.append(
+            f"data.task={cfg.data.task}: model.family={family.name} trains on {', '.join(family.tasks)}; "
+            f"choose a model of family {' or '.join(others) or 'none'}"
+        )
+    elif heads and cfg.model.head not in heads:
         problems.append(f"model.head={cfg.model.head}: model.family={family.name} has heads {', '.join(heads)}")
     elif heads and heads[cfg.model.head] != cfg.data.task:
         fits = [h for h, task in heads.items() if task == cfg.data.task]

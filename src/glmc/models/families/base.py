@@ -23,6 +23,7 @@ class Family:
     model_types: tuple[str, ...]  # Hugging Face config model_type values this family reads
     hf_classes: tuple[str, ...]  # the HF model classes it converts
     data_kind: str  # "images" | "text": the datasets it trains on
+    tasks: tuple[str, ...] = ()  # the data tasks its models train on (data.task)
     # ModelConfig keys that endpoints of different widths must share with the first (beyond the layers)
     shared_model_keys: tuple[str, ...] = ()
     residual_classes: tuple[str, ...] = ("orthogonal", "permutation")

@@ -59,6 +59,7 @@ class BertFamily(Family):
     model_types = ("bert",)
     hf_classes = ("BertForMaskedLM", "BertForSequenceClassification")
     data_kind = "text"
+    tasks = tuple(TASK_HEADS.values())
     shared_model_keys = ("vocab_size", "max_positions", "head", "num_labels", "type_vocab_size")
     residual_classes = ("permutation",)
     norm = "post"

@@ -111,6 +111,7 @@ class GPT2Family(Family):
     model_types = ("gpt2",)
     hf_classes = ("GPT2LMHeadModel",)
     data_kind = "text"
+    tasks = ("causal_lm",)
     shared_model_keys = ("vocab_size", "max_positions")
     embed_roles = (_writer("embed.pos"), _writer("embed.tokens", vocab_rows=True))
     head_roles = (

@@ -116,6 +116,7 @@ class ViTFamily(Family):
     model_types = ("vit",)
     hf_classes = ("ViTForImageClassification",)
     data_kind = "images"
+    tasks = ("classification",)
     shared_model_keys = ("qkv_bias", "image_size", "patch_size", "num_channels", "num_labels")
     embed_roles = (
         _writer("embed.pos", 1),
