@@ -12,6 +12,7 @@ from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
 from glmc.pipeline.report import format_table, summary_line
 from glmc.pipeline.run import run_pipeline
+from glmc.report.artefact import TINY_TEXT_MODEL
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
 from conftest import compose_config
@@ -21,12 +22,7 @@ from tiny_hf import tiny_gpt2
 # a seconds-long text run: a 1-layer GPT-2 on a slice of the embedded corpus
 TINY_TEXT = [
     "experiment=text_demo",
-    "model.num_layers=1",
-    "model.hidden_size=32",
-    "model.num_heads=2",
-    "model.mlp_size=64",
-    "model.max_positions=32",
-    "data.seq_len=32",
+    *TINY_TEXT_MODEL,
     "data.limit_train=96",
     "data.limit_test=24",
     "train.max_epochs=1",
