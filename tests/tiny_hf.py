@@ -94,3 +94,39 @@ def tiny_encoder(family="bert", head="mlm", seed=0, hidden=32, heads=4, mlp=64, 
             elif "LayerNorm" not in name and "layer_norm" not in name:
                 p.normal_(0.0, 0.1)
     return randomize_layernorms(model, seed).eval()
+
+
+def tiny_llama(seed=0, hidden=32, heads=4, kv_heads=2, mlp=48, layers=2, tied=False, kind="llama", bias=False):
+    """A tiny Llama (or Mistral / Qwen2) with grouped-query attention, weights as above and random RMSNorm
+    gains (they initialise to 1, which would hide folding bugs)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=61,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=32,
+        tie_word_embeddings=tied,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
+    if kind == "qwen2":  # q, k, v biases, none on o_proj
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=bias, mlp_bias=bias))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 2:
+                p.normal_(0.0, 0.2, generator=g)
+            else:
+                p.normal_(0.0, 0.1, generator=g)
+    return model.eval()

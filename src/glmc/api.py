@@ -129,8 +129,8 @@ def check_batch(limits: dict[str, Any], inputs: Any, targets: Any, task: str) ->
     if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
         return
     if "vocab" in limits:
-        positions, vocab = limits["positions"], limits["vocab"]
-        if inputs.dim() >= 1 and inputs.shape[-1] > positions:
+        positions, vocab = limits.get("positions"), limits["vocab"]  # rotary models: no position table
+        if positions is not None and inputs.dim() >= 1 and inputs.shape[-1] > positions:
             raise ValueError(
                 f"inputs of {inputs.shape[-1]} tokens are longer than the model's {positions} positions: "
                 f"cut the sequences to at most {positions} tokens (e.g. data.seq_len={positions})"

@@ -53,6 +53,14 @@ class ModelConfig:
     # classes from the first position) and how many token types it embeds
     head: str = "mlm"
     type_vocab_size: int = 2
+    # Llama only: key/value heads (grouped-query attention; None: one per query head), whether the
+    # unembedding is the token embedding, and the rotary base
+    num_kv_heads: int | None = None
+    tie_embeddings: bool = False
+    rope_theta: float = 10000.0
+
+
+LLAMA_MODEL_KEYS = ("num_kv_heads", "tie_embeddings", "rope_theta")
 
 
 @dataclass

@@ -14,7 +14,9 @@ names (the state_dict keys) and shapes, with D width, H heads, dh/dv head dims, 
   blocks.{l}.o_b (D), in_w (F, D), in_b (F), out_w (D, F), out_b (D)
 
 The 1/sqrt(dh) attention scale is folded into q_w and q_b. Sizes are read from the tensors, so
-layers may differ in H and F and a model may be widened.
+layers may differ in H and F and a model may be widened. Gated grouped-query families (Llama) lay out
+their blocks as roles.GATED_GROUPED says: K key/value heads, each read by G query heads, rotary
+positions (config.rope_theta) and a gated MLP, act(x W_gate^T) * (x W_in^T).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from glmc.models.families.registry import family_named, family_names
+from glmc.models.rotary import apply_rotary
 
 Recorder = Callable[[str, Tensor], None]
 
@@ -87,6 +90,7 @@ class CanonicalConfig:
     patch_size: int | None = None
     num_channels: int | None = None
     pad_token_id: int | None = None  # RoBERTa: positions count the tokens that are not padding
+    rope_theta: float | None = None  # rotary position embeddings' base (Llama); None: no rotary
 
     def __post_init__(self):
         self.activation = canonical_activation(self.activation)
@@ -130,6 +134,24 @@ def _attention_factored(config, p, pre, h, record=None):
     return torch.einsum("bhte,hde->btd", z, p[pre + "o_w"])
 
 
+def _attention_grouped(config, p, pre, h, record=None):
+    """Grouped-query attention: q_w (K, G, dh, D) and o_w (K, G, D, dv) for K key/value heads of G
+    query heads each, query head k * G + g reading key/value head k; rotary positions if the config
+    has them."""
+    q = torch.einsum("btd,kged->bkgte", h, p[pre + "q_w"]) + p[pre + "q_b"][:, :, None]
+    group = q.shape[2]
+    q = q.flatten(1, 2)
+    k = torch.einsum("btd,hed->bhte", h, p[pre + "k_w"]) + p[pre + "k_b"][:, None]
+    v = torch.einsum("btd,hed->bhte", h, p[pre + "v_w"]) + p[pre + "v_b"][:, None]
+    if config.rope_theta is not None:
+        q, k = apply_rotary(q, config.rope_theta), apply_rotary(k, config.rope_theta)
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    z = F.scaled_dot_product_attention(q, k, v, is_causal=config.causal, scale=1.0)
+    if record is not None:
+        record(pre + "heads", z)
+    return torch.einsum("bhte,hde->btd", z, p[pre + "o_w"].flatten(0, 1))
+
+
 def _attention_circuit(config, p, pre, h, record=None):
     ht = torch.cat([h, h.new_ones(*h.shape[:-1], 1)], dim=-1)  # x~ = [x; 1]
     scores = torch.einsum("bid,hde,bje->bhij", ht, p[pre + "qk"], ht)
@@ -140,6 +162,24 @@ def _attention_circuit(config, p, pre, h, record=None):
     att = scores.softmax(-1)
     values = torch.einsum("bjd,hed->bhje", ht, p[pre + "ov"])  # (B, H, T, D)
     return torch.einsum("bhij,bhjd->bid", att, values)
+
+
+def _mlp_plain(p, pre, h, act, rec):
+    a = act(F.linear(h, p[pre + "in_w"], p[pre + "in_b"]))
+    rec(pre + "mlp_act", a)
+    return F.linear(a, p[pre + "out_w"], p[pre + "out_b"])
+
+
+def _mlp_gated(p, pre, h, act, rec):
+    """SwiGLU and kin: the gate branch goes through the activation, the in (up) branch stays linear."""
+    a = act(F.linear(h, p[pre + "gate_w"], p[pre + "gate_b"])) * F.linear(h, p[pre + "in_w"], p[pre + "in_b"])
+    rec(pre + "mlp_act", a)
+    return F.linear(a, p[pre + "out_w"], p[pre + "out_b"])
+
+
+# a family's attention_kind and mlp_kind -> the sublayer's forward (factored form)
+ATTENTION_KINDS = {"full": _attention_factored, "grouped": _attention_grouped}
+MLP_KINDS = {"plain": _mlp_plain, "gated": _mlp_gated}
 
 
 def canonical_forward(
@@ -155,14 +195,15 @@ def canonical_forward(
     p = params
     act = ACTIVATIONS[config.activation]
     norm = lambda x: rms_norm(x, config.norm_dim, config.norm_eps)  # noqa: E731
-    attention = _attention_circuit if config.form == "circuit" else _attention_factored
     rec = record or (lambda name, t: None)
 
     family = family_named(config.family)
+    attention = _attention_circuit if config.form == "circuit" else ATTENTION_KINDS[family.attention_kind]
+    mlp = MLP_KINDS[family.mlp_kind]
     x = family.embed(config, p, inputs)
     rec("embed", x)
     if family.norm == "post":
-        return family.head(config, p, _post_norm_blocks(config, p, x, act, attention, record, rec), rec)
+        return family.head(config, p, _post_norm_blocks(config, p, x, act, attention, mlp, record, rec), rec)
     for layer in range(num_layers(p)):
         pre = f"blocks.{layer}."
         h = norm(x)
@@ -171,9 +212,7 @@ def canonical_forward(
         rec(pre + "attn_out", x)
         h = norm(x)
         rec(pre + "mlp_in", h)
-        a = act(F.linear(h, p[pre + "in_w"], p[pre + "in_b"]))
-        rec(pre + "mlp_act", a)
-        x = x + F.linear(a, p[pre + "out_w"], p[pre + "out_b"])
+        x = x + mlp(p, pre, h, act, rec)
         rec(pre + "mlp_out", x)
     x = norm(x)
     rec("final", x)
@@ -185,7 +224,7 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
-def _post_norm_blocks(config, p, x, act, attention, record, rec) -> Tensor:
+def _post_norm_blocks(config, p, x, act, attention, mlp, record, rec) -> Tensor:
     """Post-norm blocks, x = LN(x + attn(x)), x = LN(x + mlp(x)): the sublayers read the stream itself,
     which is the previous LayerNorm's output; the recorded names are the pre-norm ones."""
     for layer in range(num_layers(p)):
@@ -195,9 +234,7 @@ def _post_norm_blocks(config, p, x, act, attention, record, rec) -> Tensor:
         x = layer_norm(h, p[pre + "ln1_w"], p[pre + "ln1_b"], config.norm_eps)
         rec(pre + "attn_out", x)
         rec(pre + "mlp_in", x)
-        a = act(F.linear(x, p[pre + "in_w"], p[pre + "in_b"]))
-        rec(pre + "mlp_act", a)
-        h = x + F.linear(a, p[pre + "out_w"], p[pre + "out_b"])
+        h = x + mlp(p, pre, x, act, rec)
         x = layer_norm(h, p[pre + "ln2_w"], p[pre + "ln2_b"], config.norm_eps)
         rec(pre + "mlp_out", x)
     rec("final", x)
@@ -297,5 +334,6 @@ class CanonicalTransformer(nn.Module):
     def to_circuit(self) -> CanonicalTransformer:
         if self.config.form == "circuit":
             return self.clone()
+        family_named(self.config.family).blocks("circuit")  # families without a circuit form refuse here
         config = dataclasses.replace(self.config, form="circuit")
         return CanonicalTransformer(config, circuit_params(self.params()))

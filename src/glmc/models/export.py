@@ -65,7 +65,8 @@ def check_model(model: CanonicalTransformer, family: str) -> dict[str, Tensor]:
             f"the model was widened (width {model.width}, norm_dim {model.config.norm_dim}): a Hugging Face "
             "LayerNorm normalises over the full width, so only models with norm_dim == width export"
         )
-    if family_named(family).norm == "pre":  # post-norm families keep their LayerNorms: no mean to hold
+    # post-norm families keep their LayerNorms and RMSNorm subtracts no mean: no mean to hold
+    if family_named(family).norm == "pre" and family_named(family).mean_zero_stream:
         _check_mean_zero(model)
     return {k: v.detach() for k, v in model.params().items()}
 

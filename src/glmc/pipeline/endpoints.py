@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import OmegaConf, open_dict
 
-from glmc.config import Config
+from glmc.config import LLAMA_MODEL_KEYS, Config
 from glmc.data.fingerprint import data_fingerprint
 from glmc.data.module import DataModule
 from glmc.eval.evaluator import Evaluator
@@ -53,7 +53,11 @@ def cache_key(cfg: Config) -> dict[str, Any]:
     train = as_dict(cfg.train)
     if cfg.pretrain.enabled:  # fine-tuned endpoints are keyed by the model they start from
         train["start_from"] = cache_key(pretrain_config(cfg))
-    return endpoint_key(as_dict(cfg.model), as_dict(cfg.data), train, as_dict(cfg.trainer), sources)
+    model = as_dict(cfg.model)
+    if model["family"] != "llama":  # keys only Llama reads: the other families' cache entries stay valid
+        for key in LLAMA_MODEL_KEYS:
+            model.pop(key, None)
+    return endpoint_key(model, as_dict(cfg.data), train, as_dict(cfg.trainer), sources)
 
 
 def pretrain_config(cfg: Config) -> Config:

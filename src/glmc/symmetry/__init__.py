@@ -1,5 +1,13 @@
 from glmc.symmetry.apply import apply, apply_dense, apply_params
-from glmc.symmetry.groups import Invertible, Orthogonal, OrthogonalScale, Permutation, SemiPermutation
+from glmc.symmetry.groups import (
+    Diagonal,
+    Invertible,
+    Orthogonal,
+    OrthogonalScale,
+    Permutation,
+    RotaryScale,
+    SemiPermutation,
+)
 from glmc.symmetry.spec import Axis, Space, SymmetrySpec
 from glmc.symmetry.transform import Transform
 
@@ -8,10 +16,12 @@ __all__ = [
     "apply_dense",
     "apply_params",
     "Axis",
+    "Diagonal",
     "Invertible",
     "Orthogonal",
     "OrthogonalScale",
     "Permutation",
+    "RotaryScale",
     "SemiPermutation",
     "Space",
     "SymmetrySpec",

@@ -8,21 +8,32 @@ import torch
 from torch import Tensor
 
 from glmc.models.canonical import CanonicalTransformer
-from glmc.symmetry.groups import Element, Permutation, SemiPermutation
+from glmc.symmetry.groups import Diagonal, Element, Permutation, SemiPermutation
 from glmc.symmetry.spec import Axis, Space, SymmetrySpec
 from glmc.symmetry.transform import Transform
 
 
+def _gather_per_head(t: Tensor, ax: Axis, index: Tensor) -> Tensor:
+    """One permutation per head: index (heads, n) gathers along ax.axis within each head."""
+    x = t.movedim((ax.head_axis, ax.axis), (0, 1))
+    index = index.reshape(*index.shape, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:])
+    return x.gather(1, index).movedim((0, 1), (ax.head_axis, ax.axis))
+
+
+def _scale(t: Tensor, ax: Axis, scale: Tensor) -> Tensor:
+    shape = [1] * t.dim()
+    shape[ax.axis] = len(scale)
+    return t * scale.reshape(shape)
+
+
 def _gather(t: Tensor, ax: Axis, index: Tensor, scale: Tensor | None) -> Tensor:
+    if index.dim() == 2:
+        return _gather_per_head(t, ax, index)
     n = t.shape[ax.axis] - ax.extra
     if ax.extra:  # the constant-1 coordinate stays where it is
         index = torch.cat([index, torch.arange(n, n + ax.extra, device=index.device)])
     out = t.index_select(ax.axis, index)
-    if scale is not None:
-        shape = [1] * t.dim()
-        shape[ax.axis] = len(scale)
-        out = out * scale.reshape(shape)
-    return out
+    return out if scale is None else _scale(out, ax, scale)
 
 
 def _contract(t: Tensor, m: Tensor, ax: Axis) -> Tensor:
@@ -54,6 +65,8 @@ def _act(g: Element, t: Tensor, ax: Axis, space: Space) -> Tensor:
         return _gather(t, ax, g.perm, None)
     if isinstance(g, SemiPermutation):
         return _gather(t, ax, g.src, g.weight if ax.side == space.shares_on else None)
+    if isinstance(g, Diagonal):
+        return _scale(t, ax, g.scales if ax.side == "out" else 1 / g.scales)
     return _contract(t, g.forward() if ax.side == "out" else g.contra(), ax)
 
 

@@ -42,22 +42,29 @@ def random_orthogonal(m: int, n: int, generator=None, batch: tuple = (), dtype=t
 
 @dataclass
 class Permutation(Element):
-    """New unit i is old unit perm[i] (matrix P with P[i, perm[i]] = 1)."""
+    """New unit i is old unit perm[i] (matrix P with P[i, perm[i]] = 1). A (heads, n) perm holds one
+    permutation per head (the query heads of each key/value group)."""
 
     perm: Tensor
     kind: ClassVar[str] = "permutation"
 
     @property
     def size(self) -> int:
-        return len(self.perm)
+        return self.perm.shape[-1]
+
+    @property
+    def heads(self) -> int | None:
+        return self.perm.shape[0] if self.perm.dim() == 2 else None
 
     @classmethod
-    def identity(cls, n: int) -> Permutation:
-        return cls(torch.arange(n))
+    def identity(cls, n: int, heads: int | None = None) -> Permutation:
+        return cls(torch.arange(n) if heads is None else torch.arange(n).repeat(heads, 1))
 
     @classmethod
-    def sample(cls, n: int, generator=None) -> Permutation:
-        return cls(torch.randperm(n, generator=generator))
+    def sample(cls, n: int, generator=None, heads: int | None = None) -> Permutation:
+        if heads is None:
+            return cls(torch.randperm(n, generator=generator))
+        return cls(torch.stack([torch.randperm(n, generator=generator) for _ in range(heads)]))
 
     @classmethod
     def project(cls, similarity: Tensor) -> Permutation:
@@ -66,10 +73,11 @@ class Permutation(Element):
         return cls(torch.as_tensor(cols, device=similarity.device))
 
     def dense(self, dtype=torch.float32) -> Tensor:
+        """P, or (heads, n, n) for one permutation per head."""
         return torch.eye(self.size, dtype=dtype, device=self.perm.device)[self.perm]
 
     def inverse(self) -> Permutation:
-        return Permutation(torch.argsort(self.perm))
+        return Permutation(torch.argsort(self.perm, dim=-1))
 
 
 @dataclass
@@ -219,4 +227,81 @@ class OrthogonalScale(Element):
         return self.rotations / self.scales[:, None, None]
 
 
-CLASSES = {c.kind: c for c in (Permutation, SemiPermutation, Orthogonal, Invertible, OrthogonalScale)}
+@dataclass
+class Diagonal(Element):
+    """Per unit a non-zero scale s: writers get diag(s), readers diag(1/s) (a gated MLP's linear branch)."""
+
+    scales: Tensor
+    kind: ClassVar[str] = "diagonal"
+
+    @property
+    def size(self) -> int:
+        return len(self.scales)
+
+    @classmethod
+    def identity(cls, n: int) -> Diagonal:
+        return cls(torch.ones(n))
+
+    @classmethod
+    def sample(cls, n: int, generator=None, dtype=torch.float32) -> Diagonal:
+        magnitude = torch.exp(2 * torch.rand(n, generator=generator, dtype=torch.float64) - 1)
+        sign = torch.where(torch.rand(n, generator=generator) < 0.5, -1.0, 1.0).double()
+        return cls((sign * magnitude).to(dtype))
+
+    def forward(self) -> Tensor:
+        return torch.diag(self.scales)
+
+    def contra(self) -> Tensor:
+        return torch.diag(1 / self.scales)
+
+
+@dataclass
+class RotaryScale(Element):
+    """Per head and per rotary pair (i, i + d/2) a rotation-scaling [[a, -b], [b, a]]: the maps of a rotary
+    query/key space that commute with every position's rotation (glmc.models.rotary). `real` and `imag`,
+    (heads, d/2), hold a and b; the inverse transpose is the same matrix divided by a^2 + b^2."""
+
+    real: Tensor
+    imag: Tensor
+    kind: ClassVar[str] = "rotary_scale"
+
+    @property
+    def heads(self) -> int:
+        return self.real.shape[0]
+
+    @property
+    def size(self) -> int:
+        return 2 * self.real.shape[-1]
+
+    @classmethod
+    def identity(cls, heads: int, d: int) -> RotaryScale:
+        return cls(torch.ones(heads, d // 2), torch.zeros(heads, d // 2))
+
+    @classmethod
+    def sample(cls, heads: int, d: int, generator=None, dtype=torch.float32) -> RotaryScale:
+        angle = 2 * torch.pi * torch.rand(heads, d // 2, generator=generator, dtype=torch.float64)
+        scale = torch.exp(2 * torch.rand(heads, d // 2, generator=generator, dtype=torch.float64) - 1)
+        return cls((scale * angle.cos()).to(dtype), (scale * angle.sin()).to(dtype))
+
+    @classmethod
+    def from_complex(cls, z: Tensor) -> RotaryScale:
+        return cls(z.real.contiguous(), z.imag.contiguous())
+
+    def forward(self) -> Tensor:
+        heads, half = self.real.shape
+        m = self.real.new_zeros(heads, 2 * half, 2 * half)
+        i = torch.arange(half, device=self.real.device)
+        m[:, i, i] = self.real
+        m[:, i + half, i + half] = self.real
+        m[:, i, i + half] = -self.imag
+        m[:, i + half, i] = self.imag
+        return m
+
+    def contra(self) -> Tensor:
+        norm = self.real.pow(2) + self.imag.pow(2)
+        return self.forward() / torch.cat([norm, norm], -1)[:, :, None]
+
+
+CLASSES = {
+    c.kind: c for c in (Permutation, SemiPermutation, Orthogonal, Invertible, OrthogonalScale, Diagonal, RotaryScale)
+}

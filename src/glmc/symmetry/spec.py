@@ -4,9 +4,14 @@ Derived from the roles its family gives each tensor (glmc.models.families), neve
   residual   the stream (size D)                   orthogonal (incl. rectangular m >= n), permutation;
                                                    permutation only for post-norm families (BERT)
   heads.{l}  the heads of layer l (size H)         permutation, semi_permutation
-  qk.{l}     per head, the query/key space (dh)    invertible, orthogonal_scale   (factored form only)
+             (grouped-query attention: the key/value groups, each with its query heads)
+  qheads.{l} per group, its query heads (size G)   permutation                    (grouped-query only)
+  qk.{l}     per head, the query/key space (dh)    invertible, orthogonal_scale   (factored form only);
+                                                   rotary_scale under rotary positions
   vo.{l}     per head, the value space (dv)        invertible, orthogonal_scale   (factored form only)
   mlp.{l}    the MLP neurons of layer l (size F)   permutation; semi_permutation for ReLU-like activations
+                                                   (plain MLPs)
+  mlp_scale.{l} a gated MLP's linear branch (F)    diagonal
 In circuit form the qk and vo symmetries are absorbed by the representation (QK and OV are
 invariant under them), so those spaces are not listed; `absorbed` names them.
 
@@ -108,9 +113,17 @@ def _space(config, family, name, kind, layer, axes, params) -> Space:
     if kind == "heads":
         # a head's output is linear in its output weights: copies split o_w (or ov) by their shares
         return Space(name, kind, layer, size, ("permutation", "semi_permutation"), axes, shares_on="in")
+    heads = None if first.head_axis is None else params[first.param].shape[first.head_axis]
+    if kind == "qheads":
+        return Space(name, kind, layer, size, ("permutation",), axes, heads=heads)
+    if kind == "qk" and config.rope_theta is not None:
+        # only maps commuting with every position's rotation (glmc.models.rotary)
+        return Space(name, kind, layer, size, ("rotary_scale",), axes, heads=heads)
     if kind in HEAD_PAIRS:
-        heads = params[first.param].shape[first.head_axis]
         return Space(name, kind, layer, size, ("invertible", "orthogonal_scale"), axes, heads=heads)
-    classes = ("permutation", "semi_permutation") if config.activation in RELU_FAMILY else ("permutation",)
+    if kind == "mlp_scale":
+        return Space(name, kind, layer, size, ("diagonal",), axes)
+    relu_like = config.activation in RELU_FAMILY and family.mlp_kind == "plain"
+    classes = ("permutation", "semi_permutation") if relu_like else ("permutation",)
     # positive homogeneity: act(w z) = w act(z), so copies scale their input weights by the shares
     return Space(name, kind, layer, size, classes, axes, shares_on="out")

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from glmc.symmetry.groups import CLASSES, Element, Invertible, Orthogonal, OrthogonalScale, Permutation, SemiPermutation
+from glmc.symmetry.groups import (
+    CLASSES,
+    Diagonal,
+    Element,
+    Invertible,
+    Orthogonal,
+    OrthogonalScale,
+    Permutation,
+    RotaryScale,
+    SemiPermutation,
+)
 from glmc.symmetry.spec import SymmetrySpec
 
 
@@ -31,15 +41,18 @@ class Transform(dict[str, Element]):
             if kind not in CLASSES:
                 raise ValueError(f"class {kind!r} for space {space.name} is not one of {sorted(CLASSES)}")
             n = space.size
+            heads = heads_after.get(space.layer, space.heads) if space.heads is not None else None
             if kind == "permutation":
-                g = Permutation.sample(n, generator)
+                g = Permutation.sample(n, generator, heads)
             elif kind == "semi_permutation":
                 g = SemiPermutation.sample(n, n + grow, generator, dtype)
             elif kind == "orthogonal":
                 g = Orthogonal.sample(n, generator, n + grow, dtype)
-            elif kind in ("invertible", "orthogonal_scale"):
-                heads = heads_after.get(space.layer, space.heads)
-                g = (Invertible if kind == "invertible" else OrthogonalScale).sample(heads, n, generator, dtype)
+            elif kind == "diagonal":
+                g = Diagonal.sample(n, generator, dtype)
+            elif kind in ("invertible", "orthogonal_scale", "rotary_scale"):
+                per_head = {"invertible": Invertible, "orthogonal_scale": OrthogonalScale, "rotary_scale": RotaryScale}
+                g = per_head[kind].sample(heads, n, generator, dtype)
             else:
                 raise NotImplementedError(f"sampling {kind} elements")
             if space.kind == "heads":

@@ -30,6 +30,13 @@ class Family:
     # "pre": a parameter-free RMS norm before every reader (LayerNorms folded at conversion); "post": a
     # LayerNorm with gain and offset after every sublayer, kept as it is (BERT)
     norm: str = "pre"
+    # the sublayers' forward (glmc.models.canonical.ATTENTION_KINDS, MLP_KINDS): "full" multi-head or
+    # "grouped" query attention; a "plain" MLP or a "gated" one
+    attention_kind: str = "full"
+    mlp_kind: str = "plain"
+    # pre-norm families converted from LayerNorm models hold a mean-zero stream, which an export to a
+    # LayerNorm model needs; RMSNorm families (Llama) need none
+    mean_zero_stream: bool = True
     embed_roles: tuple[Role, ...] = ()
     head_roles: tuple[Role, ...] = ()
     # families with a head per task (model.head): head -> the data task it is trained on; empty where the

@@ -16,6 +16,7 @@ MODULES = {
     "gpt2": "glmc.models.families.gpt2",
     "bert": "glmc.models.families.bert",
     "roberta": "glmc.models.families.roberta",
+    "llama": "glmc.models.families.llama",
 }
 
 

@@ -1,16 +1,17 @@
 """Roles of canonical tensors: where each symmetry space acts, as data.
 
 A `Role` names one canonical tensor (block tensors with `{l}` for the layer) and lists its `Acts`: for a
-space kind (residual, heads, qk, vo, mlp), the tensor axis the group acts on and the side, "out" where
-the tensor writes into the space (it gets g) and "in" where it reads from it (it gets g's inverse
+space kind (residual, heads, qheads, qk, vo, mlp, mlp_scale), the tensor axis the group acts on and the
+side, "out" where the tensor writes into the space (it gets g) and "in" where it reads from it (it gets g's inverse
 transpose). `head_axis` marks per-head spaces (one group element per head), `extra` trailing entries the
 group leaves alone (the constant-1 coordinate of circuits). `stage` says where in the stream the tensor
 sits: "embed" writes the first state, "attn"/"mlp" read the state before their sublayer and write the
 state after it, "head" reads the last one.
 
-The block layouts below are the canonical pre-norm block (factored attention or QK/OV circuits) and the
-post-norm block, which adds its LayerNorms' gains and offsets; a family lists its embedding and head
-roles. The order of the roles is the order in which a space's axes are listed (and applied).
+The block layouts below are the canonical pre-norm block (factored attention or QK/OV circuits), the
+post-norm block, which adds its LayerNorms' gains and offsets, and the gated grouped-query block (Llama);
+a family lists its embedding and head roles. The order of the roles is the order in which a space's axes
+are listed (and applied).
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ import torch
 from torch import Tensor
 
 # the per-layer space kinds, in the order their spaces are listed (heads before the per-head qk and vo)
-LAYER_SPACES = ("heads", "qk", "vo", "mlp")
+LAYER_SPACES = ("heads", "qheads", "qk", "vo", "mlp", "mlp_scale")
 # per-head attention pairs that the circuit form absorbs
 HEAD_PAIRS = ("qk", "vo")
 
 
 @dataclass(frozen=True)
 class Acts:
-    space: str  # residual | heads | qk | vo | mlp
+    space: str  # residual | heads | qheads | qk | vo | mlp | mlp_scale
     axis: int
     side: str  # "out" | "in"
     head_axis: int | None = None
@@ -60,7 +61,7 @@ def _block(name: str, stage: str, *acts: Acts, reads: str | None = None) -> Role
     return Role("blocks.{l}." + name, stage, acts, reads=reads and "blocks.{l}." + reads, bias=bias)
 
 
-R, H, QK, VO, M = "residual", "heads", "qk", "vo", "mlp"
+R, H, QH, QK, VO, M, MS = "residual", "heads", "qheads", "qk", "vo", "mlp", "mlp_scale"
 
 _MLP = (
     _block("in_w", "mlp", Acts(R, 1, "in"), Acts(M, 0, "out"), reads="mlp_in"),
@@ -102,6 +103,43 @@ _POST_NORMS = (
     _block("ln2_b", "mlp", Acts(R, 0, "out")),
 )
 POST_NORM_BLOCKS = {form: (*roles, *_POST_NORMS) for form, roles in BLOCKS.items()}
+
+# Gated grouped-query blocks (Llama, Mistral, Qwen2), with K key/value heads each shared by G query heads:
+#   q_w (K, G, dh, D), q_b (K, G, dh), k_w (K, dh, D), k_b, v_w (K, dv, D), v_b, o_w (K, G, D, dv), o_b (D)
+#   gate_w (F, D), gate_b, in_w (F, D) (the linear "up" branch), in_b, out_w (D, F), out_b
+# heads: the key/value groups, moved with their query heads; qheads: per group, its query heads (one
+# permutation per group); qk and vo: one element per group, shared by its query heads; mlp_scale: the
+# up branch is linear, so a unit's in_w row may be scaled against its out_w column. The biases are zero
+# where the Hugging Face layout has none.
+GATED_GROUPED = (
+    _block(
+        "q_w",
+        "attn",
+        Acts(R, 3, "in"),
+        Acts(H, 0, "out"),
+        Acts(QH, 1, "out", head_axis=0),
+        Acts(QK, 2, "out", head_axis=0),
+        reads="attn_in",
+    ),
+    _block("q_b", "attn", Acts(H, 0, "out"), Acts(QH, 1, "out", head_axis=0), Acts(QK, 2, "out", head_axis=0)),
+    *PRE_NORM_FACTORED[2:6],  # k and v: one head per group
+    _block(
+        "o_w",
+        "attn",
+        Acts(R, 2, "out"),
+        Acts(H, 0, "in"),
+        Acts(QH, 1, "in", head_axis=0),
+        Acts(VO, 3, "in", head_axis=0),
+        reads="heads",
+    ),
+    _block("o_b", "attn", Acts(R, 0, "out")),
+    _block("gate_w", "mlp", Acts(R, 1, "in"), Acts(M, 0, "out"), reads="mlp_in"),
+    _block("gate_b", "mlp", Acts(M, 0, "out")),
+    _block("in_w", "mlp", Acts(R, 1, "in"), Acts(M, 0, "out"), Acts(MS, 0, "out"), reads="mlp_in"),
+    _block("in_b", "mlp", Acts(M, 0, "out"), Acts(MS, 0, "out")),
+    _block("out_w", "mlp", Acts(R, 0, "out"), Acts(M, 1, "in"), Acts(MS, 1, "in"), reads="mlp_act"),
+    _block("out_b", "mlp", Acts(R, 0, "out")),
+)
 
 _LAYER = re.compile(r"blocks\.(\d+)\.")
 _FACTORED_BY_KEY = {role.name: role for role in PRE_NORM_FACTORED}

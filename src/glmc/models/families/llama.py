@@ -1,0 +1,231 @@
+"""The Llama family: Hugging Face LlamaForCausalLM (and the Mistral and Qwen2 classes, whose layout is the
+same) <-> canonical Transformer.
+
+RMSNorm has no mean subtraction and no offset, so its gains fold into the readers after it and the stream
+needs no centring: every orthogonal map of the residual stream is a symmetry. Blocks are gated and
+grouped-query (roles.GATED_GROUPED): q_w (K, G, dh, D) for K key/value heads of G query heads each,
+rotary positions in the rotate-half layout (the only one these classes use; they take no partial
+rotary), SwiGLU MLPs. Biases the Hugging Face layout lacks are zero tensors here, and an export refuses
+non-zero ones where the template has none. Canonical embedding tensors: embed.tokens (V, D); head.w (V,
+D), the unembedding with the final norm's gain folded in (tied or not in the source, untied here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonical_activation
+from glmc.models.export import check_model, fresh, set_param
+from glmc.models.families.base import Family, layer_sizes
+from glmc.models.families.roles import GATED_GROUPED, Acts, Role
+
+
+def rope_theta(cfg: Any) -> float:
+    """The rotary base of a Hugging Face config; NotImplementedError for scaled rotary variants."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise NotImplementedError(f"rotary embeddings of type {kind!r}: only the default (unscaled) rotary converts")
+    theta = params.get("rope_theta", getattr(cfg, "rope_theta", None))
+    if theta is None:
+        raise ValueError(f"a {cfg.model_type} config without a rotary base (rope_theta)")
+    return float(theta)
+
+
+def check_supported(cfg: Any) -> None:
+    """Refuse what the canonical form does not compute: sliding-window attention."""
+    layer_types = getattr(cfg, "layer_types", None) or ()
+    windowed = "sliding_attention" in layer_types
+    if cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None) is not None:
+        windowed = True
+    if windowed:
+        raise NotImplementedError(
+            f"{cfg.model_type} with sliding-window attention (sliding_window={cfg.sliding_window}): the canonical "
+            "form attends to every earlier position"
+        )
+    rope_theta(cfg)
+
+
+def _bias(linear: nn.Linear, size: int, g) -> Tensor:
+    return torch.zeros(size, dtype=torch.float64) if linear.bias is None else g(linear.bias)
+
+
+@torch.no_grad()
+def llama_to_canonical(model: nn.Module) -> CanonicalTransformer:
+    cfg, inner = model.config, model.model
+    check_supported(cfg)
+    dtype = inner.embed_tokens.weight.dtype
+    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back at the end
+    D, H, K = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    G = H // K
+
+    p = {"embed.tokens": g(inner.embed_tokens.weight)}
+    for i, layer in enumerate(inner.layers):
+        attn, mlp, pre = layer.self_attn, layer.mlp, f"blocks.{i}."
+        dh = attn.head_dim
+        gamma = g(layer.input_layernorm.weight)
+        for name, lin, scale, shape in (
+            ("q", attn.q_proj, attn.scaling, (K, G, dh)),
+            ("k", attn.k_proj, 1.0, (K, dh)),
+            ("v", attn.v_proj, 1.0, (K, dh)),
+        ):
+            p[pre + name + "_w"] = (scale * g(lin.weight) * gamma).reshape(*shape, D)
+            p[pre + name + "_b"] = (scale * _bias(lin, lin.out_features, g)).reshape(shape)
+        # o_proj weight (D, H * dh): column block h is query head h = k * G + g
+        p[pre + "o_w"] = g(attn.o_proj.weight).reshape(D, K, G, dh).permute(1, 2, 0, 3)
+        p[pre + "o_b"] = _bias(attn.o_proj, D, g)
+        gamma = g(layer.post_attention_layernorm.weight)
+        units = mlp.gate_proj.out_features
+        p[pre + "gate_w"], p[pre + "gate_b"] = g(mlp.gate_proj.weight) * gamma, _bias(mlp.gate_proj, units, g)
+        p[pre + "in_w"], p[pre + "in_b"] = g(mlp.up_proj.weight) * gamma, _bias(mlp.up_proj, units, g)
+        p[pre + "out_w"], p[pre + "out_b"] = g(mlp.down_proj.weight), _bias(mlp.down_proj, D, g)
+    p["head.w"] = g(model.lm_head.weight) * g(inner.norm.weight)
+
+    config = CanonicalConfig(
+        family="llama",
+        activation=cfg.hidden_act,
+        norm_eps=cfg.rms_norm_eps,
+        norm_dim=D,
+        causal=True,
+        pooling="none",
+        rope_theta=rope_theta(cfg),
+    )
+    return CanonicalTransformer(config, {k: v.to(dtype).contiguous() for k, v in p.items()})
+
+
+def _set_linear(linear: nn.Linear, weight: Tensor, bias: Tensor, name: str) -> None:
+    set_param(linear.weight, weight, name + "_w")
+    if linear.bias is not None:
+        set_param(linear.bias, bias, name + "_b")
+    elif bias.abs().max() > 1e-6 * weight.abs().max():
+        raise ValueError(
+            f"{name}_b is not zero but the template's layer has no bias: set attention_bias / mlp_bias in its config"
+        )
+
+
+def llama_from_canonical(model: CanonicalTransformer, template: nn.Module) -> nn.Module:
+    params = check_model(model, "llama")
+    p = lambda n: params[n].double()  # noqa: E731
+    cfg = template.config
+    check_supported(cfg)
+    if canonical_activation(cfg.hidden_act) != model.config.activation:
+        raise ValueError(f"the template's activation {cfg.hidden_act!r} is not the model's {model.config.activation!r}")
+    if model.width != cfg.hidden_size:
+        raise ValueError(f"model width {model.width} but the template's hidden_size is {cfg.hidden_size}")
+    if rope_theta(cfg) != model.config.rope_theta:
+        raise ValueError(f"the template's rotary base {rope_theta(cfg)} is not the model's {model.config.rope_theta}")
+    _check_heads(model, cfg)
+    hf = fresh(template, rms_norm_eps=model.config.norm_eps, tie_word_embeddings=False)
+    inner, D = hf.model, model.width
+    set_param(inner.embed_tokens.weight, p("embed.tokens"), "embed.tokens")
+    for i, layer in enumerate(inner.layers):
+        attn, mlp, pre = layer.self_attn, layer.mlp, f"blocks.{i}."
+        for name, lin, scale in (("q", attn.q_proj, attn.scaling), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
+            w = p(pre + name + "_w")
+            _set_linear(lin, w.reshape(-1, D) / scale, p(pre + name + "_b").flatten() / scale, pre + name)
+        _set_linear(attn.o_proj, p(pre + "o_w").permute(2, 0, 1, 3).reshape(D, -1), p(pre + "o_b"), pre + "o")
+        layer.input_layernorm.weight.fill_(1.0)
+        layer.post_attention_layernorm.weight.fill_(1.0)
+        _set_linear(mlp.gate_proj, p(pre + "gate_w"), p(pre + "gate_b"), pre + "gate")
+        _set_linear(mlp.up_proj, p(pre + "in_w"), p(pre + "in_b"), pre + "in")
+        _set_linear(mlp.down_proj, p(pre + "out_w"), p(pre + "out_b"), pre + "out")
+    inner.norm.weight.fill_(1.0)
+    if hf.lm_head.weight is inner.embed_tokens.weight:
+        raise ValueError("the exported model still ties lm_head to embed_tokens: cannot write a separate head")
+    set_param(hf.lm_head.weight, p("head.w"), "head.w")
+    return hf
+
+
+def _check_heads(model: CanonicalTransformer, cfg: Any) -> None:
+    layout = FAMILY.layout(model.config)
+    sizes = layer_sizes(layout, model.params(), model.num_layers)
+    if model.num_layers != cfg.num_hidden_layers:
+        raise ValueError(f"the model has {model.num_layers} layers, the template {cfg.num_hidden_layers}")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = cfg.num_key_value_heads
+    expected = (kv, cfg.num_attention_heads // kv, head_dim, head_dim, cfg.intermediate_size)
+    for layer in range(model.num_layers):
+        got = tuple(sizes[k][layer] for k in ("heads", "qheads", "qk", "vo", "mlp"))
+        if got != expected:
+            raise ValueError(
+                f"layer {layer} has (key/value heads, query heads per group, qk dim, vo dim, MLP units) {got} but "
+                f"the template has {expected}"
+            )
+
+
+class LlamaFamily(Family):
+    name = "llama"
+    model_types = ("llama", "mistral", "qwen2")
+    hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+    data_kind = "text"
+    tasks = ("causal_lm",)
+    shared_model_keys = ("vocab_size", "max_positions")
+    attention_kind = "grouped"
+    mlp_kind = "gated"
+    mean_zero_stream = False
+    embed_roles = (Role("embed.tokens", "embed", (Acts("residual", 1, "out"),), vocab_rows=True),)
+    head_roles = (Role("head.w", "head", (Acts("residual", 1, "in"),), reads="final", vocab_rows=True),)
+
+    def build(self, cfg) -> LlamaForCausalLM:
+        kv_heads = cfg.num_kv_heads or cfg.num_heads
+        if cfg.num_heads % kv_heads:
+            raise ValueError(f"model.num_heads={cfg.num_heads} is not a multiple of model.num_kv_heads={kv_heads}")
+        config = LlamaConfig(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.mlp_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=kv_heads,
+            head_dim=cfg.hidden_size // cfg.num_heads,
+            hidden_act=cfg.hidden_act,
+            max_position_embeddings=cfg.max_positions,
+            rms_norm_eps=cfg.layer_norm_eps,
+            tie_word_embeddings=cfg.tie_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+            attention_dropout=cfg.dropout,
+            # a character vocabulary has no BOS/EOS ids of its own
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+        return LlamaForCausalLM(config)
+
+    def to_canonical(self, hf_model) -> CanonicalTransformer:
+        return llama_to_canonical(hf_model)
+
+    def to_hf(self, model, template) -> nn.Module:
+        return llama_from_canonical(model, template)
+
+    def blocks(self, form: str) -> tuple[Role, ...]:
+        if form != "factored":
+            raise ValueError(
+                "the llama family has no circuit form: under rotary positions the query/key circuit W_q^T W_k is "
+                "not what the model computes (interpolate its heads as factored weights: the matcher's qk=none)"
+            )
+        return GATED_GROUPED
+
+    def embed(self, config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
+        return p["embed.tokens"][inputs]
+
+    def head(self, config: CanonicalConfig, p: dict[str, Tensor], x: Tensor, record) -> Tensor:
+        return F.linear(x, p["head.w"])
+
+    def input_limits(self, params) -> dict[str, Any]:
+        # rotary positions have no table: any length is computed exactly
+        return {"vocab": params["embed.tokens"].shape[0]}
+
+    def hf_input_limits(self, hf_config) -> dict[str, Any]:
+        return {"vocab": hf_config.vocab_size}
+
+    def input_properties(self, config, params):
+        yield "has a vocabulary of {} tokens", params["embed.tokens"].shape[0]
+        yield "has {} outputs", params["head.w"].shape[0]
+        yield "has rotary base {}", config.rope_theta
+
+
+FAMILY = LlamaFamily()
