@@ -153,24 +153,27 @@ def block_roles(form: str, norm: str = "pre") -> tuple[Role, ...]:
     return (BLOCKS if norm == "pre" else POST_NORM_BLOCKS)[form]
 
 
-def pair_factors(params: dict[str, Tensor], layer: int, pair: str) -> tuple[Tensor, Tensor]:
+def pair_factors(
+    params: dict[str, Tensor], layer: int, pair: str, roles: tuple[Role, ...] = PRE_NORM_FACTORED
+) -> tuple[Tensor, Tensor]:
     """One per-head pair (qk or vo) of a factored block as (X, Y), each (H, d, n): X from the tensors
     that write into the pair (q, v), Y from those that read it (k, o); every tensor with its head axis
     first, the pair's axis second and the rest flattened, joined along the last axis in role order
-    (weights before biases, so X = [W_q | b_q]). The circuit is X^T Y up to the side it is read from."""
+    (weights before biases, so X = [W_q | b_q]). The circuit is X^T Y up to the side it is read from.
+    `roles`: the block's layout (GATED_GROUPED: one pair per key/value group, X holding its query heads)."""
     sides: dict[str, list[Tensor]] = {"out": [], "in": []}
-    for role in PRE_NORM_FACTORED:
+    for role in roles:
         for acts in role.acts_on(pair):
             t = params[role.at(layer)].movedim((acts.head_axis, acts.axis), (0, 1))
             sides[acts.side].append(t.reshape(t.shape[0], t.shape[1], -1))
     return torch.cat(sides["out"], -1), torch.cat(sides["in"], -1)
 
 
-def unit_rows(params: dict[str, Tensor], layer: int, space: str) -> Tensor:
+def unit_rows(params: dict[str, Tensor], layer: int, space: str, roles: tuple[Role, ...] = PRE_NORM_FACTORED) -> Tensor:
     """Every unit of a per-layer unit space (mlp) as one row: the tensors it acts on, its axis first and
     the rest flattened, joined in role order (for the MLP, [W_in | b_in | W_out^T])."""
     rows = []
-    for role in PRE_NORM_FACTORED:
+    for role in roles:
         for acts in role.acts_on(space):
             t = params[role.at(layer)].movedim(acts.axis, 0)
             rows.append(t.reshape(t.shape[0], -1))
