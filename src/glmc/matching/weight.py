@@ -11,6 +11,15 @@ Each iteration
 It stops when the objective, the relative distance between the circuit-form parameters of A and of
 transformed B, stops improving, and returns the best transform seen.
 
+Grouped-query blocks (Llama) are compared through their multi-head view (mha_view: every query head
+with its group's key and value rows), so the circuits and costs above apply per query head. Step 2
+then assigns key/value groups on the best within-group assignment of their query heads, and step 3
+adds the gate rows and, for the linear up branch, a cost invariant to its per-unit scaling against the
+down projection, whose scale is solved afterwards. Rotary query/key circuits are not what such a model
+computes, so its heads are interpolated as factored weights: after the loop, every group's qk pair
+gets the closed-form rotation-scaling per frequency pair and its vo pair paper 002's rotation and
+rescaling.
+
 Models converted from Hugging Face have a mean-zero residual stream (every writer is centred over
 the width). With `keep_mean` the orthogonal residual map is restricted to those that fix the
 all-ones vector 1, so the aligned model keeps the stream in the hyperplane orthogonal to 1 and its
@@ -28,13 +37,24 @@ from torch import Tensor
 
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.rotary_pairs import rotary_scales
+from glmc.matching.scales import best_scales, scale_objective
 from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.export import uncentred_writer
 from glmc.models.families import family_named
 from glmc.models.families.base import residual_axis
-from glmc.models.families.roles import in_head_pair, layer_of, pair_factors, unit_rows
-from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_params
+from glmc.models.families.roles import GATED_GROUPED, in_head_pair, layer_of, pair_factors, unit_rows
+from glmc.symmetry import (
+    Diagonal,
+    Orthogonal,
+    OrthogonalScale,
+    Permutation,
+    SymmetrySpec,
+    Transform,
+    apply,
+    apply_params,
+)
 
 Params = dict[str, Tensor]
 
@@ -102,6 +122,90 @@ def relative_distance(pa: Params, pb: Params) -> float:
     return (diff / norm) ** 0.5
 
 
+def _per_group(space) -> tuple[int, int]:
+    """(size, heads) of a per-group space, for Permutation.identity."""
+    return space.size, space.heads
+
+
+def mha_view(p: Params) -> Params:
+    """Grouped-query layers as multi-head ones: q_w (K, G, dh, D) -> (K*G, dh, D), o_w likewise, and every
+    query head given its group's k and v rows, so that circuits and costs are per query head. Other
+    tensors, and layers already multi-head, are passed through."""
+    out = dict(p)
+    for name, t in p.items():
+        if not name.endswith(".q_w") or t.dim() != 4:
+            continue
+        pre, group = name[:-3], t.shape[1]
+        out[pre + "q_w"], out[pre + "q_b"] = t.flatten(0, 1), p[pre + "q_b"].flatten(0, 1)
+        out[pre + "o_w"] = p[pre + "o_w"].flatten(0, 1)
+        for n in ("k_w", "k_b", "v_w", "v_b"):
+            out[pre + n] = p[pre + n].repeat_interleave(group, 0)
+    return out
+
+
+def group_assignment(cost: Tensor, groups: int) -> tuple[Permutation, Permutation]:
+    """Key/value groups and, within each matched pair of groups, their query heads, from a (H, H) cost
+    between query heads (H = groups * G, head k * G + g in group k): a pair of groups costs the best
+    assignment of their query heads (Hungarian on G x G), and groups are assigned on those costs.
+    Returns (heads: groups, qheads: one permutation per new group)."""
+    size = cost.shape[0] // groups
+    blocks = cost.reshape(groups, size, groups, size).permute(0, 2, 1, 3)  # (K_A, K_B, G, G)
+    inner = [[Permutation.project(-blocks[i, j]).perm for j in range(groups)] for i in range(groups)]
+    pair_cost = torch.tensor(
+        [[float(blocks[i, j][torch.arange(size), inner[i][j]].sum()) for j in range(groups)] for i in range(groups)]
+    )
+    outer = Permutation.project(-pair_cost).perm
+    return Permutation(outer), Permutation(torch.stack([inner[i][int(outer[i])] for i in range(groups)]))
+
+
+def _gated_rows(p: Params, layer: int, branch: str) -> Tensor:
+    """A gated MLP's rows per unit: [W | b] of the gate or in (up) branch, or the out (down) columns."""
+    pre = f"blocks.{layer}."
+    if branch == "out":
+        return p[pre + "out_w"].T
+    return torch.cat([p[pre + branch + "_w"], p[pre + branch + "_b"][:, None]], 1)
+
+
+def gated_mlp_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
+    """Units of gated MLPs: cosine of the gate rows plus the product of the cosines of the up rows and
+    the down columns, which a unit's scale (and sign) of up against down leaves unchanged."""
+
+    def cosine(branch: str) -> Tensor:
+        a, b = (_gated_rows(p, layer, branch) for p in (pa, pb))
+        a = a / a.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        return a @ (b / b.norm(dim=1, keepdim=True).clamp_min(1e-12)).T
+
+    return cosine("gate") + cosine("in") * cosine("out")
+
+
+def unit_scales(pa: Params, pb: Params, layer: int) -> Diagonal:
+    """Per unit of a gated MLP (B's units already matched to A's) the non-zero s minimising
+    ||up_A - s up_B||^2 + ||down_A - down_B / s||^2, the sign tried both ways."""
+    xa, xb = _gated_rows(pa, layer, "in").double(), _gated_rows(pb, layer, "in").double()
+    ya, yb = _gated_rows(pa, layer, "out").double(), _gated_rows(pb, layer, "out").double()
+    P, Q = xb.pow(2).sum(1), yb.pow(2).sum(1)
+    p, q = (xa * xb).sum(1), (ya * yb).sum(1)
+    positive, negative = best_scales(P, p, Q, q), best_scales(P, -p, Q, -q)
+    flip = scale_objective(negative, P, -p, Q, -q) < scale_objective(positive, P, p, Q, q)
+    return Diagonal(torch.where(flip, -negative, positive).float())
+
+
+def in_head_maps(pa: Params, pb: Params, layers: range) -> Transform:
+    """For grouped rotary blocks interpolated as factored weights: per layer the qk rotation-scalings
+    (per frequency pair) and vo rotations with rescaling (per group) moving B's heads onto A's."""
+    from glmc.matching.rotation import closed_form_rotations, optimal_scales  # rotation imports this module
+
+    out = Transform()
+    for layer in layers:
+        (xa, ya), (xb, yb) = (pair_factors(p, layer, "qk", GATED_GROUPED) for p in (pa, pb))
+        out[f"qk.{layer}"] = rotary_scales(xa, ya, xb, yb).to(dtype=torch.float32)
+        (xa, ya), (xb, yb) = (pair_factors(p, layer, "vo", GATED_GROUPED) for p in (pa, pb))
+        rotations = closed_form_rotations(xa, ya, xb, yb)
+        scales = optimal_scales(xa, ya, xb, yb, rotations)
+        out[f"vo.{layer}"] = OrthogonalScale(rotations.float(), scales.float())
+    return out
+
+
 def _residual_only(model: CanonicalTransformer) -> dict[str, tuple[int, bool]]:
     """The tensors outside the blocks that only the residual map acts on (embeddings, classifier or
     unembedding), in the model's order: name -> (their residual axis, whether their rows are tokens)."""
@@ -153,7 +257,8 @@ def block_cross_covariance(
         pre = f"blocks.{layer}."
         for name in vectors:
             c = c + torch.outer(pa[pre + name], pb_perm[pre + name])
-        c = c + pa[pre + "in_w"].T @ pb_perm[pre + "in_w"] / pa[pre + "in_w"].shape[0]
+        for reader in ("in_w", "gate_w") if pre + "gate_w" in pa else ("in_w",):
+            c = c + pa[pre + reader].T @ pb_perm[pre + reader] / pa[pre + reader].shape[0]
         c = c + pa[pre + "out_w"] @ pb_perm[pre + "out_w"].T / pa[pre + "out_w"].shape[1]
         n = pa[pre + "q_w"].shape[-1] + 1  # columns of a QK or OV circuit
         # QK rows: q_w^T K~; QK columns: k_w^T Q~; OV rows: W_o V~ (heads already matched).
@@ -237,13 +342,21 @@ def weight_matching(
     pa = {k: v for k, v in pa.items() if layer_of(k) is not None}
     pb = {k: v for k, v in pb.items() if layer_of(k) is not None}
     spec_blocks = spec.restricted_to(set(pb))
+    # grouped-query blocks: costs and circuits per query head (mha_view), groups assigned with their heads
+    grouped = family_named(model_b.config.family).attention_kind == "grouped"
+    view = mha_view if grouped else (lambda p: p)
+    view_a = view(pa)
 
     layers = range(model_a.num_layers)
     perms = Transform()
     if heads:
         perms.update({f"heads.{l}": Permutation.identity(spec[f"heads.{l}"].size) for l in layers})
+        if grouped:
+            perms.update({f"qheads.{l}": Permutation.identity(*_per_group(spec[f"qheads.{l}"])) for l in layers})
     if mlp:
         perms.update({f"mlp.{l}": Permutation.identity(spec[f"mlp.{l}"].size) for l in layers})
+        if f"mlp_scale.{layers[0]}" in spec.spaces:
+            perms.update({f"mlp_scale.{l}": Diagonal.identity(spec[f"mlp_scale.{l}"].size) for l in layers})
     width = model_a.width
     basis = ones_complement(width) if keep_mean and residual == "orthogonal" else None
     res = {}
@@ -260,7 +373,7 @@ def weight_matching(
 
     def distance(pb_t: Params, t: Transform) -> float:
         """Objective of transform t, given B's layer weights already transformed by it."""
-        diff, norm = squared_distance(pa, pb_t)
+        diff, norm = squared_distance(view_a, view(pb_t))
         diff += emb_aa + emb_bb - 2 * float((res_matrix(t).double() * c_emb_raw).sum()) + fixed_diff
         return (max(diff, 0.0) / (norm + emb_aa + fixed_norm)) ** 0.5
 
@@ -276,7 +389,8 @@ def weight_matching(
             tick = time.perf_counter()
             c = c_emb
             if it > 0:  # the first iteration sees only the embeddings and the classifier
-                c = c + block_cross_covariance(pa, apply_params(perms, spec_blocks, pb), pb_cur, vectors)
+                pb_perm = view(apply_params(perms, spec_blocks, pb))
+                c = c + block_cross_covariance(view_a, pb_perm, view(pb_cur), vectors)
             # the polar factor in float64: its error grows with the conditioning of c
             if residual == "permutation":
                 res = {"residual": Permutation.project(c)}
@@ -288,14 +402,26 @@ def weight_matching(
         tick = time.perf_counter()
         pb_res = apply_params(Transform(res), spec_blocks, pb)
         seconds["apply"] += time.perf_counter() - tick
+        view_res = view(pb_res)
         for l in layers:
             if heads:
                 tick = time.perf_counter()
-                perms[f"heads.{l}"] = Permutation.project(-circuit_cost(pa, pb_res, l))
+                cost = circuit_cost(view_a, view_res, l)
+                if grouped:
+                    groups = spec[f"heads.{l}"].size
+                    perms[f"heads.{l}"], perms[f"qheads.{l}"] = group_assignment(cost, groups)
+                else:
+                    perms[f"heads.{l}"] = Permutation.project(-cost)
                 seconds["heads"] += time.perf_counter() - tick
             if mlp:
                 tick = time.perf_counter()
-                perms[f"mlp.{l}"] = Permutation.project(mlp_similarity(pa, pb_res, l))
+                if f"mlp_scale.{l}" in perms:
+                    perm = Permutation.project(gated_mlp_similarity(pa, pb_res, l))
+                    perms[f"mlp.{l}"] = perm
+                    moved = apply_params(Transform({f"mlp.{l}": perm}), spec_blocks, pb_res)
+                    perms[f"mlp_scale.{l}"] = unit_scales(pa, moved, l)
+                else:
+                    perms[f"mlp.{l}"] = Permutation.project(mlp_similarity(pa, pb_res, l))
                 seconds["mlp"] += time.perf_counter() - tick
         current = Transform({**res, **perms})
         tick = time.perf_counter()
@@ -309,6 +435,10 @@ def weight_matching(
         # the first iteration saw only the embeddings: always let the full objective run once
         if it > 0 and improved <= tol * max(best, 1e-12):
             break
+    if grouped:  # no circuit form: the in-head maps decide which factored weights are interpolated
+        tick = time.perf_counter()
+        best_t.update(in_head_maps(pa, apply_params(best_t, spec_blocks, pb), layers))
+        seconds["in_head"] += time.perf_counter() - tick
     best_t = best_t.to(dtype=torch.float32)
     diagnostics: dict[str, Any] = {
         "objective": objective,

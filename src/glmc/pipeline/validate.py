@@ -3,7 +3,9 @@
 `validate_config` refuses settings that would crash or mislead hours later (duplicate seeds, a
 barrier without an interior point, empty data slices, learning rates that are not positive and
 finite, out-of-range settings of every method and of multi-model runs, endpoints of different
-widths that cannot be embedded into the first, keys the schema does not know). `check_run_dir`
+widths that cannot be embedded into the first, keys the schema does not know; with
+endpoints=pretrained, model folders that cannot be read or do not fit the data or each other, through
+glmc.pipeline.hf_folders). `check_run_dir`
 refuses a run folder that cannot be written, or that already holds the results of a different
 config unless `overwrite=true`; `RunFolderGuard` (a Hydra callback, conf/config.yaml) runs the same
 check before Hydra writes the run's .hydra/ files into that folder.
@@ -149,21 +151,24 @@ def _lr_problems(key: str, value: Any, example: str) -> list[str]:
 
 
 def _problems(cfg: Config) -> list[str]:
-    problems = []
-    seeds = list(cfg.seeds)
-    repeated = sorted(s for s, n in Counter(seeds).items() if n > 1)
-    if repeated:
-        problems.append(
-            f"seeds={seeds}: seed {repeated[0]} appears more than once; a pair of one seed is one model twice, "
-            "so give every endpoint its own seed (e.g. seeds=[0,1])"
-        )
-    negative = [s for s in seeds if s < 0]
-    if negative:
-        problems.append(f"seeds={seeds}: seed {negative[0]} is negative; use seeds >= 0")
-    large = [s for s in seeds if s >= SEED_LIMIT]
-    if large:
-        problems.append(f"seeds={seeds}: seed {large[0]} is too large; use seeds in [0, 2^32)")
-    problems += _pairing_problems(cfg)
+    pretrained = str(cfg.endpoints.source) == "pretrained"
+    if pretrained:  # the folders bring the models: model.*, seeds and training are not read
+        from glmc.pipeline.hf_folders import evaluation_config, folder_problems
+
+        folders, problems = folder_problems(cfg)
+        family = folders[0].family if folders else None
+        where = f"the {family.name} models of endpoints.paths" if family else ""
+        problems += _pretrained_setting_problems(cfg)
+        cfg = evaluation_config(cfg)  # the data as the run reads them: text with the folders' tokenizer
+    else:
+        family = family_named(str(cfg.model.family))
+        where = f"model.family={family.name}"
+        problems = _seed_problems(cfg) + _pairing_problems(cfg)
+        if cfg.endpoints.paths:
+            problems.append(
+                f"endpoints.paths={list(cfg.endpoints.paths)}: model folders are read with endpoints=pretrained only; "
+                "add endpoints=pretrained, or leave endpoints.paths empty to train the endpoints from seeds"
+            )
     if cfg.threads is not None and cfg.threads < 1:
         problems.append(f"threads={cfg.threads}: use at least 1, or null for torch's default")
     if cfg.eval.num_lambdas < 3:
@@ -180,9 +185,9 @@ def _problems(cfg: Config) -> list[str]:
     if patience is not None and patience < 0:
         problems.append(f"train.early_stopping_patience={patience}: use 0 or more, or null for no early stopping")
     for section, rules in SECTION_RULES.items():
-        if section != "multi":
+        if section != "multi" and not (pretrained and section == "model"):
             problems += _section_problems(section, cfg[section], rules)
-    if cfg.model.num_heads >= 1 and cfg.model.hidden_size % cfg.model.num_heads:
+    if not pretrained and cfg.model.num_heads >= 1 and cfg.model.hidden_size % cfg.model.num_heads:
         problems.append(
             f"model.hidden_size={cfg.model.hidden_size}: not divisible by model.num_heads={cfg.model.num_heads}; "
             "choose a width that is a multiple of the number of heads"
@@ -195,13 +200,48 @@ def _problems(cfg: Config) -> list[str]:
         if cfg.data[key] < 1:
             problems.append(f"data.{key}={cfg.data[key]}: use a batch size of at least 1")
     problems += _fraction_problems(cfg)
-    problems += _task_problems(cfg)
-    problems += _head_problems(cfg)
-    problems += _image_size_problems(cfg)
-    problems += _model_problems(cfg)
-    problems += _method_problems(cfg)
+    problems += _task_problems(cfg, pretrained)
+    problems += _image_size_problems(cfg, pretrained)
+    if not pretrained:  # the folders' models are checked against the data by folder_problems
+        problems += _head_problems(cfg)
+        problems += _model_problems(cfg)
+    problems += _method_problems(cfg, family, where)
     problems += _multi_problems(cfg)
     problems += _unknown_keys(cfg, Config, "")
+    return problems
+
+
+def _pretrained_setting_problems(cfg: Config) -> list[str]:
+    """Settings of trained endpoints that an endpoints=pretrained run cannot honour."""
+    problems = []
+    if cfg.endpoint_models:
+        problems.append(
+            "endpoint_models: read with endpoints=trained only; the folders of endpoints.paths bring their own "
+            "models (leave endpoint_models empty)"
+        )
+    if cfg.pretrain.enabled:
+        problems.append(
+            "pretrain.enabled=true: fine-tunes trained endpoints from a pretrained model; endpoints=pretrained "
+            "trains nothing (set pretrain.enabled=false)"
+        )
+    return problems
+
+
+def _seed_problems(cfg: Config) -> list[str]:
+    problems = []
+    seeds = list(cfg.seeds)
+    repeated = sorted(s for s, n in Counter(seeds).items() if n > 1)
+    if repeated:
+        problems.append(
+            f"seeds={seeds}: seed {repeated[0]} appears more than once; a pair of one seed is one model twice, "
+            "so give every endpoint its own seed (e.g. seeds=[0,1])"
+        )
+    negative = [s for s in seeds if s < 0]
+    if negative:
+        problems.append(f"seeds={seeds}: seed {negative[0]} is negative; use seeds >= 0")
+    large = [s for s in seeds if s >= SEED_LIMIT]
+    if large:
+        problems.append(f"seeds={seeds}: seed {large[0]} is too large; use seeds in [0, 2^32)")
     return problems
 
 
@@ -262,18 +302,24 @@ def _head_problems(cfg: Config) -> list[str]:
     return problems
 
 
-def _task_problems(cfg: Config) -> list[str]:
-    """The task against the data: masked LM needs WordPiece's [CLS] and [MASK] and fixed windows,
-    the topic task is classification over WordPiece ids and picks one of its datasets."""
+def _task_problems(cfg: Config, pretrained: bool = False) -> list[str]:
+    """The task against the data: masked LM needs WordPiece's [CLS] and [MASK] (or a saved tokenizer's,
+    data.tokenizer=pretrained) and fixed windows, the topic task is classification over WordPiece ids
+    and picks one of its datasets."""
     data = cfg.data
     problems = []
+    if data.tokenizer == "pretrained" and not data.tokenizer_path:
+        problems.append(
+            "data.tokenizer=pretrained: reads the tokenizer saved in data.tokenizer_path; set data.tokenizer_path="
+            "<folder written by save_pretrained> (endpoints=pretrained reads its first folder's)"
+        )
     if data.task == "masked_lm":
         if data.name not in MASKABLE_DATA:
             problems.append(
                 f"data.task=masked_lm: data={data.name} has no masked-LM windows; use data=pydoc_mlm (or "
                 f"data.name={' or '.join(MASKABLE_DATA)})"
             )
-        if data.tokenizer != "wordpiece":
+        if data.tokenizer not in ("wordpiece", "pretrained"):
             problems.append(
                 f"data.tokenizer={data.tokenizer}: data.task=masked_lm needs [CLS] and [MASK] tokens; use "
                 "data.tokenizer=wordpiece"
@@ -285,13 +331,13 @@ def _task_problems(cfg: Config) -> list[str]:
     if data.name == "pydoc_topics":
         if data.task != "classification":
             problems.append(f"data.task={data.task}: data=pydoc_topics is a classification task")
-        if data.tokenizer != "wordpiece":
+        if data.tokenizer not in ("wordpiece", "pretrained"):
             problems.append(
                 f"data.tokenizer={data.tokenizer}: data=pydoc_topics reads WordPiece ids; use data.tokenizer=wordpiece"
             )
         from glmc.data.pydoc_topics import LABELS
 
-        if cfg.model.num_labels != len(LABELS):
+        if not pretrained and cfg.model.num_labels != len(LABELS):
             problems.append(
                 f"model.num_labels={cfg.model.num_labels}: data=pydoc_topics has {len(LABELS)} labels "
                 f"({', '.join(LABELS)}); set model.num_labels={len(LABELS)}"
@@ -434,8 +480,10 @@ def _fits_data(cfg: Config, model: Any, key: str) -> list[str]:
     return []
 
 
-def _method_problems(cfg: Config) -> list[str]:
-    """Every method the run builds: the names, and each one's settings (its lr and the SHARED_RULES)."""
+def _method_problems(cfg: Config, family: Any = None, where: str = "") -> list[str]:
+    """Every method the run builds: the names, and each one's settings (its lr and the SHARED_RULES).
+    `family`: the endpoints' model family, whose residual classes the methods must keep to (None: not
+    known, not checked); `where` names it in the message (model.family=..., or the folders)."""
     names = list(cfg.matcher.methods)
     unknown = [n for n in names if n not in METHODS]
     if unknown:
@@ -445,16 +493,22 @@ def _method_problems(cfg: Config) -> list[str]:
     if cfg.pairing == "universe" and cfg.multi.pairwise in METHODS:
         names = [n for n in dict.fromkeys([*names, str(cfg.multi.pairwise)])]
     problems = []
-    family = family_named(str(cfg.model.family))
     for name in names:
         node = cfg.matcher[name]
         key = "residual_map" if "residual_map" in node else "residual"
-        if node.get(key) not in (None, "none", *family.residual_classes) and key in node:
+        if family is not None and node.get(key) not in (None, "none", *family.residual_classes) and key in node:
             problems.append(
-                f"matcher.{name}.{key}={node.get(key)}: not a symmetry of model.family={family.name}, whose residual "
+                f"matcher.{name}.{key}={node.get(key)}: not a symmetry of {where}, whose residual "
                 f"stream admits {', '.join(family.residual_classes)} only (a post-norm stream is a LayerNorm's output: "
                 f"no rotation commutes with its mean and gain); use symmetry=permutation or "
                 f"matcher.{name}.{key}=permutation"
+            )
+        circuits = [pair for pair in ("qk", "vo") if node.get(pair) == "circuit"]
+        if circuits and not family.circuit_form:
+            problems.append(
+                f"matcher.{name}.{circuits[0]}=circuit: model.family={family.name} has no circuit form (under rotary "
+                f"positions W_q^T W_k is not what the model computes), so its heads are interpolated as factored "
+                f"weights; use symmetry=rotary (or set matcher.{name}.qk=none and matcher.{name}.vo=none)"
             )
         if "lr" in node:
             problems += _lr_problems(f"matcher.{name}.lr", node.lr, "0.3")
@@ -470,6 +524,7 @@ def _multi_problems(cfg: Config) -> list[str]:
     """multi.*: read by pairing=universe runs only, checked in every run (a setting nothing reads
     may as well be right)."""
     from glmc.matching.universe_learned import EDGE_LAMBDAS
+    from glmc.pipeline.endpoints import endpoint_ids
 
     m = cfg.multi
     problems = _lr_problems("multi.lr", m.lr, "0.3") + _section_problems("multi", m, SECTION_RULES["multi"])
@@ -484,7 +539,7 @@ def _multi_problems(cfg: Config) -> list[str]:
     step = m.step
     if not (_number(step) and 0 < step <= 1):
         problems.append(f"multi.step={step}: use a grid step in (0, 1] (e.g. multi.step=0.1)")
-    elif cfg.pairing == "universe" and len(cfg.seeds) <= 3 and abs(round(1 / step) * step - 1) > 1e-9:
+    elif cfg.pairing == "universe" and len(endpoint_ids(cfg)) <= 3 and abs(round(1 / step) * step - 1) > 1e-9:
         problems.append(
             f"multi.step={step}: the barycentric grid of up to three models needs 1 / step to be an integer "
             "(e.g. multi.step=0.1, 0.2, 0.25 or 0.5)"
@@ -530,7 +585,7 @@ def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
     return problems
 
 
-def _image_size_problems(cfg: Config) -> list[str]:
+def _image_size_problems(cfg: Config, pretrained: bool = False) -> list[str]:
     """data.image_size resizes the digits only, never below their native 8x8, and must be the size
     the ViT expects: the endpoint cache key holds model.image_size, so this also keeps resized
     endpoints apart from 8x8 ones."""
@@ -542,6 +597,8 @@ def _image_size_problems(cfg: Config) -> list[str]:
         ]
     if size is not None and size < 8:
         return [f"data.image_size={size}: the digits are 8x8; use 8 or more (e.g. data.image_size=32), or null"]
+    if pretrained:  # the folders' image sizes: glmc.pipeline.hf_folders
+        return []
     loaded = 8 if size is None else size
     images = family_named(str(cfg.model.family)).data_kind == "images"
     if cfg.data.name == "digits" and images and cfg.model.image_size != loaded:
@@ -580,9 +637,15 @@ def config_as_saved(cfg: Config) -> dict[str, Any]:
     return json.loads(json.dumps(finite_or_none(OmegaConf.to_container(cfg, resolve=True))))
 
 
+# keys added to the schema after runs were recorded, with the value those runs had: a results.json
+# without them records that value
+LATER_KEYS = {"endpoints.source": "trained", "endpoints.paths": []}
+
+
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`key: saved -> current` for every result-changing key that differs, in config order."""
     old, new = _flatten(saved), _flatten(current)
+    old = {**{k: v for k, v in LATER_KEYS.items() if "endpoints" not in saved}, **old}
     keys = list(new) + [k for k in old if k not in new]
     missing = "<absent>"
     return [

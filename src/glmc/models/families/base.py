@@ -37,6 +37,9 @@ class Family:
     # pre-norm families converted from LayerNorm models hold a mean-zero stream, which an export to a
     # LayerNorm model needs; RMSNorm families (Llama) need none
     mean_zero_stream: bool = True
+    # whether heads can be interpolated as QK/OV circuits (not under rotary positions, where W_q^T W_k is not
+    # what the model computes)
+    circuit_form: bool = True
     embed_roles: tuple[Role, ...] = ()
     head_roles: tuple[Role, ...] = ()
     # families with a head per task (model.head): head -> the data task it is trained on; empty where the

@@ -168,6 +168,7 @@ class LlamaFamily(Family):
     attention_kind = "grouped"
     mlp_kind = "gated"
     mean_zero_stream = False
+    circuit_form = False
     embed_roles = (Role("embed.tokens", "embed", (Acts("residual", 1, "out"),), vocab_rows=True),)
     head_roles = (Role("head.w", "head", (Acts("residual", 1, "in"),), reads="final", vocab_rows=True),)
 
