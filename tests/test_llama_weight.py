@@ -14,7 +14,6 @@ from glmc.pipeline.validate import ConfigError, validate_config
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
 from conftest import compose_config
-
 from numeric import FORWARD, assert_close_rel, relative_error
 from tiny_hf import tiny_llama
 
