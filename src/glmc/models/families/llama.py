@@ -60,11 +60,12 @@ def llama_to_canonical(model: nn.Module) -> CanonicalTransformer:
     cfg, inner = model.config, model.model
     check_supported(cfg)
     dtype = inner.embed_tokens.weight.dtype
-    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back at the end
+    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back per tensor (1B models: memory)
     D, H, K = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
     G = H // K
 
-    p = {"embed.tokens": g(inner.embed_tokens.weight)}
+    p = _Stored(dtype)
+    p["embed.tokens"] = g(inner.embed_tokens.weight)
     for i, layer in enumerate(inner.layers):
         attn, mlp, pre = layer.self_attn, layer.mlp, f"blocks.{i}."
         dh = attn.head_dim
@@ -95,7 +96,19 @@ def llama_to_canonical(model: nn.Module) -> CanonicalTransformer:
         pooling="none",
         rope_theta=rope_theta(cfg),
     )
-    return CanonicalTransformer(config, {k: v.to(dtype).contiguous() for k, v in p.items()})
+    return CanonicalTransformer(config, dict(p))
+
+
+class _Stored(dict):
+    """Keeps every tensor in the model's dtype as it is written: folded one by one in float64, never all
+    at once (a 1B-parameter model would need 10 GB more)."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def __setitem__(self, name: str, t: Tensor) -> None:
+        super().__setitem__(name, t.to(self.dtype).contiguous())
 
 
 def _set_linear(linear: nn.Linear, weight: Tensor, bias: Tensor, name: str) -> None:
