@@ -25,6 +25,9 @@ class TokenizerKind(StrEnum):
     char = "char"  # one id per character of the corpus
     gpt2 = "gpt2"  # GPT-2's byte-level BPE (50,257 ids)
     wordpiece = "wordpiece"  # BERT-style WordPiece trained on the corpus's training block (glmc.data.wordpiece)
+    # the Hugging Face tokenizer saved in data.tokenizer_path (save_pretrained), read with AutoTokenizer, local
+    # files only: what endpoints=pretrained encodes text with
+    pretrained = "pretrained"
 
 
 class Task(StrEnum):

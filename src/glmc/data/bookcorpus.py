@@ -103,9 +103,10 @@ def encode_rows(tokenizer: HFTokenizer, texts: list[str], seq_len: int) -> list[
 
 
 def bookcorpus_splits(cfg: DataConfig):
-    if cfg.tokenizer != "gpt2":
+    if cfg.tokenizer not in ("gpt2", "pretrained"):
         raise ValueError(f"data.tokenizer={cfg.tokenizer!r}: bookcorpus needs data.tokenizer=gpt2")
     tokenizer = make_tokenizer(cfg, "")
+    tokenizer.require("data=bookcorpus (its rows are padded with EOS)", eos_id="end-of-text token (EOS)")
     data = bookcorpus_dataset(cfg)
     # split_text slices anything with len(): on a range it gives contiguous row ranges
     blocks = split_text(range(len(data)), cfg.val_fraction, cfg.test_fraction)

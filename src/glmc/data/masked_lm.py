@@ -113,8 +113,9 @@ class MaskedWindows(Dataset):
 
 
 def check_masked_lm_tokenizer(cfg) -> None:
-    """data.task=masked_lm needs [CLS] and [MASK]: only the WordPiece tokenizer has them."""
-    if str(cfg.tokenizer) != "wordpiece":
+    """data.task=masked_lm needs [CLS] and [MASK]: the WordPiece tokenizer has them, and a saved one
+    (data.tokenizer=pretrained) is checked for them when it is loaded (glmc.data.text)."""
+    if str(cfg.tokenizer) not in ("wordpiece", "pretrained"):
         raise ValueError(
             f"data.task=masked_lm needs data.tokenizer=wordpiece: its windows start with [CLS] and hide tokens "
             f"behind [MASK], which data.tokenizer={cfg.tokenizer} does not have"

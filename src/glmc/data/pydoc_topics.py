@@ -185,7 +185,7 @@ def pretraining_tokenizer(cfg: DataConfig):
 def check_topic_config(cfg: DataConfig) -> None:
     if str(cfg.task) != "classification":
         raise ValueError(f"data.task={cfg.task}: data=pydoc_topics is a classification task (data.task=classification)")
-    if str(cfg.tokenizer) != "wordpiece":
+    if str(cfg.tokenizer) not in ("wordpiece", "pretrained"):
         raise ValueError(
             f"data.tokenizer={cfg.tokenizer}: data=pydoc_topics reads the masked-LM corpus's WordPiece ids "
             "(data.tokenizer=wordpiece)"
@@ -204,6 +204,8 @@ def pydoc_topics_splits(cfg: DataConfig):
     check_topic_config(cfg)
     topics = topic_datasets(int(cfg.num_subsets))[int(cfg.subset)]
     tokenizer = pretraining_tokenizer(cfg)
+    if hasattr(tokenizer, "require"):  # a saved tokenizer (data.tokenizer=pretrained): windows need both
+        tokenizer.require("data=pydoc_topics", cls_id="classification token ([CLS])", pad_id="padding token")
     texts = topic_texts()
     splits: dict[str, tuple[list, ...]] = {s: ([], [], [], []) for s in ("train", "validation", "test")}
     i = 0

@@ -7,7 +7,9 @@ evaluated on the same tokens. A window is (inputs, targets) with targets = input
 loss shifts them (glmc.metrics); target id -100 marks padding that no loss counts. With
 `data.task=masked_lm` the windows are [CLS] + (seq_len - 1) tokens with BERT's masking
 (glmc.data.masked_lm). The WordPiece tokenizer is trained on the training block alone
-(glmc.data.wordpiece); the character tokenizer reads the whole corpus.
+(glmc.data.wordpiece); the character tokenizer reads the whole corpus; a tokenizer saved with
+save_pretrained (`data.tokenizer=pretrained`, `data.tokenizer_path`: what endpoints=pretrained reads)
+is used as it is, with its own special tokens.
 """
 
 from __future__ import annotations
@@ -48,15 +50,50 @@ class CharTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face tokenizer (GPT-2's byte-level BPE) behind the same two members."""
+    """A Hugging Face tokenizer (GPT-2's byte-level BPE, or any tokenizer saved with save_pretrained)
+    behind the same members, with the ids of its special tokens (None where it has none): the
+    masked-LM windows read cls_id, mask_id and special_ids, padded rows eos_id or pad_id."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, source: str = "the tokenizer"):
         self.hf = tokenizer
+        self.source = source
         self.vocab_size = len(tokenizer)
         self.eos_id = tokenizer.eos_token_id
+        self.cls_id = tokenizer.cls_token_id
+        self.mask_id = tokenizer.mask_token_id
+        self.pad_id = tokenizer.pad_token_id
+        self.special_ids = tuple(sorted(set(tokenizer.all_special_ids)))
 
     def encode(self, text: str) -> list[int]:
         return self.hf(text, add_special_tokens=False)["input_ids"]
+
+    def require(self, purpose: str, **tokens: str) -> None:
+        """ValueError naming the tokenizer's folder when it lacks a special token `purpose` needs;
+        `tokens` maps an attribute (cls_id) to the token's name ("a [CLS] token")."""
+        missing = [name for attribute, name in tokens.items() if getattr(self, attribute) is None]
+        if missing:
+            raise ValueError(
+                f"{self.source} has no {' and no '.join(missing)}, which {purpose} needs; use a tokenizer "
+                "that has them (data.tokenizer_path)"
+            )
+
+
+def saved_tokenizer(path: str | Path, key: str = "data.tokenizer_path") -> HFTokenizer:
+    """The tokenizer saved with save_pretrained in `path`, read with AutoTokenizer from local files
+    only and never with code from the folder. Errors name `key`, the folder and the problem."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{key}={path} is not a folder holding a saved tokenizer")
+    check_tokenizer_folder(path, key)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except Exception as err:
+        raise ValueError(f"{key}={path} does not load as a tokenizer ({_reason(err)}); {RESAVE}") from err
+    if len(tokenizer) < 2:
+        raise ValueError(f"{key}={path} loads as a tokenizer of {len(tokenizer)} ids; {RESAVE}")
+    return HFTokenizer(tokenizer, source=f"the tokenizer of {key}={path}")
 
 
 def gpt2_tokenizer(cfg: DataConfig) -> HFTokenizer:
@@ -65,19 +102,7 @@ def gpt2_tokenizer(cfg: DataConfig) -> HFTokenizer:
     from transformers import AutoTokenizer
 
     if cfg.tokenizer_path:
-        path = Path(cfg.tokenizer_path)
-        if not path.is_dir():
-            raise FileNotFoundError(f"data.tokenizer_path={path} is not a folder holding a saved tokenizer")
-        check_tokenizer_folder(path)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except Exception as err:
-            raise ValueError(
-                f"data.tokenizer_path={path} does not load as a tokenizer ({_reason(err)}); {RESAVE}"
-            ) from err
-        if len(tokenizer) < 2:
-            raise ValueError(f"data.tokenizer_path={path} loads as a tokenizer of {len(tokenizer)} ids; {RESAVE}")
-        return HFTokenizer(tokenizer)
+        return saved_tokenizer(cfg.tokenizer_path)
     if not cfg.download:
         raise FileNotFoundError(
             "data.tokenizer=gpt2 needs data.tokenizer_path=<folder saved with save_pretrained> "
@@ -97,23 +122,28 @@ def _reason(err: BaseException) -> str:
     return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
 
 
-def check_tokenizer_folder(path: Path) -> None:
-    """ValueError naming the folder when it lacks the tokenizer's files, or naming the first of its
-    JSON files that does not parse (a copy cut short, a file overwritten by something else)."""
+def check_tokenizer_folder(path: Path, key: str = "data.tokenizer_path") -> None:
+    """ValueError naming the folder when it lacks the tokenizer's files, naming the first of its
+    JSON files that does not parse (a copy cut short, a file overwritten by something else), or when
+    its tokenizer_config.json asks for code of its own (`auto_map`), which is never run."""
     if not any(all((path / name).is_file() for name in files) for files in TOKENIZER_FILES):
         present = sorted(p.name for p in path.iterdir())
         raise ValueError(
-            f"data.tokenizer_path={path} holds no saved tokenizer: it needs tokenizer.json (or vocab.json and "
+            f"{key}={path} holds no saved tokenizer: it needs tokenizer.json (or vocab.json and "
             f"merges.txt) and holds {present or 'nothing'}; {RESAVE}"
         )
     for file in sorted(path.glob("*.json")):
         try:
-            json.loads(file.read_text(encoding="utf-8"))
+            content = json.loads(file.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(
-                f"{file} is not valid JSON ({_reason(err)}): the tokenizer in data.tokenizer_path={path} is "
-                f"damaged; {RESAVE}"
+                f"{file} is not valid JSON ({_reason(err)}): the tokenizer in {key}={path} is damaged; {RESAVE}"
             ) from None
+        if file.name == "tokenizer_config.json" and isinstance(content, dict) and content.get("auto_map"):
+            raise ValueError(
+                f"{key}={path}: its tokenizer_config.json asks for the folder's own code (auto_map), and glmc "
+                "never runs code from a model folder; save a tokenizer of the transformers library there"
+            )
 
 
 def make_tokenizer(cfg: DataConfig, corpus: str, training_text: str | None = None) -> Tokenizer:
@@ -122,11 +152,15 @@ def make_tokenizer(cfg: DataConfig, corpus: str, training_text: str | None = Non
         return CharTokenizer(corpus)
     if cfg.tokenizer == "gpt2":
         return gpt2_tokenizer(cfg)
+    if cfg.tokenizer == "pretrained":
+        if not cfg.tokenizer_path:
+            raise ValueError("data.tokenizer=pretrained reads the tokenizer saved in data.tokenizer_path: set it")
+        return saved_tokenizer(cfg.tokenizer_path)
     if cfg.tokenizer == "wordpiece":
         from glmc.data.wordpiece import wordpiece_tokenizer
 
         return wordpiece_tokenizer(cfg, corpus if training_text is None else training_text)
-    raise ValueError(f"data.tokenizer={cfg.tokenizer!r} is not one of char, gpt2, wordpiece")
+    raise ValueError(f"data.tokenizer={cfg.tokenizer!r} is not one of char, gpt2, wordpiece, pretrained")
 
 
 def split_text(text: str, val_fraction: float, test_fraction: float) -> tuple[str, str, str]:
@@ -193,6 +227,8 @@ def text_splits(cfg: DataConfig, text: str, source: str = "the corpus") -> tuple
         raise ValueError(f"{source} is empty: it needs at least one window of data.seq_len={cfg.seq_len} per split")
     blocks = split_text(text, cfg.val_fraction, cfg.test_fraction)
     tokenizer = make_tokenizer(cfg, text, training_text=blocks[0])
+    if masked and isinstance(tokenizer, HFTokenizer):  # a saved tokenizer: its own [CLS] and [MASK]
+        tokenizer.require("data.task=masked_lm", cls_id="classification token ([CLS])", mask_id="mask token")
     sets = []
     for name, block in zip(SPLITS, blocks):
         ids = tokenizer.encode(block)
