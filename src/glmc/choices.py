@@ -82,6 +82,11 @@ class EmbedStream(StrEnum):
     rms = "rms"  # writers scaled by sqrt(N / n): the stream keeps its root mean square and eps stays
 
 
+class EndpointSource(StrEnum):
+    trained = "trained"  # trained here from `seeds` (or read from the endpoint cache)
+    pretrained = "pretrained"  # Hugging Face model folders (endpoints.paths), loaded and never trained
+
+
 class Pairing(StrEnum):
     disjoint = "disjoint"  # (s0, s1), (s2, s3), ...: independent pairs
     all = "all"  # every pair

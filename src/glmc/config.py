@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from glmc.choices import (
     Dataset,
     EmbedStream,
+    EndpointSource,
     EvalPrecision,
     EvalSplit,
     Family,
@@ -192,9 +193,25 @@ class MultiConfig(UniverseTraining):
 
 
 @dataclass
+class EndpointsConfig:
+    """Where the endpoints come from (`endpoints=trained`, the default, or `endpoints=pretrained`).
+
+    trained: one endpoint per seed of `seeds`, trained here or read from the endpoint cache.
+    pretrained: one endpoint per folder of `paths`, each a Hugging Face model saved with save_pretrained
+    (config.json and safetensors weights), its family read from config.json's model_type; `seeds`,
+    `model`, `train` and the cache are not read, and text is encoded with the folders' tokenizer
+    (data.tokenizer_path, else the first folder's). Pairs are formed over the folders in order, as over
+    seeds (glmc.pipeline.hf_folders)."""
+
+    source: EndpointSource = EndpointSource.trained
+    paths: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Config:
     experiment: str = "demo"
     seeds: list[int] = field(default_factory=lambda: [0, 1])
+    endpoints: EndpointsConfig = field(default_factory=EndpointsConfig)
     pairing: Pairing = Pairing.disjoint  # disjoint: (s0,s1),(s2,s3),...; all: every pair
     cache_dir: str = "outputs/endpoints"
     overwrite: bool = False  # replace results.json of a different config in a reused run folder

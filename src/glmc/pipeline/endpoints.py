@@ -1,4 +1,5 @@
-"""Stage 1: train N endpoints from N seeds, or load them from the cache.
+"""Stage 1: train N endpoints from N seeds, or load them from the cache; with endpoints=pretrained,
+load N Hugging Face model folders instead (glmc.pipeline.hf_folders), never trained nor cached.
 
 Training checkpoints after every epoch into the cache's `.train_seed_<n>` folder of its config
 (glmc.pipeline.cache), so the same command run again after a kill resumes there; the folder is
@@ -39,12 +40,26 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Endpoint:
-    seed: int
+    seed: int  # endpoints=pretrained: the folder's index in endpoints.paths
     model: torch.nn.Module  # as trained (HF)
     canonical: CanonicalTransformer  # the same function in canonical factored form
     test_loss: float
     test_accuracy: float | None
     cached: bool
+    name: str | None = None  # endpoints=pretrained: the folder's name, its label in results
+    path: str | None = None  # endpoints=pretrained: the folder
+
+    @property
+    def label(self) -> str:
+        """How results, file names and the report name the endpoint: its seed, or its folder's name."""
+        return str(self.seed) if self.name is None else self.name
+
+
+def endpoint_ids(cfg: Config) -> list[int]:
+    """What the run pairs: the seeds, or with endpoints=pretrained the folders' indices."""
+    if str(cfg.endpoints.source) == "pretrained":
+        return list(range(len(cfg.endpoints.paths)))
+    return list(cfg.seeds)
 
 
 def cache_key(cfg: Config) -> dict[str, Any]:
@@ -160,7 +175,12 @@ def endpoint_config(cfg: Config, index: int) -> Config:
 
 
 def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> list[Endpoint]:
-    """Every seed's endpoint, from the cache or trained now; each converted to canonical form once."""
+    """Every seed's endpoint, from the cache or trained now (endpoints=pretrained: every folder's
+    model, loaded); each converted to canonical form once."""
+    if str(cfg.endpoints.source) == "pretrained":
+        from glmc.pipeline.hf_folders import load_endpoints
+
+        return load_endpoints(cfg, evaluator)
     cache = EndpointCache(Path(cfg.cache_dir))
     shared = cfg
     endpoints = []

@@ -60,7 +60,7 @@ def run_multi(
         pairs = pairwise_barriers(evaluator, models, circuits, lambdas)
         out[method] = {
             **table,
-            "pairwise_barriers": {f"{endpoints[i].seed}-{endpoints[j].seed}": b for (i, j), b in pairs.items()},
+            "pairwise_barriers": {f"{endpoints[i].label}-{endpoints[j].label}": b for (i, j), b in pairs.items()},
             "seconds": seconds,
             "diagnostics": info,
         }
@@ -69,10 +69,17 @@ def run_multi(
         plot_simplex_heatmaps(
             out,
             run_dir / "simplex.png",
-            title=f"{cfg.model.name} on {cfg.data.name}: test loss above the linear baseline",
-            labels=[f"seed {e.seed}" for e in endpoints],
+            title=f"{model_name(cfg, endpoints)} on {cfg.data.name}: test loss above the linear baseline",
+            labels=[f"seed {e.seed}" if e.name is None else e.name for e in endpoints],
         )
     return out
+
+
+def model_name(cfg: Config, endpoints: list[Endpoint]) -> str:
+    """model.name, or for endpoints=pretrained the family and the folders' names."""
+    if endpoints and endpoints[0].name is not None:
+        return f"{endpoints[0].canonical.config.family} ({', '.join(e.label for e in endpoints)})"
+    return cfg.model.name
 
 
 def format_multi(multi: dict[str, Any]) -> str:

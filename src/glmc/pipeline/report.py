@@ -39,7 +39,9 @@ def write_results(results: dict[str, Any], run_dir: Path) -> None:
         for name, m in results["methods"].items():
             for lam, loss, acc in zip(m["lambdas"], m["test_loss"], m["test_accuracy"]):
                 writer.writerow([name, lam, results.get("split", "test"), loss, acc])
-    title = f"{results['model']} on {results['dataset']}, seeds {[e['seed'] for e in results['endpoints']]}"
+    title = f"{results['model']} on {results['dataset']}"  # endpoints=pretrained: the model names its folders
+    if not any("name" in e for e in results["endpoints"]):
+        title += f", seeds {[e['seed'] for e in results['endpoints']]}"
     with atomic_path(run_dir / "barrier.png") as tmp:
         plot_barrier_curves(results["methods"], tmp, title=title)
 
@@ -53,10 +55,8 @@ def format_table(results: dict[str, Any]) -> str:
             quality = f"perplexity {math.exp(e['test_loss']):.2f}"
         else:
             quality = "accuracy " + ("-" if e["test_accuracy"] is None else f"{100 * e['test_accuracy']:.2f}%")
-        lines.append(
-            f"  seed {e['seed']:>3}  test loss {e['test_loss']:.4f}  {quality}"
-            + ("  (cached)" if e.get("cached") else "")
-        )
+        who = e["name"] if "name" in e else f"seed {e['seed']:>3}"  # endpoints=pretrained: the folder's name
+        lines.append(f"  {who}  test loss {e['test_loss']:.4f}  {quality}" + ("  (cached)" if e.get("cached") else ""))
     third = "mid ppl" if lm else "mid acc"
     header = f"{'method':<18}{'barrier':>16}{'vs mean':>10}{'mid loss':>10}{third:>9}{'seconds':>9}"
     lines += ["", header, "-" * len(header)]

@@ -1,4 +1,7 @@
-"""The task function: train (or load) endpoints -> align -> evaluate every path -> report."""
+"""The task function: train (or load) endpoints -> align -> evaluate every path -> report.
+
+With endpoints=pretrained the endpoints are Hugging Face model folders (glmc.pipeline.hf_folders): the
+same stages run on them, with text encoded by their tokenizer and every endpoint labelled by its folder."""
 
 from __future__ import annotations
 
@@ -29,9 +32,10 @@ from glmc.metrics import is_token_task
 from glmc.models.canonical import relative_deviation
 from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.cache import config_hash
-from glmc.pipeline.endpoints import Endpoint, cache_key, get_endpoints
+from glmc.pipeline.endpoints import Endpoint, cache_key, endpoint_ids, get_endpoints
+from glmc.pipeline.hf_folders import check_tokenizer, evaluation_config, is_pretrained
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
-from glmc.pipeline.multi import format_multi, run_multi
+from glmc.pipeline.multi import format_multi, model_name, run_multi
 from glmc.pipeline.report import format_table, write_results
 from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import check_run_dir, remove_previous_outputs, validate_config
@@ -143,7 +147,9 @@ def evaluate_alignment(
 
 
 def check_vocabulary(cfg: Config, data: DataModule) -> None:
-    """A text dataset's tokenizer must fit the model's embedding."""
+    """A text dataset's tokenizer must fit the model's embedding (every folder's, with endpoints=pretrained)."""
+    if is_pretrained(cfg):
+        return check_tokenizer(cfg, data.vocab_size)
     if data.vocab_size is not None and cfg.model.vocab_size < data.vocab_size:
         raise ValueError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the {data.vocab_size} ids of "
@@ -156,6 +162,15 @@ def check_vocabulary(cfg: Config, data: DataModule) -> None:
 
 def interrupted_message(cfg: Config, run_dir: Path, stage: dict[str, str]) -> str:
     """One line for a Ctrl-C: where the checkpoints of the interrupted stage are and how to resume."""
+    if is_pretrained(cfg):  # nothing is trained or cached; learned matching's checkpoints resume as below
+        if stage.get("name") == "matching" and "checkpoint_every" in cfg.matcher[stage["method"]]:
+            found = sorted(str(p) for p in (run_dir / stage["method"]).glob("pair_*/checkpoints/last.ckpt"))
+            return (
+                f"interrupted during {stage['method']} matching of {stage['pair']}: "
+                + (f"checkpoints are in {', '.join(found)}" if found else "no checkpoint had been written yet")
+                + f"; to resume, run the same command again into the same folder (hydra.run.dir={run_dir})"
+            )
+        return "interrupted: run the same command again (the endpoints are the folders of endpoints.paths)"
     cache = Path(cfg.cache_dir) / config_hash(cache_key(cfg))
     if stage.get("name") == "endpoints":
         found = sorted(str(p) for p in cache.glob(".train_seed_*/last.ckpt"))
@@ -242,13 +257,13 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     task = cfg.data.task
     # a method's own checks of its settings fail here, before any training
-    pairs = seed_pairs(list(cfg.seeds), cfg.pairing)
+    pairs = seed_pairs(endpoint_ids(cfg), cfg.pairing)
     lambdas = lambda_grid(cfg.eval.num_lambdas)
     universe = cfg.pairing == "universe"
     matchers = {} if universe else {name: build_matcher(method_config(cfg, name)) for name in cfg.matcher.methods}
     device = resolve_device(cfg.trainer.accelerator)
     with Tracker(cfg, run_dir) as tracker:
-        data = DataModule(cfg.data, seed=0)
+        data = DataModule(evaluation_config(cfg).data, seed=0)  # pretrained text: the folders' tokenizer
         data.setup()
         check_vocabulary(cfg, data)
         options = dict(
@@ -273,7 +288,7 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
             pair_results = []
             for ia, ib in pairs:
                 a, b = endpoints[ia], endpoints[ib]
-                label = f"{a.seed}-{b.seed}"
+                label = f"{a.label}-{b.label}"
                 stage.update(name="matching", method=name, pair=label)
                 context = MatchContext(
                     data=data,
@@ -313,8 +328,15 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
                 if alignment.diagnostics:  # e.g. weight matching's objective per iteration
                     diag_file = run_dir / name / f"diagnostics_{label}.json"
                     atomic_write_text(diag_file, json.dumps(alignment.diagnostics, indent=2))
+                names = {"endpoints": [a.name, b.name]} if a.name is not None else {}
                 pair_results.append(
-                    {"seeds": [a.seed, b.seed], **result, "seconds": seconds, "diagnostics": alignment.diagnostics}
+                    {
+                        "seeds": [a.seed, b.seed],
+                        **names,
+                        **result,
+                        "seconds": seconds,
+                        "diagnostics": alignment.diagnostics,
+                    }
                 )
             stage.clear()
             methods[name] = summarise(pair_results)
@@ -335,7 +357,7 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
             stage.clear()
         results = {
             "experiment": cfg.experiment,
-            "model": cfg.model.name,
+            "model": model_name(cfg, endpoints),  # endpoints=pretrained: the family and the folders' names
             "dataset": cfg.data.name,
             "task": task,
             "split": cfg.eval.split,
@@ -343,6 +365,7 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
             "endpoints": [
                 {
                     "seed": e.seed,
+                    **({"name": e.name, "path": e.path} if e.name is not None else {}),
                     "width": e.canonical.width,
                     "test_loss": e.test_loss,
                     "test_accuracy": e.test_accuracy if task == "classification" else None,

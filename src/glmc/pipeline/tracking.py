@@ -158,7 +158,8 @@ class Tracker:
             # a summary of one pair may come without the list of pairs, and without its seeds: the
             # pipeline's first pair is always the first two seeds
             for pair in summary.get("pairs") or [summary]:
-                a, b = pair.get("seeds") or list(self.cfg.seeds)[:2]
+                # endpoints=pretrained: the folders' names
+                a, b = pair.get("endpoints") or pair.get("seeds") or list(self.cfg.seeds)[:2]
                 config = {
                     "method": method,
                     "seeds": f"{a}-{b}",

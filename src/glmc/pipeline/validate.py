@@ -157,7 +157,7 @@ def _problems(cfg: Config) -> list[str]:
 
         folders, problems = folder_problems(cfg)
         family = folders[0].family if folders else None
-        where = f"the {family.name} models of endpoints.paths" if family else ""
+        where = f"the {family.name} family (endpoints.paths)" if family else ""
         problems += _pretrained_setting_problems(cfg)
         cfg = evaluation_config(cfg)  # the data as the run reads them: text with the folders' tokenizer
     else:
@@ -504,9 +504,9 @@ def _method_problems(cfg: Config, family: Any = None, where: str = "") -> list[s
                 f"matcher.{name}.{key}=permutation"
             )
         circuits = [pair for pair in ("qk", "vo") if node.get(pair) == "circuit"]
-        if circuits and not family.circuit_form:
+        if circuits and family is not None and not family.circuit_form:
             problems.append(
-                f"matcher.{name}.{circuits[0]}=circuit: model.family={family.name} has no circuit form (under rotary "
+                f"matcher.{name}.{circuits[0]}=circuit: {where} has no circuit form (under rotary "
                 f"positions W_q^T W_k is not what the model computes), so its heads are interpolated as factored "
                 f"weights; use symmetry=rotary (or set matcher.{name}.qk=none and matcher.{name}.vo=none)"
             )

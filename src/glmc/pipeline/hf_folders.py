@@ -1,0 +1,524 @@
+"""Endpoints from your own Hugging Face model folders: `endpoints=pretrained endpoints.paths=[a,b,...]`.
+
+A folder is what `save_pretrained` writes: config.json and safetensors weights (model.safetensors, or
+the shards that model.safetensors.index.json lists) and, for text, the tokenizer (tokenizer.json). Its
+family comes from config.json's `model_type` through the family registry (glmc.models.families), so a
+family added there is read here without a change. Its class is the first of config.json's
+`architectures` that the family converts, or else the family's first class for the data task. Nothing
+in a folder runs: a config or tokenizer that asks for code of its own (`auto_map`) is refused,
+weights are read from safetensors only, and transformers never gets `trust_remote_code`.
+
+Before any data is loaded (`folder_problems`, called by glmc.pipeline.validate), from config.json and
+the safetensors headers only: that every folder exists and holds an intact config and weights of a
+family that glmc reads, that the models share their family, layers, vocabulary, positions and classes,
+that they fit the data (its kind and task, the window length, image size, channels and classes), and
+that models of different widths can be aligned (the narrower one is embedded into the wider one
+first, as for `endpoint_models`). After the tokenizer is loaded (`check_tokenizer`): that its ids fit
+every model's vocabulary. When the weights are loaded (`load_endpoints`): that every weight of the
+class is in the files, that the family converts the model, and that the canonical models of every
+pair fit together (glmc.models.compatibility). Every message names the folder (`endpoints.paths[i]`).
+
+The endpoints are never trained and never cached: pairs are formed over the folders in order, as over
+seeds, and each endpoint is labelled with its folder's name in results.json and the report.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import open_dict
+
+from glmc.config import Config
+
+if TYPE_CHECKING:
+    from glmc.models.families.base import Family
+    from glmc.pipeline.endpoints import Endpoint
+
+log = logging.getLogger(__name__)
+
+CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
+SAVE_AGAIN = "save the model there again with save_pretrained"
+# the data task of a Hugging Face class, by the suffix the library gives its classes
+CLASS_TASKS = (
+    ("ForMaskedLM", "masked_lm"),
+    ("ForCausalLM", "causal_lm"),
+    ("LMHeadModel", "causal_lm"),
+    ("ForSequenceClassification", "classification"),
+    ("ForImageClassification", "classification"),
+)
+# image size, channels and classes of the image datasets as their loaders give them (glmc.data); the
+# digits' size is data.image_size where set
+IMAGE_DATA = {"digits": (8, 1, 10), "cifar10": (32, 3, 10), "cifar100": (32, 3, 100), "tiny_imagenet": (64, 3, 200)}
+# what the families' input limits count (Family.hf_input_limits), as a message says it
+LIMITS = {"vocab": "a vocabulary of {} tokens", "positions": "{} positions", "classes": "{} classes"}
+EXAMPLE_DATA = {"causal_lm": "data=pydoc", "masked_lm": "data=pydoc_mlm", "classification": "data=pydoc_topics"}
+
+
+class FolderError(ValueError):
+    """A model folder that cannot be used; the message names it (endpoints.paths[i]=...) and the problem."""
+
+
+def is_pretrained(cfg: Config) -> bool:
+    return str(cfg.endpoints.source) == "pretrained"
+
+
+def _reason(err: BaseException) -> str:
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:300]}"
+
+
+def task_of_class(name: str) -> str | None:
+    return next((task for suffix, task in CLASS_TASKS if name.endswith(suffix)), None)
+
+
+def folder_names(paths: list[str]) -> list[str]:
+    """A label per folder for results and file names: its name, with characters other than letters,
+    digits and . _ + - replaced; names that repeat get their index in front."""
+    names = []
+    for i, path in enumerate(paths):
+        base = Path(path).expanduser().resolve().name
+        names.append(re.sub(r"[^A-Za-z0-9._+-]+", "_", base).strip("._") or f"model{i}")
+    return [f"{i}_{n}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+
+@dataclass(frozen=True)
+class Folder:
+    """One checkpoint folder as read from its config.json and its weights' headers."""
+
+    index: int
+    path: Path
+    name: str
+    family: Family
+    hf_class: str  # the transformers class it is loaded with
+    hf_config: Any  # the transformers config (AutoConfig)
+    weights: tuple[Path, ...]  # its safetensors files
+
+    @property
+    def key(self) -> str:
+        return f"endpoints.paths[{self.index}]={self.path}"
+
+    @property
+    def task(self) -> str | None:
+        return task_of_class(self.hf_class)
+
+    def limits(self) -> dict[str, Any]:
+        """Positions, vocabulary and classes as the family reads them from the config."""
+        return self.family.hf_input_limits(self.hf_config)
+
+    def size(self, name: str) -> Any:
+        """A size every transformers config names alike (hidden_size, num_hidden_layers, ...), or None."""
+        return getattr(self.hf_config, name, None)
+
+
+def _read_json(file: Path, key: str) -> Any:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise FolderError(
+            f"{key}: {file.name} is not valid JSON ({_reason(err)}): the file is damaged; {SAVE_AGAIN}"
+        ) from None
+
+
+def _weight_files(path: Path, key: str) -> tuple[Path, ...]:
+    """The folder's safetensors files, each with a header that parses and data that cover it."""
+    from safetensors import SafetensorError, safe_open
+
+    if (path / WEIGHTS).is_file():
+        files = [path / WEIGHTS]
+    elif (path / INDEX).is_file():
+        index = _read_json(path / INDEX, key)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise FolderError(f"{key}: {INDEX} lists no weights (no weight_map); {SAVE_AGAIN}")
+        files = [path / name for name in sorted(set(map(str, weight_map.values())))]
+        outside = [f.name for f in files if f.resolve().parent != path.resolve() or not f.name.endswith(".safetensors")]
+        if outside:
+            raise FolderError(f"{key}: {INDEX} lists {outside[0]}, not a safetensors file of the folder; {SAVE_AGAIN}")
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FolderError(f"{key}: {INDEX} lists {missing[0]}, which the folder does not hold; copy it whole")
+    else:
+        pickles = [name for name in PICKLES if (path / name).is_file()]
+        if pickles:
+            raise FolderError(
+                f"{key}: holds {pickles[0]} but no {WEIGHTS}: glmc reads safetensors weights only (a pickle can run "
+                "code); load the model once where you trust it and save it with save_pretrained, which writes "
+                "safetensors"
+            )
+        present = sorted(p.name for p in path.iterdir())
+        raise FolderError(f"{key}: holds no weights ({WEIGHTS}); it holds {present}; {SAVE_AGAIN}")
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                f.keys()
+        except (SafetensorError, OSError, ValueError) as err:
+            raise FolderError(
+                f"{key}: {file.name} is damaged ({_reason(err)}): a copy cut short or overwritten; copy it again "
+                f"or {SAVE_AGAIN}"
+            ) from None
+    return tuple(files)
+
+
+def _hf_class(family: Family, config: dict[str, Any], task: str, key: str) -> str:
+    listed = config.get("architectures") or []
+    if not isinstance(listed, list):
+        listed = [listed]
+    if listed:
+        known = [str(a) for a in listed if a in family.hf_classes]
+        if not known:
+            raise FolderError(
+                f"{key}: its config.json's architectures {listed} are none of the classes the {family.name} family "
+                f"converts ({', '.join(family.hf_classes)}); save the model as one of them"
+            )
+        return known[0]
+    fits = [c for c in family.hf_classes if task_of_class(c) == task]
+    if not fits:
+        raise FolderError(
+            f"{key}: config.json names no architectures and the {family.name} family has no class for "
+            f"data.task={task} ({', '.join(family.hf_classes)})"
+        )
+    return fits[0]
+
+
+def read_folder(path: str, index: int, task: str, name: str | None = None) -> Folder:
+    """The folder `endpoints.paths[index]` as far as config.json and the weights' headers tell;
+    FolderError naming it for anything that would fail later."""
+    from transformers import AutoConfig
+
+    from glmc.models.families import family_of_model_type
+
+    key = f"endpoints.paths[{index}]={path}"
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise FolderError(f"{key}: no such folder; give the folder that save_pretrained wrote")
+    if not folder.is_dir():
+        raise FolderError(f"{key}: not a folder; give the folder that save_pretrained wrote (it holds {CONFIG})")
+    if not (folder / CONFIG).is_file():
+        present = sorted(p.name for p in folder.iterdir())
+        raise FolderError(f"{key}: holds no {CONFIG} (it holds {present or 'nothing'}); {SAVE_AGAIN}")
+    config = _read_json(folder / CONFIG, key)
+    if not isinstance(config, dict):
+        raise FolderError(f"{key}: {CONFIG} holds {type(config).__name__}, not a model config; {SAVE_AGAIN}")
+    if config.get("auto_map") or config.get("trust_remote_code"):
+        asked = "auto_map" if config.get("auto_map") else "trust_remote_code"
+        raise FolderError(
+            f"{key}: {CONFIG} asks for the folder's own code ({asked}), and glmc never runs code from a model "
+            "folder; save the model with a class of the transformers library"
+        )
+    model_type = config.get("model_type")
+    if not model_type:
+        raise FolderError(f"{key}: {CONFIG} names no model_type; {SAVE_AGAIN}")
+    try:
+        family = family_of_model_type(model_type)
+    except ValueError as err:
+        raise FolderError(f"{key}: {err}") from None
+    hf_class = _hf_class(family, config, task, key)
+    try:
+        hf_config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except Exception as err:  # the library's own errors: say which folder and why
+        raise FolderError(
+            f"{key}: {CONFIG} does not load as a {model_type} config ({_reason(err)}); {SAVE_AGAIN}"
+        ) from None
+    weights = _weight_files(folder, key)
+    return Folder(index, folder, name or folder.name, family, hf_class, hf_config, weights)
+
+
+def evaluation_config(cfg: Config) -> Config:
+    """The run config with the data as an endpoints=pretrained run reads them: text encoded with the
+    saved tokenizer of data.tokenizer_path, else of the first folder (data.tokenizer=pretrained).
+    Unchanged for trained endpoints and for images."""
+    from glmc.pipeline.validate import TEXT_DATA
+
+    if not is_pretrained(cfg) or cfg.data.name not in TEXT_DATA:
+        return cfg
+    own = copy.deepcopy(cfg)
+    with open_dict(own):
+        own.data.tokenizer = "pretrained"
+        if not own.data.tokenizer_path and cfg.endpoints.paths:
+            own.data.tokenizer_path = str(cfg.endpoints.paths[0])
+    return own
+
+
+def width_alignment_problem(cfg: Config) -> str | None:
+    """Why models of different widths cannot be aligned in this run, or None: the narrower model of
+    a pair is embedded into the wider (glmc.symmetry.embed_width), which vanilla averaging and
+    universe matching cannot take."""
+    if cfg.pairing == "universe":
+        return "pairing=universe aligns models of one shape only"
+    if "vanilla" in cfg.matcher.methods:
+        return (
+            f"vanilla interpolates the original models, which differ in shape: drop vanilla from matcher.methods "
+            f"(now {list(cfg.matcher.methods)}) to embed the narrower model into the wider one first"
+        )
+    return None
+
+
+def folder_problems(cfg: Config) -> tuple[list[Folder], list[str]]:
+    """(the folders read, what cannot work) for an endpoints=pretrained run, before any data or
+    weights are loaded. The folders are read only when the list of paths itself is usable."""
+    paths = [str(p) for p in cfg.endpoints.paths]
+    if len(paths) < 2:
+        return [], [
+            f"endpoints.paths={paths}: endpoints=pretrained aligns two or more Hugging Face model folders; give "
+            "them as endpoints.paths=[path/to/a,path/to/b]"
+        ]
+    problems = []
+    seen: dict[Path, int] = {}
+    for i, path in enumerate(paths):
+        resolved = Path(path).expanduser().resolve()
+        if resolved in seen:
+            problems.append(
+                f"endpoints.paths[{i}]={path} is endpoints.paths[{seen[resolved]}] again: a pair of one model is one "
+                "model twice; give every endpoint its own folder"
+            )
+        seen.setdefault(resolved, i)
+    problems += _pairing_problems(cfg, len(paths))
+    folders = []
+    names = folder_names(paths)
+    for i, path in enumerate(paths):
+        try:
+            folders.append(read_folder(path, i, str(cfg.data.task), names[i]))
+        except FolderError as err:
+            problems.append(str(err))
+    if len(folders) < len(paths):
+        return folders, problems
+    problems += [p for f in folders for p in _data_problems(cfg, f)]
+    problems += _shared_problems(cfg, folders)
+    return folders, problems
+
+
+def _pairing_problems(cfg: Config, n: int) -> list[str]:
+    if cfg.pairing == "disjoint" and n % 2:
+        return [
+            f"endpoints.paths holds {n} folders: pairing=disjoint pairs them (0, 1), (2, 3), ...; give an even "
+            "number of folders, or pairing=all (every pair) or pairing=first (the first against each other)"
+        ]
+    if cfg.pairing == "universe" and n < 3:
+        return [f"endpoints.paths holds {n} folders: pairing=universe aligns three or more models; give at least 3"]
+    return []
+
+
+def _data_problems(cfg: Config, f: Folder) -> list[str]:
+    """The folder's model against the data the run evaluates on."""
+    from glmc.pipeline.validate import TEXT_DATA
+
+    data = cfg.data
+    kind = "text" if data.name in TEXT_DATA else "images"
+    is_a, own = f"{f.key} is a {f.family.name} model ({f.hf_class})", f.family.data_kind
+    if own != kind:
+        return [f"{is_a} for {own}, data={data.name} is {kind}: choose a dataset of {own}"]
+    if f.task != data.task:
+        example = EXAMPLE_DATA.get(str(f.task), "")
+        return [
+            f"{is_a}, which is trained on {f.task}; data.task={data.task}: evaluate it on data of its task"
+            + (f" (e.g. {example})" if example and kind == "text" else "")
+        ]
+    limits = f.limits()
+    problems = []
+    positions = limits.get("positions")
+    if kind == "text" and positions is not None and data.seq_len > positions:
+        problems.append(
+            f"{f.key} has {positions} positions, fewer than the data.seq_len={data.seq_len} tokens of a window: "
+            f"set data.seq_len={positions} (or less)"
+        )
+    classes = limits.get("classes")
+    expected = None
+    if kind == "images":
+        size, channels, expected = IMAGE_DATA.get(str(data.name), (None, None, None))
+        if data.name == "digits" and data.image_size is not None:
+            size = data.image_size
+        image, own_channels = f.size("image_size"), f.size("num_channels")
+        if size is not None and image is not None and image != size:
+            fix = f"set data.image_size={image}" if data.name == "digits" else "use a checkpoint for that size"
+            problems.append(
+                f"{f.key} reads {image}x{image} images, data={data.name} loads {size}x{size}: {fix} (data.image_size "
+                "resizes the digits only)"
+            )
+        if channels is not None and own_channels is not None and own_channels != channels:
+            problems.append(
+                f"{f.key} reads images of {own_channels} channels, data={data.name}'s have {channels}: use a "
+                f"checkpoint with num_channels={channels}"
+            )
+    elif data.name == "pydoc_topics":
+        from glmc.data.pydoc_topics import LABELS
+
+        expected = len(LABELS)
+    if expected is not None and classes is not None and classes != expected:
+        problems.append(
+            f"{f.key} has {classes} classes, data={data.name} has {expected}: use a checkpoint with "
+            f"num_labels={expected}"
+        )
+    return problems
+
+
+def _shared_problems(cfg: Config, folders: list[Folder]) -> list[str]:
+    """What every folder must share with the first, and the widths of each pair."""
+    from glmc.pipeline.run import seed_pairs
+
+    first = folders[0]
+    problems = []
+    for f in folders[1:]:
+        other = f"{first.key}'s"
+        if f.family is not first.family:
+            problems.append(
+                f"{f.key} is a {f.family.name} model, endpoints.paths[0] a {first.family.name} model: the endpoints of "
+                "a run are of one family"
+            )
+            continue
+        layers = (f.size("num_hidden_layers"), first.size("num_hidden_layers"))
+        if layers[0] != layers[1]:
+            problems.append(f"{f.key} has {layers[0]} layers, {other} {layers[1]}: models to align need as many layers")
+        mine, theirs = f.limits(), first.limits()
+        for what, named in LIMITS.items():
+            if mine.get(what) != theirs.get(what):
+                problems.append(
+                    f"{f.key} has {named.format(mine.get(what))}, {other} {named.format(theirs.get(what))}: models "
+                    "to align need the same"
+                )
+    if problems:
+        return problems
+    widths = [(f.size("hidden_size"), f.size("num_attention_heads")) for f in folders]
+    if len(set(widths)) == 1:
+        return []
+    reason = width_alignment_problem(cfg)
+    if reason:
+        differ = next(f for f, w in zip(folders, widths) if w != widths[0])
+        return [
+            f"{differ.key} has width {widths[differ.index][0]} and {widths[differ.index][1]} heads, "
+            f"{first.key} width {widths[0][0]} and {widths[0][1]} heads: {reason}"
+        ]
+    try:
+        pairs = seed_pairs(list(range(len(folders))), str(cfg.pairing))
+    except ValueError:  # _pairing_problems names it
+        return []
+    for a, b in pairs:
+        (wa, ha), (wb, hb) = widths[a], widths[b]
+        if wb > wa or hb > ha:
+            problems.append(
+                f"{folders[b].key} (width {wb}, {hb} heads) is wider than {folders[a].key} (width {wa}, {ha} heads), "
+                f"which pairing={cfg.pairing} embeds it into: put the widest folder first (pairing=first aligns "
+                "every folder to the first)"
+            )
+    return problems
+
+
+def read_folders(cfg: Config) -> list[Folder]:
+    """The folders of an endpoints=pretrained run; FolderError with every problem folder_problems finds."""
+    folders, problems = folder_problems(cfg)
+    if problems:
+        raise FolderError("endpoints=pretrained:\n  " + "\n  ".join(problems))
+    return folders
+
+
+def check_tokenizer(cfg: Config, vocab_size: int | None) -> None:
+    """The loaded tokenizer's ids must fit every model's embedding (text data only)."""
+    if vocab_size is None:
+        return
+    source = evaluation_config(cfg).data.tokenizer_path
+    for f in read_folders(cfg):
+        vocab = f.limits().get("vocab")
+        if vocab is not None and vocab < vocab_size:
+            raise FolderError(
+                f"{f.key} has a vocabulary of {vocab} tokens, fewer than the {vocab_size} ids of the tokenizer in "
+                f"{source} (data.tokenizer_path): use the tokenizer the models were trained with"
+            )
+
+
+def load_model(f: Folder):
+    """The folder's model in float32, eval mode, from its safetensors files and local files only."""
+    import torch
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    cls = getattr(transformers, f.hf_class)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model, info = cls.from_pretrained(
+            str(f.path),
+            config=f.hf_config,
+            local_files_only=True,
+            use_safetensors=True,
+            dtype=torch.float32,
+            output_loading_info=True,
+        )
+    except Exception as err:  # the library's own errors (a tensor of the wrong shape, a damaged file)
+        raise FolderError(f"{f.key}: does not load as {f.hf_class} ({_reason(err)}); {SAVE_AGAIN}") from err
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise FolderError(
+            f"{f.key}: its weights lack {shown} of {f.hf_class}, which would start at random values; save the "
+            f"whole {f.hf_class} there with save_pretrained"
+        )
+    return model.eval()
+
+
+def _canonical(f: Folder, model):
+    from glmc.models.convert import to_canonical
+
+    try:
+        return to_canonical(model)
+    except (NotImplementedError, ValueError, TypeError) as err:
+        raise FolderError(f"{f.key}: the {f.family.name} family cannot convert this {f.hf_class} ({err})") from err
+
+
+def check_pairs(cfg: Config, endpoints: list[Endpoint]) -> None:
+    """Every pair's canonical models fit together: the same architecture tensor by tensor, or for
+    different widths, the narrower one embeds exactly into the wider one."""
+    import torch
+
+    from glmc.models.compatibility import check_compatible
+    from glmc.pipeline.run import seed_pairs
+    from glmc.symmetry.embed_width import match_widths, same_shapes
+
+    prefix = "model_a and model_b do not fit together: "
+    for ia, ib in seed_pairs(list(range(len(endpoints))), str(cfg.pairing)) or []:
+        a, b = endpoints[ia], endpoints[ib]
+        where = f"endpoints.paths[{ib}]={b.path} and endpoints.paths[{ia}]={a.path}"
+        if same_shapes(a.canonical, b.canonical):
+            try:
+                check_compatible(a.canonical, b.canonical)
+            except ValueError as err:
+                raise FolderError(f"{where} do not fit together: {str(err).removeprefix(prefix)}") from None
+            continue
+        reason = width_alignment_problem(cfg)
+        if reason:
+            raise FolderError(f"{where} differ in shape (widths, heads or MLP units): {reason}")
+        if a.canonical.config.norm_eps != b.canonical.config.norm_eps:
+            raise FolderError(
+                f"{where} differ in norm epsilon ({b.canonical.config.norm_eps} and {a.canonical.config.norm_eps}): "
+                "models of different widths are embedded with the first one's"
+            )
+        try:
+            match_widths(a.canonical, b.canonical, torch.Generator().manual_seed(ib), str(cfg.embed_stream))
+        except ValueError as err:
+            raise FolderError(
+                f"endpoints.paths[{ib}]={b.path} does not embed into endpoints.paths[{ia}]={a.path} ({err}): put the "
+                "widest folder first"
+            ) from None
+
+
+def load_endpoints(cfg: Config, evaluator) -> list[Endpoint]:
+    """Every folder's model, converted to canonical form once and measured on the test split."""
+    from glmc.pipeline.endpoints import Endpoint
+
+    folders, endpoints = read_folders(cfg), []
+    for f in folders:
+        model = load_model(f)
+        endpoint = Endpoint(f.index, model, _canonical(f, model), float("nan"), None, False, f.name, str(f.path))
+        endpoints.append(endpoint)
+    check_pairs(cfg, endpoints)  # before any evaluation
+    for f, e in zip(folders, endpoints):
+        e.test_loss, e.test_accuracy = evaluator.evaluate(e.model)
+        log.info("%s: %s (%s), test loss %.4f", e.name, e.path, f.hf_class, e.test_loss)
+    return endpoints
