@@ -13,14 +13,26 @@ scipy's linear_sum_assignment):
             residual_map=orthogonal (`activation_orth`) instead fits an orthogonal map by Procrustes
             on the residual activations, O = polar(sum_t x_A,t x_B,t^T): the data-driven counterpart
             of weight matching's residual map.
-  mlp       per layer, the units after the activation.
+  mlp       per layer, the units after the activation. Gated MLPs (SwiGLU: silu(gate) * up) are
+            assigned on |corr|, since a unit's up row and down column may change sign together (the
+            mlp_scale symmetry); each matched unit then gets mlp_scale = sign(corr) * rms(a_A) / rms(a_B),
+            which moves B's unit onto A's sign and magnitude (exact for a hidden scaled permutation).
   heads     per layer, the two-stage assignment on the heads' outputs before W_O (Eq. 5-6): for each
             head pair (j, k) the best in-head permutation of its dv x dv correlation block and its
             summed correlation, then heads assigned on those sums; the in-head permutation acts on
             V/O and on Q/K alike (an exact symmetry). `monotonic` keeps heads in place and only
             permutes inside them. `ignore` (paper 003's Ignore-Heads) assigns all heads' features at
             once, so features move between heads: not a symmetry, evaluated as function-changing.
-Permuted factored weights are interpolated as they are (qk = vo = none), as in paper 003.
+            Grouped-query attention (Llama: K key/value groups of G query heads): a pair of groups
+            costs the best assignment of their query heads (Hungarian on G x G over the query heads'
+            two-stage costs), groups are assigned on those costs (K x K; heads.{l}), and within each
+            matched pair the query heads follow the inner assignment (qheads.{l}). A group's value
+            dims are shared by its query heads: one permutation per group (vo.{l}, as an
+            OrthogonalScale of permutation matrices), the assignment of the summed correlation blocks
+            of its matched query heads. Rotary query/key spaces admit no permutation (qk.{l} takes
+            rotation-scalings per frequency pair only), so qk is left alone; `ignore` is refused.
+Permuted factored weights are interpolated as they are (qk = vo = none), as in paper 003; a family
+without a circuit form (Llama) refuses qk or vo = circuit.
 """
 
 from __future__ import annotations
@@ -41,7 +53,7 @@ from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.models.families import family_named
 from glmc.models.families.base import role_of
 from glmc.models.families.roles import layer_of
-from glmc.symmetry import Orthogonal, OrthogonalScale, Permutation, SymmetrySpec, Transform, apply
+from glmc.symmetry import Diagonal, Orthogonal, OrthogonalScale, Permutation, SymmetrySpec, Transform, apply
 
 STRATEGIES = ("identity", "first", "last", "all", "separate")
 HEAD_STRATEGIES = ("two_stage", "monotonic", "ignore", "none")
@@ -137,16 +149,63 @@ def two_stage_heads(corr: Tensor, heads: int, monotonic: bool = False) -> tuple[
 
     Returns the head permutation (new head i = B's head perm[i]) and (H, dv, dv) permutation matrices,
     one per new head, mapping its B dimensions onto A's."""
+    outer, _, matrices, _ = grouped_two_stage(corr, heads, 1, monotonic)
+    return outer, matrices
+
+
+def grouped_two_stage(
+    corr: Tensor, groups: int, size: int, monotonic: bool = False
+) -> tuple[Permutation, Permutation, Tensor, Tensor]:
+    """Two-stage assignment for grouped-query attention: `groups` key/value groups of `size` query
+    heads each, query head k * size + g of group k; corr (H*dv, H*dv) between A's and B's head outputs,
+    H = groups * size, features ordered (head, dim).
+
+    A query head pair costs its best in-head assignment (paper 003's two-stage cost); a pair of groups
+    costs the best assignment of their query heads on those costs; groups are assigned on the group
+    costs. Value dims are shared by a group's query heads, so each matched pair of groups gets one
+    permutation of them, the assignment of its matched query heads' summed correlation blocks.
+    `monotonic` keeps groups and query heads in place. Returns (groups: new group i = B's group
+    outer[i]; query heads: (groups, size), per new group; (groups, dv, dv) permutation matrices
+    mapping B's value dims onto A's; for every A feature the B feature matched to it)."""
+    heads = groups * size
     dv = corr.shape[0] // heads
     blocks = corr.reshape(heads, dv, heads, dv).permute(0, 2, 1, 3)  # (H_A, H_B, dv, dv)
-    inner: dict[tuple[int, int], np.ndarray] = {}
-    cost = torch.full((heads, heads), -float("inf"), dtype=torch.float64)
-    pairs = [(j, j) for j in range(heads)] if monotonic else itertools.product(range(heads), range(heads))
-    for j, k in pairs:
-        inner[j, k], cost[j, k] = assign(blocks[j, k])
-    outer = torch.arange(heads) if monotonic else torch.as_tensor(assign(cost)[0])
-    matrices = torch.stack([torch.eye(dv)[torch.as_tensor(inner[i, int(outer[i])])] for i in range(heads)])
-    return Permutation(outer), matrices
+    same = [(i, i) for i in range(heads)]
+    pairs = same if monotonic else itertools.product(range(heads), range(heads))
+    head_cost = torch.full((heads, heads), -float("inf"), dtype=torch.float64)
+    for i, j in pairs:
+        head_cost[i, j] = assign(blocks[i, j])[1]
+    inner: dict[tuple[int, int], Tensor] = {}
+    group_cost = torch.full((groups, groups), -float("inf"), dtype=torch.float64)
+    for ka, kb in [(k, k) for k in range(groups)] if monotonic else itertools.product(range(groups), repeat=2):
+        sub = head_cost[ka * size : (ka + 1) * size, kb * size : (kb + 1) * size]
+        if monotonic:
+            inner[ka, kb], group_cost[ka, kb] = torch.arange(size), float(sub.diagonal().sum())
+        else:
+            cols, group_cost[ka, kb] = assign(sub)
+            inner[ka, kb] = torch.as_tensor(cols)
+    outer = torch.arange(groups) if monotonic else torch.as_tensor(assign(group_cost)[0])
+    qheads = torch.stack([inner[k, int(outer[k])] for k in range(groups)])
+    matrices, full = [], []
+    for k in range(groups):
+        partners = [int(outer[k]) * size + int(qheads[k, g]) for g in range(size)]
+        summed = sum(blocks[k * size + g, partners[g]] for g in range(size))
+        dims = torch.as_tensor(assign(summed)[0])
+        matrices.append(torch.eye(dv)[dims])
+        full += [(h * dv + dims) for h in partners]
+    return Permutation(outer), Permutation(qheads), torch.stack(matrices), torch.cat(full)
+
+
+def activation_scales(moments: CrossMoments, corr: Tensor, perm: Tensor) -> Diagonal:
+    """Per new unit i (B's unit perm[i], matched to A's unit i) the non-zero scale of B's linear branch
+    that gives its activation A's sign and root mean square: sign(corr) * rms(a_A,i) / rms(a_B,perm[i]);
+    1 where either unit never activates."""
+    idx = torch.arange(len(perm))
+    sq_a, sq_b = moments.sq_a, moments.sq_b[perm]
+    live = (sq_a > 0) & (sq_b > 0)
+    magnitude = torch.where(live, (sq_a / sq_b.clamp_min(1e-300)).sqrt(), torch.ones_like(sq_a))
+    sign = torch.where(corr[idx, perm] < 0, -1.0, 1.0).double()
+    return Diagonal((sign * magnitude).float())
 
 
 def mean_matched(corr: Tensor, perm: Tensor | None = None) -> float:
@@ -204,6 +263,18 @@ def _permute_residual_separately(model: CanonicalTransformer, perms: dict[str, T
     return CanonicalTransformer(model.config, p)
 
 
+def require_circuit_form(method: str, model: CanonicalTransformer, circuits: tuple[str, ...]) -> None:
+    """Refuse circuit interpolation (qk or vo = circuit) for a family that has no circuit form (rotary
+    heads: W_q^T W_k is not what the model computes)."""
+    family = family_named(model.config.family)
+    if circuits and not family.circuit_form:
+        pairs = " ".join(f"{pair}=none" for pair in circuits)
+        raise ValueError(
+            f"matcher.{method}: {', '.join(f'{p}=circuit' for p in circuits)} but model.family={family.name} has no "
+            f"circuit form (rotary heads are interpolated as factored weights): set {pairs}"
+        )
+
+
 class ActivationMatcher:
     """`activation` (residual permutation) and `activation_orth` (residual Procrustes); see the module docstring.
 
@@ -241,6 +312,14 @@ class ActivationMatcher:
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)
+        require_circuit_form(self.name, b, self.circuits)
+        family = family_named(b.config.family)
+        if self.heads == "ignore" and family.attention_kind == "grouped":
+            raise ValueError(
+                f"matcher.{self.name}.heads=ignore: model.family={family.name} has grouped-query attention, whose "
+                "query heads share their group's keys and values, so features cannot be assigned across heads one "
+                "by one: use heads=two_stage, monotonic or none"
+            )
         context = context or MatchContext()
         start = time.perf_counter()
         layers = a.num_layers
@@ -257,8 +336,15 @@ class ActivationMatcher:
         spec = SymmetrySpec.from_model(a)
         for l in range(layers):
             if self.mlp != "none":
-                corr = moments[f"blocks.{l}.mlp_act"].correlation()
-                transform[f"mlp.{l}"] = Permutation(torch.as_tensor(assign(corr)[0]))
+                m = moments[f"blocks.{l}.mlp_act"]
+                corr = m.correlation()
+                if f"mlp_scale.{l}" in spec.spaces:  # gated: a unit's sign and scale are free
+                    perm = torch.as_tensor(assign(corr.abs())[0])
+                    transform[f"mlp.{l}"] = Permutation(perm)
+                    transform[f"mlp_scale.{l}"] = activation_scales(m, corr, perm)
+                    corr = corr.abs()  # matched with the better sign, in place or not
+                else:
+                    transform[f"mlp.{l}"] = Permutation(torch.as_tensor(assign(corr)[0]))
                 correlation[f"mlp.{l}"] = (mean_matched(corr), mean_matched(corr, transform[f"mlp.{l}"].perm))
             if self.heads == "ignore":
                 corr = moments[f"blocks.{l}.heads"].correlation()
@@ -266,14 +352,17 @@ class ActivationMatcher:
                 correlation[f"heads.{l}"] = (mean_matched(corr), mean_matched(corr, joint[l]))
             elif self.heads != "none":
                 corr = moments[f"blocks.{l}.heads"].correlation()
-                h = spec[f"vo.{l}"].heads
-                outer, inner = two_stage_heads(corr, h, monotonic=self.heads == "monotonic")
+                groups = spec[f"vo.{l}"].heads  # key/value groups (every head its own without grouping)
+                size = spec[f"qheads.{l}"].size if f"qheads.{l}" in spec.spaces else 1
+                outer, qheads, inner, full = grouped_two_stage(corr, groups, size, self.heads == "monotonic")
                 transform[f"heads.{l}"] = outer
-                transform[f"vo.{l}"] = OrthogonalScale(inner, torch.ones(h))
-                if spec[f"qk.{l}"].size == inner.shape[-1]:  # same dims: Q/K take V's permutation
-                    transform[f"qk.{l}"] = OrthogonalScale(inner, torch.ones(h))
-                dv = inner.shape[-1]
-                full = (outer.perm[:, None] * dv + inner.argmax(-1)).flatten()  # A feature -> B feature
+                if size > 1:
+                    transform[f"qheads.{l}"] = qheads
+                transform[f"vo.{l}"] = OrthogonalScale(inner, torch.ones(groups))
+                qk = spec[f"qk.{l}"]
+                # same dims and a group that holds permutations: Q/K take V's permutation (not rotary Q/K)
+                if size == 1 and qk.size == inner.shape[-1] and "orthogonal_scale" in qk.classes:
+                    transform[f"qk.{l}"] = OrthogonalScale(inner, torch.ones(groups))
                 correlation[f"heads.{l}"] = (mean_matched(corr), mean_matched(corr, full))
 
         function_preserving = True
