@@ -23,6 +23,15 @@ the heads). Paper 002 leaves the residual stream unaligned, so `residual="none"`
 of B's equivalent factored weights are interpolated, so the pairs are interpolated in factored form
 (qk = vo = "none"): as circuits they would be invariant to them. A factored path keeps the shapes
 of the original heads.
+
+Grouped-query rotary models (Llama): the pairs are per key/value group (pair_factors with the family's
+block roles: X holds the group's query heads, Y its key rows or its query heads' output columns). A
+rotary query/key space admits only a rotation-scaling per frequency pair, so qk gets the closed-form
+RotaryScale (glmc.matching.rotary_pairs: the phase of each pair, and with rescale its modulus); vo,
+which rotary positions do not touch, gets the orthogonal map and scale above, one per group; weight
+matching's MLP step there also scales each gated unit's up row against its down column. The
+`head_permutation` variant permutes value dims only there: no permutation of a rotary query/key space
+other than the identity commutes with every position's rotation, so its qk is left in place.
 """
 
 from __future__ import annotations
@@ -35,11 +44,14 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
+from glmc.matching.activation import require_circuit_form
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.rotary_pairs import rotary_scales
 from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer
-from glmc.models.families.roles import pair_factors
-from glmc.symmetry import OrthogonalScale, Permutation, SymmetrySpec, Transform, apply, apply_params
+from glmc.models.families import family_named
+from glmc.models.families.roles import PRE_NORM_FACTORED, Role, pair_factors
+from glmc.symmetry import OrthogonalScale, Permutation, RotaryScale, SymmetrySpec, Transform, apply, apply_params
 
 Params = dict[str, Tensor]
 PAIRS = ("qk", "vo")
@@ -97,18 +109,39 @@ def optimal_scales(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, rotations: Te
     return torch.tensor(scales, dtype=torch.float64)
 
 
-def head_transforms(pa: Params, pb: Params, rescale: bool = True, group: str = "orthogonal") -> Transform:
+def head_transforms(
+    pa: Params,
+    pb: Params,
+    rescale: bool = True,
+    group: str = "orthogonal",
+    roles: tuple[Role, ...] = PRE_NORM_FACTORED,
+    rotary: bool = False,
+) -> Transform:
     """OrthogonalScale elements for every qk.{l} and vo.{l} moving pb's heads onto pa's (float64);
-    scales are 1 without rescaling; group="permutation" restricts the maps to in-head permutations."""
+    scales are 1 without rescaling; group="permutation" restricts the maps to in-head permutations.
+    `roles`: the block layout (GATED_GROUPED: one element per key/value group). `rotary`: qk.{l} gets
+    a RotaryScale per frequency pair instead (float32), and none with group="permutation", which
+    rotary query/key spaces do not admit."""
     layers = sorted({int(n.split(".")[1]) for n in pa if n.startswith("blocks.")})
     out = Transform()
     for layer in layers:
         for pair in PAIRS:
-            (xa, ya), (xb, yb) = pair_factors(pa, layer, pair), pair_factors(pb, layer, pair)
+            (xa, ya), (xb, yb) = pair_factors(pa, layer, pair, roles), pair_factors(pb, layer, pair, roles)
+            if pair == "qk" and rotary:
+                if group == "orthogonal":
+                    out[f"{pair}.{layer}"] = rotary_scales(xa, ya, xb, yb, rescale=rescale)
+                continue
             r = closed_form_rotations(xa, ya, xb, yb, group)
             s = optimal_scales(xa, ya, xb, yb, r) if rescale else torch.ones(len(r), dtype=torch.float64)
             out[f"{pair}.{layer}"] = OrthogonalScale(r, s)
     return out
+
+
+def element_scales(g) -> Tensor:
+    """The scales of a per-head element: OrthogonalScale's per head, RotaryScale's per frequency pair."""
+    if isinstance(g, RotaryScale):
+        return torch.hypot(g.real, g.imag).flatten().double()
+    return g.scales.double()
 
 
 def _choice(name: str, key: str, value: Any, allowed: tuple[str, ...]) -> str:
@@ -154,7 +187,10 @@ class RotationMatcher:
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)
+        require_circuit_form(self.name, b, self.circuits)
         start = time.perf_counter()
+        roles = family_named(b.config.family).blocks("factored")
+        rotary = b.config.rope_theta is not None
         tokens = used_tokens(b, context) if self.vocabulary == "train" else None
         units, weight_diag = weight_matching(
             a,
@@ -166,17 +202,19 @@ class RotationMatcher:
             tol=self.tol,
             tokens=tokens,
         )
+        # grouped models get weight matching's own per-group maps: solved again below, with this rescale
+        units = Transform({k: g for k, g in units.items() if k.split(".")[0] not in PAIRS})
         spec = SymmetrySpec.from_model(b)
         pa = {k: v.detach().double() for k, v in a.params().items()}
         pb = {k: v.detach().double() for k, v in b.params().items()}
         pb_units = apply_params(units, spec, pb)
         # heads.{l} act before qk.{l} and vo.{l} in spec order: solve on the permuted model
-        per_head = head_transforms(pa, pb_units, self.rescale)
-        rotated = Transform({k: OrthogonalScale(g.rotations, torch.ones_like(g.scales)) for k, g in per_head.items()})
+        per_head = head_transforms(pa, pb_units, self.rescale, roles=roles, rotary=rotary)
+        rotated = head_transforms(pa, pb_units, False, roles=roles, rotary=rotary) if self.rescale else per_head
         pb_rotated = apply_params(rotated, spec, pb_units)
         pb_final = apply_params(per_head, spec, pb_units) if self.rescale else pb_rotated
         transform = Transform({**units, **per_head.to(dtype=torch.float32)})
-        scales = torch.cat([g.scales for g in per_head.values()])
+        scales = torch.cat([element_scales(g) for g in per_head.values()])
         diagnostics: dict[str, Any] = {
             "distance_identity": factored_distance(pa, pb),
             "distance_permutation": factored_distance(pa, pb_units),
@@ -195,7 +233,9 @@ class RotationMatcher:
         # permutations without the per-head step, with in-head permutations instead of rotations, and
         # rotation without rescaling
         variants = {"permutation_only": Alignment(reference=a, model=apply(units, b), circuits=self.circuits)}
-        in_head = Transform({**units, **head_transforms(pa, pb_units, False, "permutation").to(dtype=torch.float32)})
+        # rotary models: value dims only (qk admits no permutation)
+        permuted = head_transforms(pa, pb_units, False, "permutation", roles, rotary)
+        in_head = Transform({**units, **permuted.to(dtype=torch.float32)})
         variants["head_permutation"] = Alignment(reference=a, model=apply(in_head, b), circuits=self.circuits)
         if self.rescale:
             no_rescale = Transform({**units, **rotated.to(dtype=torch.float32)})
