@@ -61,9 +61,6 @@ class ModelConfig:
     rope_theta: float = 10000.0
 
 
-LLAMA_MODEL_KEYS = ("num_kv_heads", "tie_embeddings", "rope_theta")
-
-
 @dataclass
 class DataConfig:
     name: Dataset = Dataset.digits

@@ -21,13 +21,14 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import OmegaConf, open_dict
 
-from glmc.config import LLAMA_MODEL_KEYS, Config
+from glmc.config import Config
 from glmc.data.fingerprint import data_fingerprint
 from glmc.data.module import DataModule
 from glmc.eval.evaluator import Evaluator
 from glmc.models.build import build_model
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.convert import to_canonical
+from glmc.models.families import family_named, family_names
 from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
 from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
 from glmc.train.endpoint import EndpointModule
@@ -69,9 +70,10 @@ def cache_key(cfg: Config) -> dict[str, Any]:
     if cfg.pretrain.enabled:  # fine-tuned endpoints are keyed by the model they start from
         train["start_from"] = cache_key(pretrain_config(cfg))
     model = as_dict(cfg.model)
-    if model["family"] != "llama":  # keys only Llama reads: the other families' cache entries stay valid
-        for key in LLAMA_MODEL_KEYS:
-            model.pop(key, None)
+    for name in family_names():  # keys only another family reads: this family's cache entries stay valid
+        if name != model["family"]:
+            for key in family_named(name).own_model_keys:
+                model.pop(key, None)
     return endpoint_key(model, as_dict(cfg.data), train, as_dict(cfg.trainer), sources)
 
 

@@ -24,6 +24,8 @@ class Family:
     hf_classes: tuple[str, ...]  # the HF model classes it converts
     data_kind: str  # "images" | "text": the datasets it trains on
     tasks: tuple[str, ...] = ()  # the data tasks its models train on (data.task)
+    # ModelConfig keys no other family reads: left out of the other families' endpoint cache keys
+    own_model_keys: tuple[str, ...] = ()
     # ModelConfig keys that endpoints of different widths must share with the first (beyond the layers)
     shared_model_keys: tuple[str, ...] = ()
     residual_classes: tuple[str, ...] = ("orthogonal", "permutation")

@@ -178,6 +178,7 @@ class LlamaFamily(Family):
     data_kind = "text"
     tasks = ("causal_lm",)
     shared_model_keys = ("vocab_size", "max_positions")
+    own_model_keys = ("num_kv_heads", "tie_embeddings", "rope_theta")
     attention_kind = "grouped"
     mlp_kind = "gated"
     mean_zero_stream = False
