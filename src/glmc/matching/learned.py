@@ -16,6 +16,15 @@ or latents stop being finite stops at that step and returns the start too, with 
 diagnostics and a warning naming the lr (glmc.matching.learned_module.DivergenceStop).
 The Sinkhorn matcher returns the soft-aligned B instead (the path it trained), marked as not
 function-preserving, with the hard projection as a variant path.
+
+Grouped-query rotary models (Llama) have spaces that no latent learns: the query heads within each
+key/value group (qheads), the rotary rotation-scalings (qk), the per-group value maps (vo) and the
+gated MLP's up/down scales (mlp_scale). They are taken from the weight-matching start and applied to
+B before training, each moved to the group or unit of B it belongs to (weight matching indexes them by
+the groups and units after its permutations), so that the learned key/value group and MLP
+permutations carry them along; the returned transform composes both and acts on B itself. With
+init=identity these spaces stay as they are. Such models have no circuit form: qk and vo must be
+"none" (factored interpolation).
 """
 
 from __future__ import annotations
@@ -30,17 +39,48 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
+from glmc.matching.activation import require_circuit_form
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored, settings_hash
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.matching.weight import eigen_angles, used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
+from glmc.symmetry.groups import Element
 
 log = logging.getLogger(__name__)
 
 
 def _dense(g) -> Tensor:
     return g.matrix if isinstance(g, Orthogonal) else g.dense()
+
+
+# per-group and per-unit spaces that no latent learns, and the learned space that orders their elements
+CARRIED = {"qheads": "heads", "qk": "heads", "vo": "heads", "mlp_scale": "mlp"}
+
+
+def _rows(g: Element, index: Tensor) -> Element:
+    """The element with its per-group (or per-unit) entries taken in `index` order."""
+    fields = {f.name: getattr(g, f.name)[index.to(getattr(g, f.name).device)] for f in dataclasses.fields(g)}
+    return dataclasses.replace(g, **fields)
+
+
+def carried_along(transform: Transform, order: Transform, inverse: bool = False) -> Transform:
+    """The elements of `transform`'s carried spaces (CARRIED) re-indexed by the permutations in `order`.
+
+    Elements of a transform are indexed by the groups (units) after its permutation P: entry i belongs
+    to B's group P[i]. inverse=True gives entry j to B's own group j (the elements to apply to B before
+    P); inverse=False takes elements indexed by B's own groups to the order after P."""
+    out = Transform()
+    for name, g in transform.items():
+        kind, _, layer = name.partition(".")
+        if kind not in CARRIED:
+            continue
+        perm = order.get(f"{CARRIED[kind]}.{layer}")
+        if perm is None:
+            out[name] = g
+        else:
+            out[name] = _rows(g, perm.perm.argsort() if inverse else perm.perm)
+    return out
 
 
 class LearnedMatcher:
@@ -105,15 +145,19 @@ class LearnedMatcher:
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext) -> Alignment:
         require_factored(self.name, a, b)
+        require_circuit_form(self.name, b, self.circuits)
         loader = context.train_batches(self.name)
         spec = SymmetrySpec.from_model(b)
         kinds = {s.name: self.kinds[s.kind] for s in spec if self.kinds.get(s.kind, "none") != "none"}
 
         tick = time.perf_counter()
         start, wm = self.initial_transform(a, b, spec, used_tokens(b, context))
+        # spaces without latents (grouped rotary models): weight matching's elements, applied to B first
+        fixed = carried_along(start, start, inverse=True)
+        b_fixed = apply(fixed, b) if fixed else b
         seconds_init = time.perf_counter() - tick
         module = LearnedMatchingModule(
-            a, b, {n: _dense(g) for n, g in start.items()}, kinds, self.settings, b.task, self.circuits
+            a, b_fixed, {n: _dense(start[n]) for n in kinds}, kinds, self.settings, b.task, self.circuits
         )
 
         pair_dir = context.run_dir / f"pair_{self.checkpoint_key(a, b)}"
@@ -139,7 +183,8 @@ class LearnedMatcher:
             }
             return self.keep_start(a, b, start, next(iter(loader))[0], diverged, diagnostics)
 
-        hard = module.hard_transform()
+        learned = module.hard_transform()
+        hard = Transform({**learned, **carried_along(fixed, learned)})  # acts on B itself
         aligned = apply(hard, b)
         inputs = next(iter(loader))[0]
         with torch.no_grad():
@@ -155,7 +200,7 @@ class LearnedMatcher:
             "checkpoint": str(last),
             "loss_history": [float(x) for x in history[:, 0]],
             "lambda_history": [float(x) for x in history[:, 1]],
-            "changed_from_init": _changes(start, hard),
+            "changed_from_init": _changes(start, learned),
             "endpoint_deviation": deviation,  # on one training batch; the pipeline reports the test split's
             "seconds_init": seconds_init,
             "seconds_train": seconds_train,
@@ -180,7 +225,7 @@ class LearnedMatcher:
             return chosen
         with torch.no_grad():
             soft = {n: m.double() for n, m in module.matrices().items()}
-            params = apply_dense(soft, spec, {k: v.double() for k, v in b.params().items()})
+            params = apply_dense(soft, spec, {k: v.double() for k, v in b_fixed.params().items()})
             soft_b = CanonicalTransformer(dataclasses.replace(b.config), {k: v.float() for k, v in params.items()})
             diagnostics["endpoint_deviation"] = relative_deviation(soft_b(inputs), logits_b)
         return Alignment(
