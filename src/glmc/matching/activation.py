@@ -47,7 +47,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.base import MatchContext, circuit_pairs, require_circuit_form, require_factored
 from glmc.metrics import IGNORE_INDEX, is_token_task
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.models.families import family_named
@@ -261,18 +261,6 @@ def _permute_residual_separately(model: CanonicalTransformer, perms: dict[str, T
             if perm is not None:
                 p[name] = p[name].index_select(acts.axis, perm.to(p[name].device))
     return CanonicalTransformer(model.config, p)
-
-
-def require_circuit_form(method: str, model: CanonicalTransformer, circuits: tuple[str, ...]) -> None:
-    """Refuse circuit interpolation (qk or vo = circuit) for a family that has no circuit form (rotary
-    heads: W_q^T W_k is not what the model computes)."""
-    family = family_named(model.config.family)
-    if circuits and not family.circuit_form:
-        pairs = " ".join(f"{pair}=none" for pair in circuits)
-        raise ValueError(
-            f"matcher.{method}: {', '.join(f'{p}=circuit' for p in circuits)} but model.family={family.name} has no "
-            f"circuit form (rotary heads are interpolated as factored weights): set {pairs}"
-        )
 
 
 class ActivationMatcher:

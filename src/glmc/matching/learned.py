@@ -39,8 +39,7 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.activation import require_circuit_form
-from glmc.matching.base import MatchContext, circuit_pairs, require_factored, settings_hash
+from glmc.matching.base import MatchContext, circuit_pairs, require_circuit_form, require_factored, settings_hash
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.matching.weight import eigen_angles, used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation

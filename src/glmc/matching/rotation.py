@@ -44,8 +44,7 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.activation import require_circuit_form
-from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.base import MatchContext, circuit_pairs, require_circuit_form, require_factored
 from glmc.matching.rotary_pairs import rotary_scales
 from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer

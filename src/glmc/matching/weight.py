@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.base import MatchContext, circuit_pairs, require_circuit_form, require_factored
 from glmc.matching.rotary_pairs import rotary_scales
 from glmc.matching.scales import best_scales, scale_objective
 from glmc.metrics import is_token_task
@@ -492,6 +492,7 @@ class WeightMatcher:
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)
+        require_circuit_form(self.name, b, self.circuits)
         tokens = used_tokens(b, context) if self.vocabulary == "train" else None
         keep_mean = self.resolve_keep_mean(a, b)
         transform, diagnostics = weight_matching(
