@@ -6,7 +6,19 @@ from importlib import import_module
 
 from glmc.report.artefact import Artefact
 
-NAMES = ("table2", "fig3", "fig3c", "fig4", "fig5", "fig7", "fig8", "fig9", "bert_mlm", "roberta_finetune")
+NAMES = (
+    "table2",
+    "fig3",
+    "fig3c",
+    "fig4",
+    "fig5",
+    "fig7",
+    "fig8",
+    "fig9",
+    "bert_mlm",
+    "roberta_finetune",
+    "llama_text",
+)
 
 
 def load(name: str) -> Artefact:
