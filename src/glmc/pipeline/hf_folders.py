@@ -241,7 +241,7 @@ def evaluation_config(cfg: Config) -> Config:
     with open_dict(own):
         own.data.tokenizer = "pretrained"
         if not own.data.tokenizer_path and cfg.endpoints.paths:
-            own.data.tokenizer_path = str(cfg.endpoints.paths[0])
+            own.data.tokenizer_path = str(Path(str(cfg.endpoints.paths[0])).expanduser())
     return own
 
 
@@ -255,6 +255,11 @@ def width_alignment_problem(cfg: Config) -> str | None:
         return (
             f"vanilla interpolates the original models, which differ in shape: drop vanilla from matcher.methods "
             f"(now {list(cfg.matcher.methods)}) to embed the narrower model into the wider one first"
+        )
+    if cfg.merge.kinds:
+        return (
+            f"merge.kinds=[{','.join(map(str, cfg.merge.kinds))}]: Fisher and RegMean merge models of one norm, and "
+            "an embedded narrower model keeps its own norm epsilon; use merge=none"
         )
     return None
 
@@ -364,7 +369,6 @@ def _shared_problems(cfg: Config, folders: list[Folder]) -> list[str]:
     first = folders[0]
     problems = []
     for f in folders[1:]:
-        other = f"{first.key}'s"
         if f.family is not first.family:
             problems.append(
                 f"{f.key} is a {f.family.name} model, endpoints.paths[0] a {first.family.name} model: the endpoints of "
@@ -373,13 +377,15 @@ def _shared_problems(cfg: Config, folders: list[Folder]) -> list[str]:
             continue
         layers = (f.size("num_hidden_layers"), first.size("num_hidden_layers"))
         if layers[0] != layers[1]:
-            problems.append(f"{f.key} has {layers[0]} layers, {other} {layers[1]}: models to align need as many layers")
+            problems.append(
+                f"{f.key} has {layers[0]} layers, {first.key} has {layers[1]}: models to align need as many"
+            )
         mine, theirs = f.limits(), first.limits()
         for what, named in LIMITS.items():
             if mine.get(what) != theirs.get(what):
                 problems.append(
-                    f"{f.key} has {named.format(mine.get(what))}, {other} {named.format(theirs.get(what))}: models "
-                    "to align need the same"
+                    f"{f.key} has {named.format(mine.get(what))}, {first.key} has {named.format(theirs.get(what))}: "
+                    "models to align need the same"
                 )
     if problems:
         return problems
@@ -426,7 +432,7 @@ def check_tokenizer(cfg: Config, vocab_size: int | None) -> None:
         if vocab is not None and vocab < vocab_size:
             raise FolderError(
                 f"{f.key} has a vocabulary of {vocab} tokens, fewer than the {vocab_size} ids of the tokenizer in "
-                f"{source} (data.tokenizer_path): use the tokenizer the models were trained with"
+                f"{source}: use the tokenizer the models were trained with (data.tokenizer_path=<its folder>)"
             )
 
 
@@ -482,7 +488,9 @@ def check_pairs(cfg: Config, endpoints: list[Endpoint]) -> None:
     from glmc.symmetry.embed_width import match_widths, same_shapes
 
     prefix = "model_a and model_b do not fit together: "
-    for ia, ib in seed_pairs(list(range(len(endpoints))), str(cfg.pairing)) or []:
+    # pairing=universe forms no pairs: every model is checked against the first
+    pairs = seed_pairs(list(range(len(endpoints))), str(cfg.pairing)) or [(0, j) for j in range(1, len(endpoints))]
+    for ia, ib in pairs:
         a, b = endpoints[ia], endpoints[ib]
         where = f"endpoints.paths[{ib}]={b.path} and endpoints.paths[{ia}]={a.path}"
         if same_shapes(a.canonical, b.canonical):
