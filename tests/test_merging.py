@@ -21,7 +21,7 @@ from glmc.metrics import IGNORE_INDEX
 from glmc.models import canonical_forward, to_canonical
 
 from numeric import FEW_OPS, assert_close_rel, assert_params_close_rel
-from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
+from tiny_hf import inputs_for, tiny_gpt2, tiny_llama, tiny_vit
 
 pytestmark = pytest.mark.numeric
 
@@ -46,7 +46,7 @@ def pair(build, **kwargs):
 
 
 # -- (a) a model merged with itself ------------------------------------------------------------
-@pytest.mark.parametrize("build", [tiny_vit, tiny_gpt2], ids=["vit", "gpt2"])
+@pytest.mark.parametrize("build", [tiny_vit, tiny_gpt2, tiny_llama], ids=["vit", "gpt2", "llama"])
 def test_merging_a_model_with_itself_returns_it(build):
     model = to_canonical(build(0))
     batches = batches_for(model, pad=2)
@@ -141,7 +141,7 @@ def _recorded_inputs(model, batches):
     return {k: torch.cat(v) for k, v in rows.items()}
 
 
-@pytest.mark.parametrize("build", [tiny_vit, tiny_gpt2], ids=["vit", "gpt2"])
+@pytest.mark.parametrize("build", [tiny_vit, tiny_gpt2, tiny_llama], ids=["vit", "gpt2", "llama"])
 def test_merges_of_two_models_are_finite_and_regmean_fits_each_map(build):
     models = pair(build)
     batches = batches_for(models[0], n=4, pad=3)
@@ -160,11 +160,13 @@ def test_merges_of_two_models_are_finite_and_regmean_fits_each_map(build):
 
     def sse(p, linear):
         w = augmented_matrix(p, linear).double()
-        fits = [x[linear.reads] @ (w - augmented_matrix(q, linear).double()).T for x, q in zip(inputs, params)]
+        cols = slice(None) if linear.bias is not None else slice(0, -1)  # no bias: x without the constant 1
+        fits = [x[linear.reads][:, cols] @ (w - augmented_matrix(q, linear).double()).T for x, q in zip(inputs, params)]
         return sum((f**2).sum() for f in fits)
 
     maps = linear_maps(models[0])
-    assert len(maps) == 6 * models[0].num_layers + 1  # q, k, v, o, in, out per layer and the head
+    per_layer = 7 if "blocks.0.gate_w" in params[0] else 6  # q, k, v, o, in, out (and a gated MLP's gate)
+    assert len(maps) == per_layer * models[0].num_layers + 1  # and the head
     for linear in maps.values():
         best = sse(merged, linear)
         for other in (average, *params):

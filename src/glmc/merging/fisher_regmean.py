@@ -177,7 +177,7 @@ def fisher_merge(
 class LinearMap(NamedTuple):
     reads: str  # the recorded input (canonical_forward's names)
     weight: str
-    bias: str
+    bias: str | None  # None: the map has no bias (a Llama unembedding)
     heads_in: bool  # the input is the heads' outputs concatenated (the attention output map)
 
 
@@ -190,30 +190,38 @@ def linear_maps(model: CanonicalTransformer) -> dict[str, LinearMap]:
         if role is not None and role.reads is not None:
             layer = layer_of(name)
             heads_in = any(a.space == "heads" and a.side == "in" for a in role.acts)
-            maps[name] = LinearMap(role.at(layer, role.reads), name, role.at(layer, role.bias), heads_in)
+            bias = role.at(layer, role.bias) if role.bias is not None else None
+            maps[name] = LinearMap(role.at(layer, role.reads), name, bias, heads_in)
     return maps
 
 
 def augmented_matrix(params: dict[str, Tensor], linear: LinearMap) -> Tensor:
-    """A map's [W | b] as an (out, in + 1) matrix. q/k/v (H, d, D) -> (H d, D); o_w (H, D, dv) -> (D, H dv)
-    with the input index h dv + e, matching the heads concatenated along (H, dv)."""
-    w, b = params[linear.weight], params[linear.bias]
+    """A map's [W | b] as an (out, in + 1) matrix, or W (out, in) for a map without a bias (a Llama
+    unembedding). q/k/v (H, d, D) -> (H d, D); o_w (H, D, dv) -> (D, H dv) with the input index h dv + e,
+    matching the heads concatenated along (H, dv); grouped-query weights (K, G, ...) count K G heads."""
+    w = params[linear.weight]
     if linear.heads_in:
+        w = w.flatten(0, w.dim() - 3)
         w = w.permute(1, 0, 2).reshape(w.shape[1], -1)
     else:
         w = w.reshape(-1, w.shape[-1])
-    return torch.cat([w, b.reshape(-1, 1)], dim=1)
+    if linear.bias is None:
+        return w
+    return torch.cat([w, params[linear.bias].reshape(-1, 1)], dim=1)
 
 
 def _split_matrix(matrix: Tensor, like: dict[str, Tensor], linear: LinearMap) -> dict[str, Tensor]:
     """Inverse of augmented_matrix, with the shapes and dtypes of `like`."""
-    w_ref, b_ref = like[linear.weight], like[linear.bias]
-    w, b = matrix[:, :-1], matrix[:, -1]
+    w_ref = like[linear.weight]
+    w = matrix if linear.bias is None else matrix[:, :-1]
     if linear.heads_in:
-        H, D, dv = w_ref.shape
-        w = w.reshape(D, H, dv).permute(1, 0, 2)
-    w, b = w.reshape(w_ref.shape).to(w_ref.dtype), b.reshape(b_ref.shape).to(b_ref.dtype)
-    return {linear.weight: w, linear.bias: b}
+        D, dv = w_ref.shape[-2:]
+        w = w.reshape(D, -1, dv).permute(1, 0, 2)
+    out = {linear.weight: w.reshape(w_ref.shape).to(w_ref.dtype)}
+    if linear.bias is not None:
+        b_ref = like[linear.bias]
+        out[linear.bias] = matrix[:, -1].reshape(b_ref.shape).to(b_ref.dtype)
+    return out
 
 
 def _rows(name: str, t: Tensor, keep: Tensor | None, cls_only: bool) -> Tensor:
@@ -328,7 +336,9 @@ def regmean_from_grams(
     with torch.no_grad():
         for linear in linear_maps(models[0]).values():
             mats = [augmented_matrix(p, linear) for p in params]
-            gs = [g[linear.reads].to(mats[0].device) for g in grams]
+            # a map without a bias reads x, not [x; 1]: its Gram matrix without the constant's row and column
+            keep = slice(None) if linear.bias is not None else slice(0, -1)
+            gs = [g[linear.reads][keep, keep].to(mats[0].device) for g in grams]
             merged.update(_split_matrix(regmean_linear(mats, gs, weights, alpha), params[0], linear))
         for name, ref in params[0].items():
             if name not in merged:
