@@ -18,7 +18,6 @@ from glmc.eval.evaluator import path_losses
 from glmc.matching.activation import ActivationMatcher, grouped_two_stage
 from glmc.matching.base import MatchContext
 from glmc.matching.learned import LearnedMatcher, carried_along
-from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.matching.rotation import RotationMatcher
 from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models import to_canonical
@@ -141,8 +140,6 @@ def test_activation_refuses_what_is_not_a_symmetry_of_llama(data):
     a, b = llama(seed=0), llama(seed=1)
     with pytest.raises(ValueError, match="heads=ignore.*grouped-query"):
         ActivationMatcher(heads="ignore").match(a, b, MatchContext(data=data))
-    with pytest.raises(ValueError, match="no circuit form"):
-        ActivationMatcher(qk="circuit").match(a, b, MatchContext(data=data))
 
 
 # ---------------------------------------------------------------- rotation matching
@@ -186,8 +183,6 @@ def test_rotation_on_independent_llamas_and_its_in_head_permutation_variant(data
     for name in ("blocks.0.q_w", "blocks.0.k_w"):
         assert torch.equal(permuted[name], units[name])
     assert not torch.equal(permuted["blocks.0.v_w"], units["blocks.0.v_w"])
-    with pytest.raises(ValueError, match="no circuit form"):
-        RotationMatcher(qk="circuit").match(a, b)
 
 
 # ---------------------------------------------------------------- learned matching
@@ -234,11 +229,3 @@ def test_learned_on_llama_keeps_b_and_is_no_worse_than_weight_matching(units, da
     }
     losses = path_losses(paths, (0.25, 0.5, 0.75), list(data), "causal_lm", torch.device("cpu"))
     assert max(losses["learned"]) <= max(losses["weight"]) + 1e-6, losses
-
-
-def test_learned_refuses_circuits_on_llama(data, tmp_path):
-    a, b = llama(seed=0), llama(seed=1)
-    with pytest.raises(ValueError, match="no circuit form"):
-        LearnedMatcher(qk="circuit", vo="circuit", max_steps=1).match(a, b, context(data, tmp_path))
-    with pytest.raises(ValueError, match="no circuit form"):
-        LearnedMatchingModule(a, b, {}, {}, LearnedSettings(max_steps=1), "causal_lm", ("qk", "vo"))

@@ -23,7 +23,7 @@ def test_tiny_artefact_runs_every_matcher_on_llama(tmp_path, monkeypatch):
         reproduce.main(args)
     out = tmp_path / "report" / "llama_text"
     rows = {r["method"]: r for r in csv.DictReader((out / "llama_text.csv").open())}
-    assert list(rows) == list(llama_text.METHODS)
+    assert list(rows) == list(llama_text.METHODS)  # the factored rows from the second step
     for method, row in rows.items():
         assert row["pairs"] == "1" and math.isfinite(float(row["barrier"])), method
     section = (out / "section.md").read_text()

@@ -1,16 +1,16 @@
 """Weight matching on Llama-style models: a hidden symmetry of every Llama class (orthogonal residual,
 key/value groups, query heads within groups, rotary rotation-scalings, value rotations with rescaling,
-MLP permutation and up/down scaling) is recovered for group sizes 1, 2 and 4; the config refuses
-circuit interpolation of rotary heads."""
-
-import re
+MLP permutation and up/down scaling) is recovered for group sizes 1, 2 and 4; rotary heads stacked as
+circuits quotient the in-head symmetries."""
 
 import pytest
 import torch
 
+from glmc.interpolation import merge_params
 from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
-from glmc.pipeline.validate import ConfigError, validate_config
+from glmc.models.canonical import CanonicalTransformer
+from glmc.pipeline.validate import validate_config
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
 from conftest import compose_config
@@ -58,8 +58,22 @@ def test_independent_models_get_closer_and_keep_function():
         assert_close_rel(apply(transform, b)(x), b(x), FORWARD, "aligned B")
 
 
-def test_config_refuses_circuits_for_rotary_heads():
-    cfg = compose_config("debug=fast", "data=pydoc", "model=llama_text", "matcher.methods=[weight]")
-    with pytest.raises(ConfigError, match=re.escape("matcher.weight.qk=circuit: model.family=llama has no circuit")):
-        validate_config(cfg)
-    validate_config(compose_config("debug=fast", "data=pydoc", "model=llama_text", "symmetry=rotary"))
+def test_rotary_circuits_quotient_the_in_head_symmetries():
+    """Heads stacked as circuits (each block rotated as its own) interpolate sum_i w_i q_i^T R k_i: a model
+    merged with a copy moved by rotary rotation-scalings and invertible value maps is the same function,
+    while the factored average of the two is another one."""
+    a = to_canonical(tiny_llama(kv_heads=2))
+    moved = apply(Transform.sample(SymmetrySpec.from_model(a), {"qk": "rotary_scale", "vo": "invertible"}), a)
+    x = torch.randint(0, 61, (2, 9))
+    circuit = CanonicalTransformer(a.config, merge_params([a.params(), moved.params()], [0.3, 0.7], ("qk", "vo")))
+    factored = CanonicalTransformer(a.config, merge_params([a.params(), moved.params()], [0.3, 0.7]))
+    with torch.no_grad():
+        assert_close_rel(circuit(x), a(x), FORWARD, "rotary circuits of a model and its moved copy")
+        error, _ = relative_error(factored(x), a(x))
+    assert error > 1e-2, f"the factored average kept the function ({error:.1e})"
+
+
+def test_llama_text_config_interpolates_heads_as_circuits():
+    cfg = compose_config("experiment=llama_text")
+    validate_config(cfg)
+    assert (cfg.matcher.weight.qk, cfg.matcher.weight.vo) == ("circuit", "circuit")

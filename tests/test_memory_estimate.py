@@ -123,7 +123,7 @@ def test_circuits_stack_both_models_heads(models):
     # per position and layer: H (dq + dk + 3 dv) more, the head dims doubled
     assert circuit["activations"] - factored["activations"] == 4 * 16 * LAYERS * 4 * (8 + 8 + 3 * 8) * 4
     with pytest.raises(ValueError, match="circuits"):
-        learned_matching_memory(models["grouped"], 1, 8, circuits=("qk", "vo"))
+        learned_matching_memory(gpt2, 1, 8, circuits=("mlp",))
 
 
 def saved_for_backward(model, inputs, circuits) -> int:

@@ -50,8 +50,6 @@ def data_overrides(name: str) -> list[str]:
         data = ["data=pydoc" if "causal_lm" in family.tasks else "data=pydoc_mlm", f"data.seq_len={SEQ_LEN}"]
     if "orthogonal" not in family.residual_classes:  # post-norm streams
         data.append("symmetry=permutation")
-    if not family.circuit_form:  # rotary heads: no QK/OV circuits
-        data.append("symmetry=rotary")
     return data
 
 

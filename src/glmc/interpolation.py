@@ -8,6 +8,9 @@ so the merged model is a valid canonical model (head rank up to N d_head, no HF 
 forward costs about N times the attention of one model instead of D / d_head times for explicit
 (D+1) x (D+1) circuits. Models with weight 0 are left out, so the endpoints of a path cost one
 plain forward. Everything here is differentiable (learned matching builds its path with it).
+Rotary heads (Llama) are stacked the same way: the forward rotates each d_head block as its own
+(CanonicalConfig.rope_dim), so the merged head computes sum_i w_i q_i^T R k_i, the interpolation of
+what each model computes, which is unchanged by the rotary rotation-scalings of either model.
 """
 
 from __future__ import annotations
@@ -21,15 +24,22 @@ import torch
 from torch import Tensor
 
 from glmc.models.canonical import CanonicalTransformer
-from glmc.models.families.roles import HEAD_PAIRS, Acts, block_roles, role_key
+from glmc.models.families.roles import GATED_GROUPED, HEAD_PAIRS, Acts, block_roles, role_key
 
-_FACTORED = {role.name: role for role in block_roles("factored")}
+# the factored block layouts by (role name, number of axes): grouped-query tensors carry one axis more
+_FACTORED = {
+    (role.name, 1 + max(a.axis for a in role.acts)): role
+    for layout in (block_roles("factored"), GATED_GROUPED)
+    for role in layout
+    if role.acts
+}
 
 
 @cache
-def _pair_axis(name: str) -> Acts | None:
-    """Where a per-head attention pair (qk or vo) acts on the tensor `name`, None for other tensors."""
-    role = _FACTORED.get(role_key(name))
+def _pair_axis(name: str, ndim: int) -> Acts | None:
+    """Where a per-head attention pair (qk or vo) acts on the tensor `name` of `ndim` axes, None for other
+    tensors."""
+    role = _FACTORED.get((role_key(name), ndim))
     return next((a for a in role.acts if a.space in HEAD_PAIRS), None) if role else None
 
 
@@ -53,8 +63,8 @@ def merge_params(
     if len(kept) == 1 and kept[0][0] == 1.0:  # an endpoint: its own tensors
         return dict(kept[0][1])
     out, plain = {}, []
-    for name in kept[0][1]:
-        acts = _pair_axis(name)
+    for name, t in kept[0][1].items():
+        acts = _pair_axis(name, t.dim())
         if acts is None or acts.space not in circuits:
             plain.append(name)
         elif acts.space == "qk":  # q and k (H, dh, D), (H, dh): sqrt(w) on each side of q k^T

@@ -47,7 +47,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.base import MatchContext, circuit_pairs, require_circuit_form, require_factored
+from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.metrics import IGNORE_INDEX, is_token_task
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.models.families import family_named
@@ -300,7 +300,6 @@ class ActivationMatcher:
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)
-        require_circuit_form(self.name, b, self.circuits)
         family = family_named(b.config.family)
         if self.heads == "ignore" and family.attention_kind == "grouped":
             raise ValueError(

@@ -18,7 +18,6 @@ import torch
 
 from glmc.alignment import Alignment  # re-exported: its home before glmc.alignment
 from glmc.models.canonical import CanonicalTransformer
-from glmc.models.families import family_named
 
 
 @dataclass
@@ -102,18 +101,6 @@ def require_factored(method: str, *models: torch.nn.Module) -> None:
             raise TypeError(f"{method} takes canonical models: convert with glmc.to_canonical, got {type(m).__name__}")
         if m.config.form != "factored":
             raise ValueError(f"{method} transforms factored heads: pass models before .to_circuit()")
-
-
-def require_circuit_form(method: str, model: CanonicalTransformer, circuits: tuple[str, ...]) -> None:
-    """Refuse circuit interpolation (qk or vo = circuit) for a family that has no circuit form (rotary
-    heads: W_q^T W_k is not what the model computes)."""
-    family = family_named(model.config.family)
-    if circuits and not family.circuit_form:
-        pairs = " ".join(f"{pair}=none" for pair in circuits)
-        raise ValueError(
-            f"matcher.{method}: {', '.join(f'{p}=circuit' for p in circuits)} but model.family={family.name} has no "
-            f"circuit form (rotary heads are interpolated as factored weights): set {pairs}"
-        )
 
 
 def circuit_pairs(qk: str, vo: str) -> tuple[str, ...]:

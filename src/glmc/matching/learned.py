@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.base import MatchContext, circuit_pairs, require_circuit_form, require_factored, settings_hash
+from glmc.matching.base import MatchContext, circuit_pairs, require_factored, settings_hash
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.matching.weight import eigen_angles, used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
@@ -144,7 +144,6 @@ class LearnedMatcher:
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext) -> Alignment:
         require_factored(self.name, a, b)
-        require_circuit_form(self.name, b, self.circuits)
         loader = context.train_batches(self.name)
         spec = SymmetrySpec.from_model(b)
         kinds = {s.name: self.kinds[s.kind] for s in spec if self.kinds.get(s.kind, "none") != "none"}

@@ -20,7 +20,6 @@ from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight
 from glmc.matching.settings import LearnedTraining
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
-from glmc.models.families import family_named
 from glmc.schedule import warmup_cosine
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply_dense
 
@@ -172,7 +171,7 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
 
     `init` holds a dense starting matrix per space (the weight-matching element or the identity);
     the latents start there plus noise. `circuits`: the attention pairs ("qk", "vo") interpolated as
-    circuits, as the pipeline evaluates the path (none for a family without a circuit form). Only
+    circuits, as the pipeline evaluates the path (rotary heads stack as circuits too). Only
     spaces without per-head elements can be learned (apply_dense): residual, heads (key/value groups
     for grouped-query models, their query heads moving along) and mlp.
     """
@@ -190,12 +189,6 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         super().__init__()
         if model_a.config.form != "factored" or model_b.config.form != "factored":
             raise ValueError("learned matching transforms factored heads: pass models before .to_circuit()")
-        family = family_named(model_a.config.family)
-        if circuits and not family.circuit_form:
-            raise ValueError(
-                f"learned matching: circuits={list(circuits)} but model.family={family.name} has no circuit form "
-                "(rotary heads): interpolate its heads as factored weights (circuits=())"
-            )
         bad = {n: k for n, k in kinds.items() if k not in KINDS}
         if bad:
             raise ValueError(f"unknown latent kinds {bad}; known: {KINDS}")

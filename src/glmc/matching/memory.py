@@ -146,8 +146,8 @@ def learned_matching_memory(
     model_a: one endpoint in factored form (the other has the same shapes). batch, seq: the training
     batch, per rank, and its tokens per input (ViT: patches + 1). residual: orthogonal | permutation |
     none; units: permutation | sinkhorn for the heads and MLP latents (heads / mlp switch them off);
-    circuits: the attention pairs interpolated as circuits (None: ("qk", "vo") where the family has a
-    circuit form, as the learned matcher's default, else none)."""
+    circuits: the attention pairs interpolated as circuits (None: ("qk", "vo"), the learned matcher's
+    default; rotary heads stack the same way)."""
     if model_a.config.form != "factored":
         raise ValueError("learned matching transforms factored heads: pass the model before .to_circuit()")
     if residual not in ("orthogonal", "permutation", "none"):
@@ -156,12 +156,10 @@ def learned_matching_memory(
         raise ValueError(f"units={units!r} is not one of permutation, sinkhorn")
     if batch < 1 or seq < 1 or bytes_per_float < 1:
         raise ValueError(f"batch={batch}, seq={seq}, bytes_per_float={bytes_per_float}: all must be positive")
-    family = family_named(model_a.config.family)
-    if circuits is None:
-        circuits = HEAD_PAIRS if family.circuit_form else ()
+    circuits = HEAD_PAIRS if circuits is None else circuits
     bad = set(circuits) - set(HEAD_PAIRS)
-    if bad or (circuits and not family.circuit_form):
-        raise ValueError(f"circuits={tuple(circuits)}: the {family.name} family interpolates no such circuits")
+    if bad:
+        raise ValueError(f"circuits={tuple(circuits)}: only qk and vo are interpolated as circuits")
     params = model_a.params()
     shapes = {name: tuple(t.shape) for name, t in params.items()}
     numel = {name: t.numel() for name, t in params.items()}

@@ -30,16 +30,26 @@ def as_complex(x: Tensor) -> Tensor:
     return torch.complex(x[:, :half], x[:, half:])
 
 
+def solve_pairs(cz: Tensor, cu: Tensor, P: Tensor, Q: Tensor, rescale: bool = True, rounds: int = 3) -> Tensor:
+    """The complex w per pair from its moments (module docstring), float64 complex, shape of cz."""
+    s = torch.ones_like(P)
+    phase = torch.angle(cz + cu)
+    for _ in range(rounds if rescale else 0):
+        turn = torch.polar(torch.ones_like(phase), -phase)
+        s = best_scales(P, (turn * cz).real, Q, (turn * cu).real).reshape(P.shape)
+        phase = torch.angle(s * cz + cu / s)
+    return torch.polar(s, phase)
+
+
+def pair_distance(w: Tensor, cz: Tensor, cu: Tensor, P: Tensor, Q: Tensor, za2: Tensor, ua2: Tensor) -> Tensor:
+    """sum |zA - w zB|^2 + sum |uA - uB / conj(w)|^2 per pair, from the moments and |zA|^2, |uA|^2."""
+    s2 = w.abs().pow(2)
+    return za2 + s2 * P - 2 * (w.conj() * cz).real + ua2 + Q / s2 - 2 * (cu * w.conj()).real / s2
+
+
 def rotary_scales(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, rescale: bool = True, rounds: int = 3) -> RotaryScale:
     """Per group and pair the w moving B's query rows xb (K, d, n) and key rows yb (K, d, m) onto A's."""
     za, zb, ua, ub = (as_complex(t) for t in (xa, xb, ya, yb))
     cz, cu = (za * zb.conj()).sum(-1), (ua * ub.conj()).sum(-1)
     P, Q = zb.abs().pow(2).sum(-1), ub.abs().pow(2).sum(-1)
-    s = torch.ones_like(P)
-    for _ in range(rounds if rescale else 1):
-        phase = torch.angle(s * cz + cu / s)
-        if not rescale:
-            break
-        turn = torch.polar(torch.ones_like(phase), -phase)
-        s = best_scales(P, (turn * cz).real, Q, (turn * cu).real).reshape(P.shape)
-    return RotaryScale.from_complex(torch.polar(s, phase).to(torch.complex64))
+    return RotaryScale.from_complex(solve_pairs(cz, cu, P, Q, rescale, rounds).to(torch.complex64))

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.base import MatchContext, circuit_pairs, require_circuit_form, require_factored
+from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.matching.rotary_pairs import rotary_scales
 from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer
@@ -186,7 +186,6 @@ class RotationMatcher:
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)
-        require_circuit_form(self.name, b, self.circuits)
         start = time.perf_counter()
         roles = family_named(b.config.family).blocks("factored")
         rotary = b.config.rope_theta is not None

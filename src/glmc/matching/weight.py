@@ -11,14 +11,14 @@ Each iteration
 It stops when the objective, the relative distance between the circuit-form parameters of A and of
 transformed B, stops improving, and returns the best transform seen.
 
-Grouped-query blocks (Llama) are compared through their multi-head view (mha_view: every query head
-with its group's key and value rows), so the circuits and costs above apply per query head. Step 2
-then assigns key/value groups on the best within-group assignment of their query heads, and step 3
-adds the gate rows and, for the linear up branch, a cost invariant to its per-unit scaling against the
-down projection, whose scale is solved afterwards. Rotary query/key circuits are not what such a model
-computes, so its heads are interpolated as factored weights: after the loop, every group's qk pair
-gets the closed-form rotation-scaling per frequency pair and its vo pair paper 002's rotation and
-rescaling.
+Rotary query/key circuits are not what a Llama-style model computes, so its heads are interpolated
+as factored weights, and weight matching minimises the factored distance itself: the residual map by
+Procrustes on the cross-covariance of every tensor as it is (with B's current permutations and in-head
+maps applied), query heads compared by the distance left after the best in-head maps for each pair of
+heads (rotary rotation-scaling per frequency pair with the group's keys, paper 002's rotation and
+rescaling with the group's values), key/value groups assigned on the best within-group assignment of
+their query heads, then every matched group's in-head maps solved in closed form; gated MLP units are
+assigned on the gate rows and a cost their up/down scale leaves unchanged, then the scale is solved.
 
 Models converted from Hugging Face have a mean-zero residual stream (every writer is centred over
 the width). With `keep_mean` the orthogonal residual map is restricted to those that fix the
@@ -36,8 +36,8 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.base import MatchContext, circuit_pairs, require_circuit_form, require_factored
-from glmc.matching.rotary_pairs import rotary_scales
+from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.rotary_pairs import as_complex, pair_distance, rotary_scales, solve_pairs
 from glmc.matching.scales import best_scales, scale_objective
 from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer
@@ -127,20 +127,58 @@ def _per_group(space) -> tuple[int, int]:
     return space.size, space.heads
 
 
-def mha_view(p: Params) -> Params:
-    """Grouped-query layers as multi-head ones: q_w (K, G, dh, D) -> (K*G, dh, D), o_w likewise, and every
-    query head given its group's k and v rows, so that circuits and costs are per query head. Other
-    tensors, and layers already multi-head, are passed through."""
-    out = dict(p)
-    for name, t in p.items():
-        if not name.endswith(".q_w") or t.dim() != 4:
+def rotary_head_cost(pa: Params, pb: Params, layer: int) -> Tensor:
+    """(H_A, H_B) factored distance between query heads of grouped rotary blocks, each with its group's
+    keys and values, left after the best in-head maps for that pair: per frequency pair the rotary
+    rotation-scaling on [W_q | b_q] against [W_k | b_k], and paper 002's rotation and rescaling on
+    [W_v | b_v] against the head's output columns. Computed from cross moments (float64)."""
+    pre = f"blocks.{layer}."
+
+    def heads(p: Params) -> tuple[Tensor, ...]:
+        aug = lambda n: torch.cat([p[pre + n + "_w"], p[pre + n + "_b"][..., None]], -1).double()  # noqa: E731
+        q = aug("q")
+        group = q.shape[1]
+        per_head = lambda t: t.repeat_interleave(group, 0)  # noqa: E731  a group's rows for each query head
+        o = p[pre + "o_w"].flatten(0, 1).transpose(1, 2).double()
+        return as_complex(q.flatten(0, 1)), as_complex(per_head(aug("k"))), per_head(aug("v")), o
+
+    za, ua, va, oa = heads(pa)
+    zb, ub, vb, ob = heads(pb)
+    moment = lambda x, y: torch.einsum("ifn,jfn->ijf", x, y.conj())  # noqa: E731
+    cz, cu = moment(za, zb), moment(ua, ub)
+    norms = lambda t: t.abs().pow(2).sum(-1)  # noqa: E731
+    P, Q = norms(zb)[None].expand_as(cz.real), norms(ub)[None].expand_as(cz.real)
+    w = solve_pairs(cz, cu, P, Q)
+    qk = pair_distance(w, cz, cu, P, Q, norms(za)[:, None], norms(ua)[:, None]).sum(-1)
+    gv = torch.einsum("ide,jfe->ijdf", va, vb)
+    go = torch.einsum("ide,jfe->ijdf", oa, ob)
+    u, _, vh = torch.linalg.svd(gv + go)
+    r = u @ vh
+    pv, po = (r * gv).sum((-1, -2)), (r * go).sum((-1, -2))
+    Pv, Po = norms(vb).sum(-1)[None].expand_as(pv), norms(ob).sum(-1)[None].expand_as(pv)
+    scale = best_scales(Pv, pv, Po, po).reshape(pv.shape)
+    vo = scale_objective(scale, Pv, pv, Po, po) + norms(va).sum(-1)[:, None] + norms(oa).sum(-1)[:, None]
+    return (qk + vo).clamp_min(0).sqrt()
+
+
+def factored_cross_covariance(pa: Params, pb: Params, layout: dict, width: int) -> Tensor:
+    """C = sum_t A_t B_t^T over the tensors with a residual axis, that axis first and the rest flattened:
+    <O, C> is the factored inner product of A with B's tensors mapped by O (float64)."""
+    c = torch.zeros(width, width, dtype=torch.float64)
+    for name, a in pa.items():
+        axis = residual_axis(layout, name, "out")
+        axis = residual_axis(layout, name, "in") if axis is None else axis
+        if axis is None:
             continue
-        pre, group = name[:-3], t.shape[1]
-        out[pre + "q_w"], out[pre + "q_b"] = t.flatten(0, 1), p[pre + "q_b"].flatten(0, 1)
-        out[pre + "o_w"] = p[pre + "o_w"].flatten(0, 1)
-        for n in ("k_w", "k_b", "v_w", "v_b"):
-            out[pre + n] = p[pre + n].repeat_interleave(group, 0)
-    return out
+        b = pb[name]
+        c += a.movedim(axis, 0).reshape(width, -1).double() @ b.movedim(axis, 0).reshape(width, -1).double().T
+    return c
+
+
+def squared_plain(pa: Params, pb: Params) -> tuple[float, float]:
+    """(||theta_A - theta_B||^2, ||theta_A||^2) over the tensors as they are."""
+    diff = sum(float((a.double() - pb[n].double()).pow(2).sum()) for n, a in pa.items())
+    return diff, sum(float(a.double().pow(2).sum()) for a in pa.values())
 
 
 def group_assignment(cost: Tensor, groups: int) -> tuple[Permutation, Permutation]:
@@ -342,10 +380,11 @@ def weight_matching(
     pa = {k: v for k, v in pa.items() if layer_of(k) is not None}
     pb = {k: v for k, v in pb.items() if layer_of(k) is not None}
     spec_blocks = spec.restricted_to(set(pb))
-    # grouped-query blocks: costs and circuits per query head (mha_view), groups assigned with their heads
-    grouped = family_named(model_b.config.family).attention_kind == "grouped"
-    view = mha_view if grouped else (lambda p: p)
-    view_a = view(pa)
+    # families without a circuit form (grouped rotary heads) are matched on the factored distance itself
+    family = family_named(model_b.config.family)
+    factored = not family.circuit_form
+    grouped = family.attention_kind == "grouped"
+    layout = family.layout(model_b.config)
 
     layers = range(model_a.num_layers)
     perms = Transform()
@@ -373,7 +412,7 @@ def weight_matching(
 
     def distance(pb_t: Params, t: Transform) -> float:
         """Objective of transform t, given B's layer weights already transformed by it."""
-        diff, norm = squared_distance(view_a, view(pb_t))
+        diff, norm = (squared_plain if factored else squared_distance)(pa, pb_t)
         diff += emb_aa + emb_bb - 2 * float((res_matrix(t).double() * c_emb_raw).sum()) + fixed_diff
         return (max(diff, 0.0) / (norm + emb_aa + fixed_norm)) ** 0.5
 
@@ -387,10 +426,14 @@ def weight_matching(
     for it in range(max_iter):
         if residual != "none":
             tick = time.perf_counter()
-            c = c_emb
+            c = c_emb_raw if factored else c_emb
             if it > 0:  # the first iteration sees only the embeddings and the classifier
-                pb_perm = view(apply_params(perms, spec_blocks, pb))
-                c = c + block_cross_covariance(view_a, pb_perm, view(pb_cur), vectors)
+                pb_perm = apply_params(perms, spec_blocks, pb)
+                if factored:
+                    c = c + factored_cross_covariance(pa, pb_perm, layout, width)
+                else:
+                    c = c + block_cross_covariance(pa, pb_perm, pb_cur, vectors)
+                del pb_perm
             # the polar factor in float64: its error grows with the conditioning of c
             if residual == "permutation":
                 res = {"residual": Permutation.project(c)}
@@ -402,11 +445,10 @@ def weight_matching(
         tick = time.perf_counter()
         pb_res = apply_params(Transform(res), spec_blocks, pb)
         seconds["apply"] += time.perf_counter() - tick
-        view_res = view(pb_res)
         for l in layers:
             if heads:
                 tick = time.perf_counter()
-                cost = circuit_cost(view_a, view_res, l)
+                cost = rotary_head_cost(pa, pb_res, l) if factored else circuit_cost(pa, pb_res, l)
                 if grouped:
                     groups = spec[f"heads.{l}"].size
                     perms[f"heads.{l}"], perms[f"qheads.{l}"] = group_assignment(cost, groups)
@@ -423,9 +465,19 @@ def weight_matching(
                 else:
                     perms[f"mlp.{l}"] = Permutation.project(mlp_similarity(pa, pb_res, l))
                 seconds["mlp"] += time.perf_counter() - tick
+        if factored:  # the in-head maps of the groups just matched decide which factored weights compare
+            tick = time.perf_counter()
+            moved = apply_params(
+                Transform({k: g for k, g in perms.items() if k.startswith(("heads.", "qheads."))}), spec_blocks, pb_res
+            )
+            perms.update(in_head_maps(pa, moved, layers))
+            del moved
+            seconds["in_head"] += time.perf_counter() - tick
         current = Transform({**res, **perms})
         tick = time.perf_counter()
+        del pb_cur  # B's weights are held at most twice more at a time (1B-parameter models)
         pb_cur = apply_params(perms, spec_blocks, pb_res)
+        del pb_res
         value = distance(pb_cur, current)
         seconds["objective"] += time.perf_counter() - tick
         objective.append(value)
@@ -435,10 +487,6 @@ def weight_matching(
         # the first iteration saw only the embeddings: always let the full objective run once
         if it > 0 and improved <= tol * max(best, 1e-12):
             break
-    if grouped:  # no circuit form: the in-head maps decide which factored weights are interpolated
-        tick = time.perf_counter()
-        best_t.update(in_head_maps(pa, apply_params(best_t, spec_blocks, pb), layers))
-        seconds["in_head"] += time.perf_counter() - tick
     best_t = best_t.to(dtype=torch.float32)
     diagnostics: dict[str, Any] = {
         "objective": objective,
@@ -492,7 +540,6 @@ class WeightMatcher:
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)
-        require_circuit_form(self.name, b, self.circuits)
         tokens = used_tokens(b, context) if self.vocabulary == "train" else None
         keep_mean = self.resolve_keep_mean(a, b)
         transform, diagnostics = weight_matching(

@@ -91,6 +91,9 @@ class CanonicalConfig:
     num_channels: int | None = None
     pad_token_id: int | None = None  # RoBERTa: positions count the tokens that are not padding
     rope_theta: float | None = None  # rotary position embeddings' base (Llama); None: no rotary
+    # the head dimension the rotary frequencies belong to (heads stacked by circuit interpolation hold
+    # several such blocks)
+    rope_dim: int | None = None
 
     def __post_init__(self):
         self.activation = canonical_activation(self.activation)
@@ -144,7 +147,7 @@ def _attention_grouped(config, p, pre, h, record=None):
     k = torch.einsum("btd,hed->bhte", h, p[pre + "k_w"]) + p[pre + "k_b"][:, None]
     v = torch.einsum("btd,hed->bhte", h, p[pre + "v_w"]) + p[pre + "v_b"][:, None]
     if config.rope_theta is not None:
-        q, k = apply_rotary(q, config.rope_theta), apply_rotary(k, config.rope_theta)
+        q, k = (apply_rotary(t, config.rope_theta, config.rope_dim) for t in (q, k))
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     z = F.scaled_dot_product_attention(q, k, v, is_causal=config.causal, scale=1.0)
     if record is not None:

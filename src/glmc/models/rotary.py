@@ -5,8 +5,10 @@ t * f_i with f_i = theta^(-2i/d). A score q^T k then depends on the positions on
 difference. The maps of a head's query space that commute with every position's rotation are, per
 pair, a rotation-scaling [[a, -b], [b, a]] (multiplication by the complex number a + ib): glmc's
 `rotary_scale` group (glmc.symmetry.groups.RotaryScale). A general invertible map does not commute, so
-query/key circuits (W_q^T W_k) are not what a rotary model computes, and its qk space admits only this
-group.
+the query/key circuit W_q^T W_k is not what a rotary model computes, and its qk space admits only this
+group. What it computes per head is q^T R_{s-t} k; a weighted sum of such forms over models is a head
+whose rows stack the models' heads, each block rotated as its own (apply_rotary's head_dim): that is how
+rotary heads are interpolated as circuits.
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
-def apply_rotary(x: Tensor, theta: float) -> Tensor:
-    """Rotate (..., T, d) head vectors by their positions 0 .. T-1."""
+def apply_rotary(x: Tensor, theta: float, head_dim: int | None = None) -> Tensor:
+    """Rotate (..., T, d) head vectors by their positions 0 .. T-1. With `head_dim` < d, the vector holds
+    d / head_dim heads stacked (circuit interpolation, glmc.interpolation) and each is rotated as its own."""
+    if head_dim is not None and head_dim != x.shape[-1]:
+        blocks = x.unflatten(-1, (-1, head_dim)).transpose(-2, -3)  # (..., n, T, head_dim)
+        return apply_rotary(blocks, theta).transpose(-2, -3).flatten(-2)
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     positions = torch.arange(x.shape[-2], device=x.device, dtype=dtype)
     freqs = positions[:, None] * inverse_frequencies(x.shape[-1], theta, dtype).to(x.device)[None]

@@ -503,13 +503,6 @@ def _method_problems(cfg: Config, family: Any = None, where: str = "") -> list[s
                 f"no rotation commutes with its mean and gain); use symmetry=permutation or "
                 f"matcher.{name}.{key}=permutation"
             )
-        circuits = [pair for pair in ("qk", "vo") if node.get(pair) == "circuit"]
-        if circuits and family is not None and not family.circuit_form:
-            problems.append(
-                f"matcher.{name}.{circuits[0]}=circuit: {where} has no circuit form (under rotary "
-                f"positions W_q^T W_k is not what the model computes), so its heads are interpolated as factored "
-                f"weights; use symmetry=rotary (or set matcher.{name}.qk=none and matcher.{name}.vo=none)"
-            )
         if "lr" in node:
             problems += _lr_problems(f"matcher.{name}.lr", node.lr, "0.3")
         problems += _section_problems(f"matcher.{name}", node, SHARED_RULES)

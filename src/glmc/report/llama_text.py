@@ -26,6 +26,12 @@ TINY = (
     "matcher.learned.max_steps=3",
 )
 RUN = Step(label="llama_text", overrides=("experiment=llama_text",), tiny=TINY)
+# the same endpoints with every head interpolated as factored weights (the in-head maps solved, not quotiented)
+FACTORED = Step(
+    label="llama_text_factored",
+    overrides=("experiment=llama_text", "symmetry.qk=none", "symmetry.vo=none", "matcher.methods=[weight,learned]"),
+    tiny=TINY,
+)
 
 METHODS = {
     "vanilla": "vanilla averaging",
@@ -33,6 +39,8 @@ METHODS = {
     "weight": "weight matching (orthogonal residual, groups, rotary maps)",
     "activation": "activation matching",
     "learned": "learned matching",
+    "weight factored": "weight matching, heads factored",
+    "learned factored": "learned matching, heads factored",
 }
 WEIGHT_TARGET, LEARNED_TARGET = 0.35, 0.05
 
@@ -40,6 +48,9 @@ WEIGHT_TARGET, LEARNED_TARGET = 0.35, 0.05
 def collect(root: Path) -> dict[str, Any]:
     results = run_results(Path(root) / RUN.label)
     methods = {m: results["methods"][m] for m in METHODS if m in results["methods"]}
+    if (Path(root) / FACTORED.label).exists():
+        factored = run_results(Path(root) / FACTORED.label)["methods"]
+        methods.update({f"{m} factored": factored[m] for m in ("weight", "learned") if m in factored})
     return {
         "endpoints": [e["test_loss"] for e in results["endpoints"]],
         "stats": {m: barrier_stats(r["pairs"]) for m, r in methods.items()},
@@ -88,8 +99,9 @@ def make(root: Path, out: Path) -> list[Path]:
     losses = data["endpoints"]
     caption = (
         f"Test-loss barriers (nats per character), mean ± s.e. over {len(next(iter(per_pair.values())))} disjoint "
-        f"pairs; endpoints at test loss {min(losses):.2f}–{max(losses):.2f}. Heads are interpolated as factored "
-        "weights (no circuit form under rotary positions)."
+        f"pairs; endpoints at test loss {min(losses):.2f}–{max(losses):.2f}. Heads are interpolated as circuits: "
+        "the models' rotary heads stacked, each block rotated as its own (glmc.interpolation); heads factored: the "
+        "same endpoints with q, k, v, o averaged as tensors after the closed-form in-head maps."
     )
     columns = ["method", "pairs", "barrier", "barrier_se", "seconds", "per_pair"]
     csv_rows = [[m, s["pairs"], s["barrier"], s["barrier_se"], s["seconds"], per_pair[m]] for m, s in stats.items()]
@@ -106,6 +118,6 @@ def make(root: Path, out: Path) -> list[Path]:
 ARTEFACT = Artefact(
     name="llama_text",
     title="Llama-style models: barriers on the embedded corpus (grouped-query attention, rotary, SwiGLU)",
-    steps=(RUN,),
+    steps=(RUN, FACTORED),
     make=make,
 )

@@ -95,6 +95,7 @@ def llama_to_canonical(model: nn.Module) -> CanonicalTransformer:
         causal=True,
         pooling="none",
         rope_theta=rope_theta(cfg),
+        rope_dim=inner.layers[0].self_attn.head_dim,
     )
     return CanonicalTransformer(config, dict(p))
 
