@@ -39,8 +39,8 @@ class Family:
     # pre-norm families converted from LayerNorm models hold a mean-zero stream, which an export to a
     # LayerNorm model needs; RMSNorm families (Llama) need none
     mean_zero_stream: bool = True
-    # whether heads can be interpolated as QK/OV circuits (not under rotary positions, where W_q^T W_k is not
-    # what the model computes)
+    # whether the model has the explicit (D+1) x (D+1) QK/OV circuit form (to_circuit); not under rotary
+    # positions, where W_q^T W_k is not what a head computes (its heads still interpolate as stacked circuits)
     circuit_form: bool = True
     embed_roles: tuple[Role, ...] = ()
     head_roles: tuple[Role, ...] = ()
