@@ -28,10 +28,9 @@ models), and which GPU sizes it fits: 24 GB (24564 MiB), 40 GB (40536 MiB), 80 G
 slack; and the largest batch of each sequence length that fits each.
 
 --layers N and --vocab N cut the matched models for quick checks (the output says so). The two full
-models take 1.2 GiB (GPT-2) and 11.2 GiB (Llama) before the matching's own memory. Cut runs of the
-Llama shape (1 and 2 layers, vocabulary 2000, 2 iterations, CPU float32) peaked at about 2 GiB plus
-0.86 GiB per layer above the models (some four copies of B's block weights from the second iteration
-on), which puts llama-1b at roughly 29 GiB in all: run it on a machine with 32 GiB or more.
+models take 1.2 GiB (GPT-2) and 11.2 GiB (Llama) before the matching's own memory. The Llama shape cut
+to 8 of its 16 layers peaked 6.8 GiB above its 7.5 GiB of models (README, "What fits"), which puts the
+full llama-1b at about 25 GiB: run it on a machine with 32 GiB or more.
 """
 
 from __future__ import annotations

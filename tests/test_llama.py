@@ -126,40 +126,22 @@ def test_no_circuit_form(llama):
         llama[2].to_circuit()
 
 
-def test_sliding_window_refused():
-    from transformers import MistralConfig, MistralForCausalLM
-
-    hf = MistralForCausalLM(
-        MistralConfig(
-            vocab_size=31,
-            hidden_size=16,
-            intermediate_size=24,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            sliding_window=8,
-        )
-    )
-    with pytest.raises(NotImplementedError, match="sliding-window"):
-        to_canonical(hf)
-
-
-def test_mistral_without_window_converts():
+def tiny_mistral(sliding_window):
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
-    hf = MistralForCausalLM(
-        MistralConfig(
-            vocab_size=31,
-            hidden_size=16,
-            intermediate_size=24,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            sliding_window=None,
-            head_dim=4,
-        )
-    ).eval()
+    sizes = dict(vocab_size=31, hidden_size=16, intermediate_size=24, num_hidden_layers=1, head_dim=4)
+    config = MistralConfig(**sizes, num_attention_heads=4, num_key_value_heads=2, sliding_window=sliding_window)
+    return MistralForCausalLM(config).eval()
+
+
+def test_sliding_window_refused():
+    with pytest.raises(NotImplementedError, match="sliding-window"):
+        to_canonical(tiny_mistral(sliding_window=8))
+
+
+def test_mistral_without_window_converts():
+    hf = tiny_mistral(sliding_window=None)
     x = torch.randint(0, 31, (2, 9))
     with torch.no_grad():
         assert_close_rel(to_canonical(hf)(x), hf(x).logits, FORWARD, "mistral: canonical vs HF logits")
