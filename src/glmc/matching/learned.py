@@ -23,8 +23,8 @@ gated MLP's up/down scales (mlp_scale). They are taken from the weight-matching 
 B before training, each moved to the group or unit of B it belongs to (weight matching indexes them by
 the groups and units after its permutations), so that the learned key/value group and MLP
 permutations carry them along; the returned transform composes both and acts on B itself. With
-init=identity these spaces stay as they are. Such models have no circuit form: qk and vo must be
-"none" (factored interpolation).
+init=identity these spaces stay as they are. With qk and vo interpolated as circuits (rotary heads
+stacked, glmc.interpolation) the path does not depend on them.
 """
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ class LlamaFamily(Family):
         if form != "factored":
             raise ValueError(
                 "the llama family has no circuit form: under rotary positions the query/key circuit W_q^T W_k is "
-                "not what the model computes (interpolate its heads as factored weights: the matcher's qk=none)"
+                "not what the model computes (interpolation stacks its rotary heads instead: glmc.interpolation)"
             )
         return GATED_GROUPED
 
