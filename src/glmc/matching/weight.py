@@ -30,6 +30,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import torch
@@ -95,6 +98,11 @@ def circuit_cost(pa: Params, pb: Params, layer: int) -> Tensor:
     return cost
 
 
+def head_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
+    """The negated circuit cost: what the head assignment maximises."""
+    return -circuit_cost(pa, pb, layer)
+
+
 def squared_distance(pa: Params, pb: Params) -> tuple[float, float]:
     """(||theta_A - theta_B||^2, ||theta_A||^2) over circuit-form parameters, heads compared in place."""
     diff = norm = 0.0
@@ -120,6 +128,18 @@ def relative_distance(pa: Params, pb: Params) -> float:
     """||theta_A - theta_B|| / ||theta_A|| over the circuit-form parameters."""
     diff, norm = squared_distance(pa, pb)
     return (diff / norm) ** 0.5
+
+
+def assign_layers(similarity: Callable[[int], Tensor], layers: range, threads: int | None = None) -> list[Permutation]:
+    """Per layer, Permutation.project(similarity(layer)). The layers' problems are independent and SciPy's
+    Hungarian solver releases the GIL, so `threads` layers (None: torch's thread count) are built and
+    solved at once; only that many similarity matrices are held at a time."""
+    threads = torch.get_num_threads() if threads is None else threads
+    solve = lambda layer: Permutation.project(similarity(layer))  # noqa: E731
+    if threads <= 1 or len(layers) < 2:
+        return [solve(layer) for layer in layers]
+    with ThreadPoolExecutor(min(threads, len(layers))) as pool:
+        return list(pool.map(solve, layers))
 
 
 def _per_group(space) -> tuple[int, int]:
@@ -347,6 +367,7 @@ def weight_matching(
     dtype: torch.dtype = torch.float32,
     tokens: Tensor | None = None,
     keep_mean: bool = False,
+    threads: int | None = None,
 ) -> tuple[Transform, dict[str, Any]]:
     """Transform T with T(B) close to A in weight space; diagnostics hold the per-iteration objective.
 
@@ -355,7 +376,8 @@ def weight_matching(
     float64 to 1e-7. The returned elements are float32; `apply` uses them in float64. `tokens`: the
     vocabulary rows that enter the residual map and the objective (None: all). `keep_mean`: an
     orthogonal residual map fixes the all-ones vector and its complement (for mean-zero streams;
-    permutations always do)."""
+    permutations always do). `threads`: how many layers' assignment problems are solved at once (None:
+    torch's thread count; 1: one after another, the same solutions)."""
     if residual not in ("orthogonal", "permutation", "none"):
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
@@ -445,26 +467,28 @@ def weight_matching(
         tick = time.perf_counter()
         pb_res = apply_params(Transform(res), spec_blocks, pb)
         seconds["apply"] += time.perf_counter() - tick
-        for l in layers:
-            if heads:
-                tick = time.perf_counter()
-                cost = rotary_head_cost(pa, pb_res, l) if factored else circuit_cost(pa, pb_res, l)
-                if grouped:
-                    groups = spec[f"heads.{l}"].size
-                    perms[f"heads.{l}"], perms[f"qheads.{l}"] = group_assignment(cost, groups)
-                else:
-                    perms[f"heads.{l}"] = Permutation.project(-cost)
-                seconds["heads"] += time.perf_counter() - tick
-            if mlp:
-                tick = time.perf_counter()
-                if f"mlp_scale.{l}" in perms:
-                    perm = Permutation.project(gated_mlp_similarity(pa, pb_res, l))
-                    perms[f"mlp.{l}"] = perm
-                    moved = apply_params(Transform({f"mlp.{l}": perm}), spec_blocks, pb_res)
-                    perms[f"mlp_scale.{l}"] = unit_scales(pa, moved, l)
-                else:
-                    perms[f"mlp.{l}"] = Permutation.project(mlp_similarity(pa, pb_res, l))
-                seconds["mlp"] += time.perf_counter() - tick
+        # the layers' assignment problems are independent: their Hungarian solves run side by side
+        if heads:
+            tick = time.perf_counter()
+            if grouped:
+                for l in layers:
+                    cost = rotary_head_cost(pa, pb_res, l) if factored else circuit_cost(pa, pb_res, l)
+                    perms[f"heads.{l}"], perms[f"qheads.{l}"] = group_assignment(cost, spec[f"heads.{l}"].size)
+            else:
+                solved = assign_layers(partial(head_similarity, pa, pb_res), layers, threads)
+                perms.update(zip((f"heads.{l}" for l in layers), solved))
+            seconds["heads"] += time.perf_counter() - tick
+        if mlp:
+            tick = time.perf_counter()
+            gated = f"mlp_scale.{layers[0]}" in perms
+            similarity = gated_mlp_similarity if gated else mlp_similarity
+            solved = assign_layers(partial(similarity, pa, pb_res), layers, threads)
+            perms.update(zip((f"mlp.{l}" for l in layers), solved))
+            if gated:
+                moved = apply_params(Transform({f"mlp.{l}": perms[f"mlp.{l}"] for l in layers}), spec_blocks, pb_res)
+                perms.update({f"mlp_scale.{l}": unit_scales(pa, moved, l) for l in layers})
+                del moved
+            seconds["mlp"] += time.perf_counter() - tick
         if factored:  # the in-head maps of the groups just matched decide which factored weights compare
             tick = time.perf_counter()
             moved = apply_params(
