@@ -130,6 +130,11 @@ def relative_distance(pa: Params, pb: Params) -> float:
     return (diff / norm) ** 0.5
 
 
+# the smallest MLP whose layers' assignments are solved side by side (measured in matching_speed.py: at
+# 512 units a thread pool costs what it saves, at 2,048 it saves a fifth of the MLP step)
+PARALLEL_UNITS = 1024
+
+
 def assign_layers(similarity: Callable[[int], Tensor], layers: range, threads: int | None = None) -> list[Permutation]:
     """Per layer, Permutation.project(similarity(layer)). The layers' problems are independent and SciPy's
     Hungarian solver releases the GIL, so `threads` layers (None: torch's thread count) are built and
@@ -376,8 +381,8 @@ def weight_matching(
     float64 to 1e-7. The returned elements are float32; `apply` uses them in float64. `tokens`: the
     vocabulary rows that enter the residual map and the objective (None: all). `keep_mean`: an
     orthogonal residual map fixes the all-ones vector and its complement (for mean-zero streams;
-    permutations always do). `threads`: how many layers' assignment problems are solved at once (None:
-    torch's thread count; 1: one after another, the same solutions)."""
+    permutations always do). `threads`: how many layers' MLP assignments (of PARALLEL_UNITS units or more)
+    are solved at once (None: torch's thread count; 1: one after another, the same solutions)."""
     if residual not in ("orthogonal", "permutation", "none"):
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
@@ -475,14 +480,16 @@ def weight_matching(
                     cost = rotary_head_cost(pa, pb_res, l) if factored else circuit_cost(pa, pb_res, l)
                     perms[f"heads.{l}"], perms[f"qheads.{l}"] = group_assignment(cost, spec[f"heads.{l}"].size)
             else:
-                solved = assign_layers(partial(head_similarity, pa, pb_res), layers, threads)
+                solved = assign_layers(partial(head_similarity, pa, pb_res), layers, 1)  # tiny problems
                 perms.update(zip((f"heads.{l}" for l in layers), solved))
             seconds["heads"] += time.perf_counter() - tick
         if mlp:
             tick = time.perf_counter()
             gated = f"mlp_scale.{layers[0]}" in perms
             similarity = gated_mlp_similarity if gated else mlp_similarity
-            solved = assign_layers(partial(similarity, pa, pb_res), layers, threads)
+            # a pool pays for itself from about a thousand units (a GPT-2's MLP), not on small models
+            pool = threads if spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS else 1
+            solved = assign_layers(partial(similarity, pa, pb_res), layers, pool)
             perms.update(zip((f"mlp.{l}" for l in layers), solved))
             if gated:
                 moved = apply_params(Transform({f"mlp.{l}": perms[f"mlp.{l}"] for l in layers}), spec_blocks, pb_res)
