@@ -147,11 +147,6 @@ def assign_layers(similarity: Callable[[int], Tensor], layers: range, threads: i
         return list(pool.map(solve, layers))
 
 
-def _per_group(space) -> tuple[int, int]:
-    """(size, heads) of a per-group space, for Permutation.identity."""
-    return space.size, space.heads
-
-
 def rotary_head_cost(pa: Params, pb: Params, layer: int) -> Tensor:
     """(H_A, H_B) factored distance between query heads of grouped rotary blocks, each with its group's
     keys and values, left after the best in-head maps for that pair: per frequency pair the rotary
@@ -418,7 +413,8 @@ def weight_matching(
     if heads:
         perms.update({f"heads.{l}": Permutation.identity(spec[f"heads.{l}"].size) for l in layers})
         if grouped:
-            perms.update({f"qheads.{l}": Permutation.identity(*_per_group(spec[f"qheads.{l}"])) for l in layers})
+            query_heads = [spec[f"qheads.{l}"] for l in layers]
+            perms.update({q.name: Permutation.identity(q.size, q.heads) for q in query_heads})
     if mlp:
         perms.update({f"mlp.{l}": Permutation.identity(spec[f"mlp.{l}"].size) for l in layers})
         if f"mlp_scale.{layers[0]}" in spec.spaces:
