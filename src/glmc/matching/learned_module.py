@@ -16,8 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from glmc.interpolation import merge_params
+from glmc.matching.latent_apply import LatentApplier
 from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
 from glmc.matching.settings import LearnedTraining
+from glmc.matching.weight import assign_layers
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.schedule import warmup_cosine
@@ -213,6 +215,8 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
             else:
                 z = start + settings.init_noise * torch.randn(start.shape, generator=generator)
             self.latents[_key(name)] = nn.Parameter(z)
+        self._applier: LatentApplier | None = None  # built on first use, on the latents' device
+        self.dense_apply = False
         # per optimisation step: training loss and lambda; a buffer so that checkpoints and the
         # spawn launcher (which returns the state dict) carry it
         self.register_buffer("history", torch.full((settings.max_steps, 2), math.nan))
@@ -228,6 +232,25 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
             params = self._endpoints[which] = {k: v.to(self.device) for k, v in params.items()}
         return params
 
+    def elements(self) -> dict[str, Tensor | tuple[Tensor, Tensor]]:
+        """The projected latents as LatentApplier takes them: straight-through permutations as
+        (latent, hard index), the others as dense matrices."""
+        s, out = self.settings, {}
+        straight = {n: self.latents[_key(n)].detach() for n, k in self.kinds.items() if k == "permutation"}
+        hard = {n: Permutation.from_row_maxima(z) for n, z in straight.items()}
+        # the rest need the solver; their problems are independent: side by side (SciPy releases the GIL)
+        solve = [n for n, p in hard.items() if p is None]
+        hard.update(zip(solve, assign_layers(lambda i: straight[solve[i]], range(len(solve)))))
+        for name, kind in self.kinds.items():
+            z = self.latents[_key(name)]
+            if kind == "orthogonal":
+                out[name] = polar(z)
+            elif kind == "permutation":
+                out[name] = (z, hard[name].perm.to(z.device))
+            else:
+                out[name] = sinkhorn(z, s.sinkhorn_iters, s.sinkhorn_temperature)
+        return out
+
     def matrices(self) -> dict[str, Tensor]:
         """The projected latents, dense and differentiable."""
         s, out = self.settings, {}
@@ -242,8 +265,14 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         return out
 
     def aligned_params(self) -> dict[str, Tensor]:
-        """T(theta_B) in factored form, inside the graph."""
-        return apply_dense(self.matrices(), self.spec, self.endpoint_params("b"))
+        """T(theta_B) in factored form, inside the graph: by LatentApplier (one product for the
+        residual map, permutations by index), or with `dense_apply` set by apply_dense on the
+        straight-through matrices (the earlier path: the same values and gradients, more work)."""
+        if self.dense_apply:
+            return apply_dense(self.matrices(), self.spec, self.endpoint_params("b"))
+        if self._applier is None:
+            self._applier = LatentApplier(self.spec, self.endpoint_params("b"), list(self.kinds))
+        return self._applier.to(self.device)(self.elements())
 
     def loss(self, inputs: Tensor, targets: Tensor, lam: float) -> Tensor:
         """Task loss of lam * theta_A + (1 - lam) * T(theta_B) on one batch."""

@@ -390,8 +390,10 @@ def weight_matching(
     residual_only = _residual_only(model_b)
     vectors = residual_vectors(model_b)
     emb = _embedding_blocks(pa, pb, residual_only, tokens)
-    c_emb_raw = sum(a.double() @ b.double().T for a, b in emb)  # float64: the objective cancels
-    c_emb = sum(a.double() @ b.double().T / a.shape[1] for a, b in emb)
+    products = [(a.double() @ b.double().T, a.shape[1]) for a, b in emb]  # float64: the objective cancels
+    c_emb_raw = sum(c for c, _ in products)
+    c_emb = sum(c / n for c, n in products)
+    del products
     emb_aa, emb_bb = (
         sum(float(a.double().pow(2).sum()) for a, _ in emb),
         sum(float(b.double().pow(2).sum()) for _, b in emb),

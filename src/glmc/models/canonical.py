@@ -127,14 +127,28 @@ def num_layers(params: dict[str, Tensor]) -> int:
     return len(layers)
 
 
+def head_projections(h: Tensor, p: dict[str, Tensor], pre: str, names: tuple[str, ...]) -> list[Tensor]:
+    """(B, H, T, e) per name of h's per-head projections by p[pre + name + "_w"] (H, e, D) and
+    "_b" (H, e), all in one product (the heads of q, k and v side by side, as a fused qkv layer)."""
+    weights = [p[pre + n + "_w"] for n in names]
+    y = F.linear(h, torch.cat([w.flatten(0, 1) for w in weights]), torch.cat([p[pre + n + "_b"].flatten() for n in names]))
+    out = []
+    for w, part in zip(weights, y.split([w.shape[0] * w.shape[1] for w in weights], -1)):
+        out.append(part.unflatten(-1, w.shape[:2]).transpose(1, 2))
+    return out
+
+
+def head_output(z: Tensor, o_w: Tensor) -> Tensor:
+    """sum_h z[:, h] o_w[h]^T for z (B, H, T, e) and o_w (H, D, e), as one product."""
+    return F.linear(z.transpose(1, 2).flatten(2), o_w.transpose(0, 1).flatten(1))
+
+
 def _attention_factored(config, p, pre, h, record=None):
-    q = torch.einsum("btd,hed->bhte", h, p[pre + "q_w"]) + p[pre + "q_b"][:, None]
-    k = torch.einsum("btd,hed->bhte", h, p[pre + "k_w"]) + p[pre + "k_b"][:, None]
-    v = torch.einsum("btd,hed->bhte", h, p[pre + "v_w"]) + p[pre + "v_b"][:, None]
+    q, k, v = head_projections(h, p, pre, ("q", "k", "v"))
     z = F.scaled_dot_product_attention(q, k, v, is_causal=config.causal, scale=1.0)
     if record is not None:
         record(pre + "heads", z)
-    return torch.einsum("bhte,hde->btd", z, p[pre + "o_w"])
+    return head_output(z, p[pre + "o_w"])
 
 
 def _attention_grouped(config, p, pre, h, record=None):

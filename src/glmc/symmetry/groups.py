@@ -68,9 +68,29 @@ class Permutation(Element):
 
     @classmethod
     def project(cls, similarity: Tensor) -> Permutation:
-        """The permutation maximising sum_i similarity[i, perm[i]] (Hungarian algorithm)."""
-        _, cols = linear_sum_assignment(similarity.detach().cpu().double().numpy(), maximize=True)
+        """The permutation maximising sum_i similarity[i, perm[i]] (Hungarian algorithm).
+
+        Where every row's largest entry lies in a different column, those columns are the answer
+        (no assignment can exceed the sum of the row maxima) and the solver is skipped: the usual
+        case for a latent near its straight-through permutation, or weight matching near its end."""
+        s = similarity.detach()
+        shortcut = cls.from_row_maxima(s)
+        if shortcut is not None:
+            return shortcut
+        _, cols = linear_sum_assignment(s.cpu().double().numpy(), maximize=True)
         return cls(torch.as_tensor(cols, device=similarity.device))
+
+    @classmethod
+    def from_row_maxima(cls, similarity: Tensor) -> Permutation | None:
+        """The columns of the rows' largest entries where they are all different (then the optimal
+        assignment), else None. A finite (n, m) matrix with n <= m only."""
+        s = similarity.detach()
+        if s.dim() != 2 or not 0 < s.shape[0] <= s.shape[1]:
+            return None
+        best = s.argmax(1)
+        if len(torch.unique(best)) != len(best) or not bool(torch.isfinite(s).all()):
+            return None
+        return cls(best)
 
     def dense(self, dtype=torch.float32) -> Tensor:
         """P, or (heads, n, n) for one permutation per head."""
