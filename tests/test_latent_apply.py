@@ -36,7 +36,9 @@ def latents(spec, residual: str, units: str, seed: int = 0) -> tuple[dict, dict]
 
 
 def dense_matrix(z, kind):
-    return polar(z) if kind == "orthogonal" else straight_through_permutation(z) if kind == "permutation" else sinkhorn(z, 5)
+    if kind == "orthogonal":
+        return polar(z)
+    return straight_through_permutation(z) if kind == "permutation" else sinkhorn(z, 5)
 
 
 def element(z, kind):
@@ -45,7 +47,9 @@ def element(z, kind):
 
 @pytest.mark.numeric
 @pytest.mark.parametrize("family", list(MODELS))
-@pytest.mark.parametrize("residual,units", [("orthogonal", "permutation"), ("permutation", "permutation"), ("orthogonal", "sinkhorn")])
+@pytest.mark.parametrize(
+    "residual,units", [("orthogonal", "permutation"), ("permutation", "permutation"), ("orthogonal", "sinkhorn")]
+)
 def test_same_params_and_gradients_as_apply_dense(family, residual, units):
     a, model = to_canonical(MODELS[family](0)), to_canonical(MODELS[family](1))
     spec, params = SymmetrySpec.from_model(model), model.params()

@@ -80,6 +80,24 @@ def test_polar_gradient_is_exact_and_finite_at_orthogonal_matrices():
     assert torch.isfinite(o.grad).all() and o.grad.abs().sum() > 0
 
 
+@pytest.mark.numeric
+def test_polar_from_the_gram_matrix_or_the_svd_is_the_nearest_orthogonal_matrix():
+    g = torch.Generator().manual_seed(0)
+    near = Orthogonal.sample(64, g).matrix + 0.1 * torch.randn(64, 64, generator=g)  # the eigh route
+    singular = torch.randn(64, 64, generator=g)
+    singular[:, 0] = singular[:, 1] * (1 + 1e-6)  # sigma_min / sigma_max ~ 1e-7: the SVD route
+    tall = torch.randn(80, 48, generator=g)
+    for z in (near, singular, tall):
+        if z is singular:  # the direction of the tiny singular value is float32's own: the same SVD's
+            u, _, vh = torch.linalg.svd(z, full_matrices=False)
+            expected = u @ vh
+        else:
+            expected = Orthogonal.project(z.double()).matrix
+        assert_close_rel(polar(z), expected, FEW_OPS)
+        q = polar(z).double()
+        assert_close_rel(q.T @ q, torch.eye(z.shape[1], dtype=torch.float64), FEW_OPS)
+
+
 def test_sinkhorn_is_doubly_stochastic_and_starts_near_the_permutation():
     g = torch.Generator().manual_seed(0)
     p = sinkhorn(3 * torch.randn(7, 7, generator=g), iters=50)

@@ -120,8 +120,8 @@ def test_circuits_stack_both_models_heads(models):
     # q, k, v weights and biases (D + 1 columns each) and o_w, per layer
     head_tensors = LAYERS * (3 * 32 * 33 + 32 * 32)
     assert circuit["interpolated"] - factored["interpolated"] == head_tensors * 4
-    # per position and layer: H (dq + dk + 3 dv) more, the head dims doubled
-    assert circuit["activations"] - factored["activations"] == 4 * 16 * LAYERS * 4 * (8 + 8 + 3 * 8) * 4
+    # per position and layer: H (dq + dk + 2 dv) more, the head dims doubled
+    assert circuit["activations"] - factored["activations"] == 4 * 16 * LAYERS * 4 * (8 + 8 + 2 * 8) * 4
     with pytest.raises(ValueError, match="circuits"):
         learned_matching_memory(gpt2, 1, 8, circuits=("mlp",))
 

@@ -70,15 +70,16 @@ class LatentApplier:
     """apply_dense(matrices, spec, params) for B's fixed params, spaces without per-head elements.
 
     __call__ takes per space either a dense matrix (orthogonal, Sinkhorn: contracted) or a pair
-    (latent, hard index) for straight-through permutations (moved by index)."""
+    (latent, hard index) for straight-through permutations (moved by index). stack_residual: lay out
+    the residual map's rows once for a dense residual matrix (False for a permuted residual)."""
 
-    def __init__(self, spec: SymmetrySpec, params: dict[str, Tensor], spaces: list[str]):
+    def __init__(self, spec: SymmetrySpec, params: dict[str, Tensor], spaces: list[str], stack_residual: bool = True):
         self.spec, self.spaces = spec, [s.name for s in spec if s.name in spaces]
         self.params = dict(params)
         self.rows: list[_Rows] = []
         residual = spec.spaces.get("residual")
         self.stacked: Tensor | None = None
-        if residual is not None and "residual" in self.spaces:
+        if residual is not None and "residual" in self.spaces and stack_residual:
             blocks, start = [], 0
             for ax in residual.acts_on:
                 if ax.head_axis is not None:

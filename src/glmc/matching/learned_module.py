@@ -271,7 +271,8 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         if self.dense_apply:
             return apply_dense(self.matrices(), self.spec, self.endpoint_params("b"))
         if self._applier is None:
-            self._applier = LatentApplier(self.spec, self.endpoint_params("b"), list(self.kinds))
+            dense = self.kinds.get("residual") == "orthogonal"
+            self._applier = LatentApplier(self.spec, self.endpoint_params("b"), list(self.kinds), dense)
         return self._applier.to(self.device)(self.elements())
 
     def loss(self, inputs: Tensor, targets: Tensor, lam: float) -> Tensor:

@@ -18,29 +18,34 @@ units F), and B x T the batch:
   endpoints       2 P: both models' canonical tensors.
   latents         3 sum n^2: each n x n latent and AdamW's two moments.
   latent_grads    sum n^2: the latents' gradients (a projected matrix's gradient becomes its latent's),
-                  made in the backward through apply_dense.
+                  made in the backward through the moves of B's weights.
   projections     sum n^2 for the projected matrices the contractions keep for the backward, plus
                   2 D^2 for the polar factor's saved SVD (U, V^T) of an orthogonal residual, or
                   2 * iters n^2 more per Sinkhorn latent (every normalisation keeps its input).
-  transformed     one tensor per dense contraction of B's weights by a latent (apply_dense keeps its
-                  input for the latent's gradient), except a first contraction that reads B's own
-                  tensor in place (a vector or matrix, or the space on the last axis): in-place reads
-                  are part of the endpoints.
+  stacked         with an orthogonal residual latent, B's tensors that the residual map acts on, stacked
+                  once as rows of one matrix (glmc.matching.latent_apply), so that the map is one
+                  product per step.
+  transformed     one tensor per move of B's weights by a latent (the residual product, a permutation's
+                  gather: each keeps its input for the latent's gradient), except a first move that
+                  reads B's own tensor in place (a vector or matrix, or the space on the last axis):
+                  in-place reads are part of the endpoints.
   aligned         T(B)'s tensors that a latent moves: built before the merge, freed after it.
   interpolated    the path's weights lam A + (1 - lam) T(B); a pair interpolated as circuits (GPT-2
                   and ViT heads by default) stacks both models' heads, so its q, k, v and o tensors
                   count twice.
-  forward_weights the copy of every layer's output projection o_w (as interpolated) that the forward's
-                  einsum reads in its own layout, kept for the backward.
+  forward_weights the copies of the interpolated attention weights that the forward reads in its own
+                  layout, kept for the backward: every layer's output projection o_w, and where the
+                  heads are not grouped its q, k and v weights too (joined for one product).
   weight_grads    the gradients of the interpolated weights that depend on a latent. The backward
                   frees each interpolated weight as it makes its gradient, so they take the weights'
-                  place, and in the backward through apply_dense the gradients of T(B)'s tensors take
+                  place, and in the backward through the moves the gradients of T(B)'s tensors take
                   theirs, one tensor at a time (counted: the largest aligned tensor, `largest_aligned`).
   activations     what the forward keeps for its backward, per layer and position
                       4 D                             the stream read by the two norms, and their outputs
-                    + H (dq + dk + 3 dv + 1)          fused attention's q, k, v (key/value heads repeated
-                                                      to the H query heads), output and log-sum-exp, and
-                                                      the copy of the output the output projection reads
+                    + H (dq + dk + 2 dv + 1)          fused attention's q, k, v, output and log-sum-exp
+                                                      (multi-head: the output projection reads it in place)
+                    + H (dq + dk + 3 dv + 1)          grouped-query instead: key/value heads repeated to the
+                                                      H query heads, and a copy of the output for its projection
                     + 2 F (plain) | 4 F (gated)       the MLP's pre-activation and activation; gated: gate
                                                       pre-activation, its activation, the up branch, the product
                   plus 2 D at the ends (the embedding's output, the final norm's output). On top of
@@ -57,10 +62,10 @@ units F), and B x T the batch:
 Endpoints, latents, projections and transformed are held through the step; the rest peaks in one of
 three phases, so
 
-  total = endpoints + latents + projections + transformed
+  total = endpoints + stacked + latents + projections + transformed
           + max(aligned + interpolated,                          the merge
                 interpolated + forward_weights + activations,    the turn from forward to backward
-                weight_grads + latent_grads + largest_aligned)   the backward through apply_dense
+                weight_grads + latent_grads + largest_aligned)   the backward through the moves
 
 The second phase counts every interpolated weight, though the forward keeps no token or position
 table (a lookup keeps the indices): an overestimate by those tables, largest where the loss's
@@ -84,7 +89,10 @@ from glmc.symmetry import SymmetrySpec
 # larger transient of LOSS_ACTIVATIONS * vocabulary (language models) and D + BACKWARD_MLP_* * F.
 NORM_ACTIVATIONS = 4
 QK_ACTIVATIONS = 1
-V_ACTIVATIONS = 3
+# multi-head attention projects q, k, v in one product and its output projection reads the attention
+# output in place (dv twice: v and the output); grouped-query attention repeats keys and values per
+# query head and copies the output for its projection (three times)
+V_ACTIVATIONS = {"full": 2, "grouped": 3}
 LSE_ACTIVATIONS = 1
 PLAIN_MLP_ACTIVATIONS = 2
 GATED_MLP_ACTIVATIONS = 4
@@ -95,6 +103,7 @@ BACKWARD_GATED_MLP = 2
 
 PARTS = (
     "endpoints",
+    "stacked",
     "latents",
     "latent_grads",
     "projections",
@@ -175,7 +184,14 @@ def learned_matching_memory(
         elif spec[name].kind != "residual" and units == "sinkhorn":
             projected += 2 * sinkhorn_iters * n * n
 
-    # transformed: apply_dense's contractions, in spec order, keep their inputs
+    # stacked: the rows the residual product reads, built once (LatentApplier)
+    stacked = 0
+    if "residual" in latents and residual == "orthogonal":
+        for ax in spec["residual"].acts_on:
+            size = shapes[ax.param][ax.axis]
+            stacked += numel[ax.param] // size * (size - ax.extra)
+
+    # transformed: the moves of B's weights, in spec order, keep their inputs
     contractions: dict[str, int] = {}
     transformed = 0
     for space in spec:
@@ -192,7 +208,9 @@ def learned_matching_memory(
     pairs = _pair_tensors(model_a)
     merged = {name: numel[name] * (2 if pairs.get(name) in circuits else 1) for name in params}
     interpolated = sum(merged.values())
-    forward_weights = sum(merged[name] for name in params if role_key(name) == "blocks.{l}.o_w")
+    grouped = family_named(model_a.config.family).attention_kind == "grouped"
+    copied = {f"blocks.{{l}}.{w}" for w in (("o_w",) if grouped else ("q_w", "k_w", "v_w", "o_w"))}
+    forward_weights = sum(merged[name] for name in params if role_key(name) in copied)
     weight_grads = sum(merged[name] for name in contractions)
     aligned = sum(numel[name] for name in contractions)
     largest_aligned = max((numel[name] for name in contractions), default=0)
@@ -201,6 +219,7 @@ def learned_matching_memory(
     b = bytes_per_float
     parts = {
         "endpoints": 2 * sum(numel.values()) * b,
+        "stacked": stacked * b,
         "latents": 3 * sum(n * n for n in latents.values()) * b,
         "latent_grads": sum(n * n for n in latents.values()) * b,
         "projections": projected * b,
@@ -212,7 +231,7 @@ def learned_matching_memory(
         "largest_aligned": largest_aligned * b,
         "activations": activations * b,
     }
-    held = sum(parts[k] for k in ("endpoints", "latents", "projections", "transformed"))
+    held = sum(parts[k] for k in ("endpoints", "stacked", "latents", "projections", "transformed"))
     phases = (
         parts["aligned"] + parts["interpolated"],
         parts["interpolated"] + parts["forward_weights"] + parts["activations"],
@@ -249,7 +268,9 @@ def activation_entries(
 ) -> tuple[int, int]:
     """(kept, transient): the entries the forward keeps for the backward, and the larger of the loss's
     and the last layer's backward transients (module docstring); `activations` is their sum."""
-    gated = family_named(model.config.family).mlp_kind == "gated"
+    family = family_named(model.config.family)
+    gated = family.mlp_kind == "gated"
+    v_saved = V_ACTIVATIONS[family.attention_kind]
     positions = batch * seq
     mlp_saved = GATED_MLP_ACTIVATIONS if gated else PLAIN_MLP_ACTIVATIONS
     per_position = END_ACTIVATIONS * model.width
@@ -258,7 +279,7 @@ def activation_entries(
         dq = dk = s["qk_dim"] * (2 if "qk" in circuits else 1)
         dv = s["vo_dim"] * (2 if "vo" in circuits else 1)
         per_position += NORM_ACTIVATIONS * s["width"]
-        per_position += s["query_heads"] * (QK_ACTIVATIONS * (dq + dk) + V_ACTIVATIONS * dv + LSE_ACTIVATIONS)
+        per_position += s["query_heads"] * (QK_ACTIVATIONS * (dq + dk) + v_saved * dv + LSE_ACTIVATIONS)
         per_position += mlp_saved * s["mlp"]
     outputs = model.params()["head.w"].shape[0]
     loss = LOSS_ACTIVATIONS * positions * outputs if model.config.pooling == "none" else batch * outputs

@@ -131,7 +131,9 @@ def head_projections(h: Tensor, p: dict[str, Tensor], pre: str, names: tuple[str
     """(B, H, T, e) per name of h's per-head projections by p[pre + name + "_w"] (H, e, D) and
     "_b" (H, e), all in one product (the heads of q, k and v side by side, as a fused qkv layer)."""
     weights = [p[pre + n + "_w"] for n in names]
-    y = F.linear(h, torch.cat([w.flatten(0, 1) for w in weights]), torch.cat([p[pre + n + "_b"].flatten() for n in names]))
+    y = F.linear(
+        h, torch.cat([w.flatten(0, 1) for w in weights]), torch.cat([p[pre + n + "_b"].flatten() for n in names])
+    )
     out = []
     for w, part in zip(weights, y.split([w.shape[0] * w.shape[1] for w in weights], -1)):
         out.append(part.unflatten(-1, w.shape[:2]).transpose(1, 2))
