@@ -56,8 +56,13 @@ GRAM_CONDITION = 1e-4
 def _svd_factors(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """U, sigma, V^T of a (m >= n), from the eigendecomposition of A^T A where A is well
     conditioned (two to three times faster than the SVD on CPU), else from torch.linalg.svd."""
-    if a.shape[-2] >= a.shape[-1]:
-        values, v = torch.linalg.eigh(a.mT @ a)
+    gram = a.mT @ a if a.shape[-2] >= a.shape[-1] else None
+    # entries beyond sqrt(float max) overflow the Gram matrix: the SVD alone sees what they are
+    if gram is not None and bool(torch.isfinite(gram).all()):
+        try:
+            values, v = torch.linalg.eigh(gram)
+        except torch.linalg.LinAlgError:  # let the SVD decide whether the latent can be projected
+            return torch.linalg.svd(a, full_matrices=False)
         if bool(values.min() > GRAM_CONDITION * values.max()):
             s = values.sqrt()
             return (a @ v) / s, s, v.mT
