@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from glmc.interpolation import merge_params
-from glmc.matching.latent_apply import LatentApplier, hard_permutation
+from glmc.matching.latent_apply import LatentApplier
 from glmc.matching.projections import polar, sinkhorn, straight_through_permutation
 from glmc.models import canonical_forward, to_canonical
 from glmc.symmetry import Permutation, SymmetrySpec, apply_dense
@@ -42,7 +42,7 @@ def dense_matrix(z, kind):
 
 
 def element(z, kind):
-    return (z, hard_permutation(z)) if kind == "permutation" else dense_matrix(z, kind)
+    return (z, Permutation.project(z).perm) if kind == "permutation" else dense_matrix(z, kind)
 
 
 @pytest.mark.numeric

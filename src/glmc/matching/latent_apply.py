@@ -16,14 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from glmc.symmetry import Permutation, SymmetrySpec
+from glmc.symmetry import SymmetrySpec
 from glmc.symmetry.apply import _contract
 from glmc.symmetry.spec import Axis
-
-
-def hard_permutation(latent: Tensor) -> Tensor:
-    """The index of the permutation maximising sum_i latent[i, perm[i]], on the latent's device."""
-    return Permutation.project(latent.detach()).perm.to(latent.device)
 
 
 class _PermuteAlong(torch.autograd.Function):
