@@ -7,14 +7,18 @@ Prints the medians over repeats and their ratio (the target is at most 1.5x), an
 the same learned step on the earlier path (`dense_apply`: every latent applied as a dense
 straight-through matrix) beside it.
 
-  .venv/bin/python benchmarks/learned_step_cost.py [hydra overrides, e.g. matcher.learned.lr=1e-2]
+  .venv/bin/python benchmarks/learned_step_cost.py [--device cuda] [hydra overrides, e.g. matcher.learned.lr=1e-2]
+
+--device runs both steps on that device (default cpu); the times then wait for its queued kernels.
+--compile runs both steps' forward and loss through torch.compile (the learned step's hard projections,
+SciPy's solver, stay outside the graph); compiling happens in the warm-up and is reported on its own.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -50,14 +54,19 @@ def endpoints(cfg):
     return models, all(cache.has(key, s) for s in list(cfg.seeds)[:2])
 
 
-def timed(step, n: int) -> float:
+def timed(step, n: int, device: torch.device) -> float:
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    synchronize()
     start = time.perf_counter()
     for _ in range(n):
         step()
+    synchronize()
     return (time.perf_counter() - start) / n
 
 
-def main(overrides: list[str], repeats: int = 7, steps: int = 10) -> None:
+def main(overrides: list[str], repeats: int = 7, steps: int = 10, device: str = "cpu", compile: bool = False) -> None:
+    device = torch.device(device)
+    maybe_compiled = torch.compile if compile else lambda f: f
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
@@ -66,19 +75,20 @@ def main(overrides: list[str], repeats: int = 7, steps: int = 10) -> None:
     data.setup()
     # the training split's batches in order, cycled: every step sees the next one, as in training (on one
     # repeated batch the latents drift further from permutations and the projections cost more than they do)
-    batches = [b for _, b in zip(range(64), data.train_dataloader())]
+    batches = [tuple(t.to(device) for t in b) for _, b in zip(range(64), data.train_dataloader())]
     order = itertools.cycle(batches)
     inputs, targets = batches[0]
 
     plain = build_model(cfg.model)
     plain.load_state_dict(model_a.state_dict())
-    plain.train()
+    plain.to(device).train()
+    plain_logits = maybe_compiled(logits_of)
     plain_opt = torch.optim.AdamW(plain.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
 
     def plain_step():
         plain_opt.zero_grad(set_to_none=True)
         inputs, targets = next(order)
-        loss = F.cross_entropy(logits_of(plain, inputs), targets)
+        loss = F.cross_entropy(plain_logits(plain, inputs), targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(plain.parameters(), cfg.train.gradient_clip_val)
         plain_opt.step()
@@ -94,12 +104,13 @@ def main(overrides: list[str], repeats: int = 7, steps: int = 10) -> None:
     init = {n: g.matrix if isinstance(g, Orthogonal) else g.dense() for n, g in transform.items()}
     matcher = build_matcher(method_config(cfg, "learned"))
     settings = matcher.settings
-    module = LearnedMatchingModule(a, b, init, kinds, settings, cfg.data.task, matcher.circuits)
+    module = LearnedMatchingModule(a, b, init, kinds, settings, cfg.data.task, matcher.circuits).to(device)
+    learned_loss = maybe_compiled(module.loss)
     learned_opt = torch.optim.AdamW(module.latents.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
 
     def learned_step():
         learned_opt.zero_grad(set_to_none=True)
-        module.loss(*next(order), 0.5).backward()
+        learned_loss(*next(order), 0.5).backward()
         learned_opt.step()
 
     def earlier_step():  # the previous path: dense products with every straight-through matrix
@@ -123,22 +134,28 @@ def main(overrides: list[str], repeats: int = 7, steps: int = 10) -> None:
         with torch.no_grad():
             module.elements()
 
-    for step in (plain_step, learned_step, earlier_step, circuit_step):  # warm-up
-        timed(step, 3)
+    warmup = {
+        step.__name__: 3 * timed(step, 3, device) for step in (plain_step, learned_step, earlier_step, circuit_step)
+    }
     times = {"plain": [], "learned": [], "earlier": [], "projections": [], "circuit": []}
     for _ in range(repeats):  # interleaved, so drifts in machine load hit both alike
-        times["plain"].append(timed(plain_step, steps))
-        times["learned"].append(timed(learned_step, steps))
-        times["earlier"].append(timed(earlier_step, steps))
-        times["projections"].append(timed(projections, steps))
-        times["circuit"].append(timed(circuit_step, steps))
+        times["plain"].append(timed(plain_step, steps, device))
+        times["learned"].append(timed(learned_step, steps, device))
+        times["earlier"].append(timed(earlier_step, steps, device))
+        times["projections"].append(timed(projections, steps, device))
+        times["circuit"].append(timed(circuit_step, steps, device))
     med = {k: statistics.median(v) for k, v in times.items()}
 
     print(
         f"model {cfg.model.name} ({'cached endpoints' if cached else 'untrained initialisations'}), "
-        f"batch {tuple(inputs.shape)}, {torch.get_num_threads()} threads, "
+        f"batch {tuple(inputs.shape)}, {where(device)}{', compiled' if compile else ''}, "
         f"median of {repeats} repeats x {steps} steps"
     )
+    if compile:
+        print(
+            f"  torch.compile: the 3 warm-up steps took {warmup['plain_step']:.1f} s plain, "
+            f"{warmup['learned_step']:.1f} s learned"
+        )
     print(f"  plain training step (HF endpoint)        {1e3 * med['plain']:8.2f} ms")
     print(f"  learned matching step                    {1e3 * med['learned']:8.2f} ms")
     print(f"    of which projections (Hungarian, polar)  {1e3 * med['projections']:6.2f} ms")
@@ -153,5 +170,15 @@ def main(overrides: list[str], repeats: int = 7, steps: int = 10) -> None:
     )
 
 
+def where(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU, {torch.get_num_threads()} threads"
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="where both steps run, e.g. cuda")
+    parser.add_argument("--compile", action="store_true", help="both steps' forward and loss through torch.compile")
+    known, overrides = parser.parse_known_args()
+    main(overrides, device=known.device, compile=known.compile)

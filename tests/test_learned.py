@@ -318,3 +318,32 @@ def test_ddp_with_two_cpu_processes(tmp_path, pair):
     b = pair[1]
     x = next(iter(data.test_dataloader()))[0]
     assert_close_rel(apply(result.transform, b)(x), b(x), FORWARD, "DDP-learned transform applied to B vs B")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("units", ["permutation", "sinkhorn"])
+def test_learned_step_on_cuda_matches_cpu(pair, units):
+    """The step's loss and latent gradients on CUDA equal the CPU's, and the hard projections stay on the
+    latents' device (the solver's answer moved back, the row-maxima shortcut computed there)."""
+    a, b = pair
+    spec = SymmetrySpec.from_model(b)
+    spaces = [s for s in spec if s.kind in ("residual", "heads", "mlp")]
+    kinds = {s.name: "orthogonal" if s.kind == "residual" else units for s in spaces}
+    init = {s.name: torch.eye(s.size) for s in spaces}
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 1, 8, 8, generator=g), torch.randint(0, 10, (32,), generator=g)
+    results = {}
+    for device in ("cpu", "cuda"):
+        module = LearnedMatchingModule(a, b, init, kinds, LearnedSettings(max_steps=3, init_noise=0.3), b.task)
+        module.to(device)
+        loss = module.loss(x.to(device), y.to(device), 0.4)
+        loss.backward()
+        grads = {n: p.grad.cpu() for n, p in module.latents.named_parameters()}
+        elements = module.elements()
+        for name, kind in kinds.items():
+            got = elements[name][1] if kind == "permutation" else elements[name]
+            assert got.device.type == device, name
+        results[device] = (float(loss.detach()), grads)
+    assert results["cuda"][0] == pytest.approx(results["cpu"][0], rel=1e-4)
+    for name, grad in results["cpu"][1].items():
+        assert_close_rel(results["cuda"][1][name], grad, 1e-3, f"gradient of {name}")
