@@ -106,17 +106,15 @@ def main(overrides: list[str], repeats: int = 7, steps: int = 10, device: str = 
     matcher = build_matcher(method_config(cfg, "learned"))
     settings = matcher.settings
     module = LearnedMatchingModule(a, b, init, kinds, settings, cfg.data.task, matcher.circuits).to(device)
-    learned_loss = maybe_compiled(module.loss)
+    learned_loss = maybe_compiled(module.drawn_loss)
     learned_opt = torch.optim.AdamW(module.latents.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
 
     draws = torch.Generator().manual_seed(0)
 
     def learned_step():  # as LearnedMatchingModule.training_step: the worst of the settings' lambda draws
         learned_opt.zero_grad(set_to_none=True)
-        inputs, targets = next(order)
         candidates = [sample_lambda(settings.lambda_scheme, draws) for _ in range(settings.lambda_candidates)]
-        lam = candidates[0] if len(candidates) == 1 else module.worst_lambda(inputs, targets, candidates)
-        learned_loss(inputs, targets, lam).backward()
+        learned_loss(*next(order), candidates)[0].backward()
         learned_opt.step()
 
     def earlier_step():  # the previous path: dense products with every straight-through matrix

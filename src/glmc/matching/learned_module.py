@@ -275,19 +275,31 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
             self._applier = LatentApplier(self.spec, self.endpoint_params("b"), list(self.kinds), dense)
         return self._applier.to(self.device)(self.elements())
 
-    def loss(self, inputs: Tensor, targets: Tensor, lam: float) -> Tensor:
-        """Task loss of lam * theta_A + (1 - lam) * T(theta_B) on one batch."""
-        params = merge_params([self.endpoint_params("a"), self.aligned_params()], [lam, 1.0 - lam], self.circuits)
+    def loss(self, inputs: Tensor, targets: Tensor, lam: float, aligned: dict[str, Tensor] | None = None) -> Tensor:
+        """Task loss of lam * theta_A + (1 - lam) * T(theta_B) on one batch (`aligned`: T(theta_B) when
+        already built)."""
+        aligned = self.aligned_params() if aligned is None else aligned
+        params = merge_params([self.endpoint_params("a"), aligned], [lam, 1.0 - lam], self.circuits)
         total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
         return total / count
 
-    def worst_lambda(self, inputs: Tensor, targets: Tensor, candidates: list[float]) -> float:
+    def worst_lambda(
+        self, inputs: Tensor, targets: Tensor, candidates: list[float], aligned: dict[str, Tensor] | None = None
+    ) -> float:
         """The candidate whose loss on this batch lies furthest above the straight line between the
         endpoints' losses on it: the barrier's own measure, so that steps go where the path is worst."""
         with torch.no_grad():
-            members = [self.endpoint_params("a"), self.aligned_params()]
+            aligned = self.aligned_params() if aligned is None else {k: v.detach() for k, v in aligned.items()}
+            members = [self.endpoint_params("a"), aligned]
         coefficients = [[lam, 1.0 - lam] for lam in candidates]
         return candidates[worst_draw(self.config, self.task, self.circuits, members, inputs, targets, coefficients)]
+
+    def drawn_loss(self, inputs: Tensor, targets: Tensor, candidates: list[float]) -> tuple[Tensor, float]:
+        """The loss at the worst of `candidates` (the only one when there is one), and that lambda.
+        T(theta_B) is built once, for choosing and for the loss."""
+        aligned = self.aligned_params()
+        lam = candidates[0] if len(candidates) == 1 else self.worst_lambda(inputs, targets, candidates, aligned)
+        return self.loss(inputs, targets, lam, aligned), lam
 
     def training_step(self, batch, batch_idx):
         # the draws depend on the step alone: equal on every rank and reproduced after a resume; with
@@ -296,8 +308,7 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         generator = torch.Generator().manual_seed(s.seed * 1_000_003 + self.global_step)
         candidates = [sample_lambda(s.lambda_scheme, generator) for _ in range(s.lambda_candidates)]
         try:
-            lam = candidates[0] if len(candidates) == 1 else self.worst_lambda(*batch, candidates)
-            loss = self.loss(*batch, lam)
+            loss, lam = self.drawn_loss(*batch, candidates)
         except torch.linalg.LinAlgError as err:
             self.projection_failed(err, [candidates[0]])
             return None
