@@ -240,7 +240,7 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         hard = {n: Permutation.from_row_maxima(z) for n, z in straight.items()}
         # the rest need the solver; their problems are independent: side by side (SciPy releases the GIL)
         solve = [n for n, p in hard.items() if p is None]
-        hard.update(zip(solve, assign_layers(lambda i: straight[solve[i]], range(len(solve)))))
+        hard.update(zip(solve, assign_layers(lambda i: Permutation.project(straight[solve[i]]), range(len(solve)))))
         for name, kind in self.kinds.items():
             z = self.latents[_key(name)]
             if kind == "orthogonal":

@@ -42,6 +42,7 @@ from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.matching.rotary_pairs import as_complex, pair_distance, rotary_scales, solve_pairs
 from glmc.matching.scales import best_scales, scale_objective
+from glmc.matching.warm_assignment import WarmAssignments
 from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.export import uncentred_writer
@@ -103,14 +104,23 @@ def head_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
     return -circuit_cost(pa, pb, layer)
 
 
-def squared_distance(pa: Params, pb: Params) -> tuple[float, float]:
-    """(||theta_A - theta_B||^2, ||theta_A||^2) over circuit-form parameters, heads compared in place."""
-    diff = norm = 0.0
+def squared_norm(pa: Params) -> float:
+    """||theta_A||^2 over circuit-form parameters (constant during a search: computed once)."""
+    norm = sum(float(a.double().pow(2).sum()) for name, a in pa.items() if not in_head_pair(name))
+    for layer in {layer_of(n) for n in pa} - {None}:
+        for xa, ya in circuit_factors(pa, layer):
+            xa, ya = xa.double(), ya.double()
+            norm += float(head_inner_diag(xa, ya, xa, ya).sum())
+    return norm
+
+
+def squared_difference(pa: Params, pb: Params) -> float:
+    """||theta_A - theta_B||^2 over circuit-form parameters, heads compared in place."""
+    diff = 0.0
     for name, a in pa.items():
         if in_head_pair(name):  # compared as circuits below
             continue
         diff += float((a - pb[name]).double().pow(2).sum())
-        norm += float(a.double().pow(2).sum())
     layers = {layer_of(n) for n in pa} - {None}
     for layer in layers:
         for fa, fb in zip(circuit_factors(pa, layer), circuit_factors(pb, layer)):
@@ -120,8 +130,12 @@ def squared_distance(pa: Params, pb: Params) -> tuple[float, float]:
             bb = head_inner_diag(xb, yb, xb, yb).sum()
             ab = head_inner_diag(xa, ya, xb, yb).sum()
             diff += float(aa + bb - 2 * ab)
-            norm += float(aa)
-    return max(diff, 0.0), norm
+    return max(diff, 0.0)
+
+
+def squared_distance(pa: Params, pb: Params) -> tuple[float, float]:
+    """(||theta_A - theta_B||^2, ||theta_A||^2) over circuit-form parameters, heads compared in place."""
+    return squared_difference(pa, pb), squared_norm(pa)
 
 
 def relative_distance(pa: Params, pb: Params) -> float:
@@ -130,17 +144,22 @@ def relative_distance(pa: Params, pb: Params) -> float:
     return (diff / norm) ** 0.5
 
 
+def projected(similarity: Callable[[int], Tensor], layer: int) -> Permutation:
+    """The assignment maximising similarity(layer) (Permutation.project)."""
+    return Permutation.project(similarity(layer))
+
+
 # the smallest MLP whose layers' assignments are solved side by side (measured in matching_speed.py: at
 # 512 units a thread pool costs what it saves, at 2,048 it saves a fifth of the MLP step)
 PARALLEL_UNITS = 1024
 
 
-def assign_layers(similarity: Callable[[int], Tensor], layers: range, threads: int | None = None) -> list[Permutation]:
-    """Per layer, Permutation.project(similarity(layer)). The layers' problems are independent and SciPy's
-    Hungarian solver releases the GIL, so `threads` layers (None: torch's thread count) are built and
-    solved at once; only that many similarity matrices are held at a time."""
+def assign_layers(solve: Callable[[int], Permutation], layers: range, threads: int | None = None) -> list[Permutation]:
+    """Per layer, solve(layer) (an assignment, typically Permutation.project of a similarity). The
+    layers' problems are independent and SciPy's Hungarian solver releases the GIL, so `threads`
+    layers (None: torch's thread count) are built and solved at once; only that many similarity
+    matrices are held at a time."""
     threads = torch.get_num_threads() if threads is None else threads
-    solve = lambda layer: Permutation.project(similarity(layer))  # noqa: E731
     if threads <= 1 or len(layers) < 2:
         return [solve(layer) for layer in layers]
     with ThreadPoolExecutor(min(threads, len(layers))) as pool:
@@ -195,10 +214,14 @@ def factored_cross_covariance(pa: Params, pb: Params, layout: dict, width: int) 
     return c
 
 
-def squared_plain(pa: Params, pb: Params) -> tuple[float, float]:
-    """(||theta_A - theta_B||^2, ||theta_A||^2) over the tensors as they are."""
-    diff = sum(float((a.double() - pb[n].double()).pow(2).sum()) for n, a in pa.items())
-    return diff, sum(float(a.double().pow(2).sum()) for a in pa.values())
+def squared_plain_norm(pa: Params) -> float:
+    """||theta_A||^2 over the tensors as they are."""
+    return sum(float(a.double().pow(2).sum()) for a in pa.values())
+
+
+def squared_plain_difference(pa: Params, pb: Params) -> float:
+    """||theta_A - theta_B||^2 over the tensors as they are."""
+    return sum(float((a.double() - pb[n].double()).pow(2).sum()) for n, a in pa.items())
 
 
 def group_assignment(cost: Tensor, groups: int) -> tuple[Permutation, Permutation]:
@@ -300,31 +323,51 @@ def residual_vectors(model: CanonicalTransformer) -> tuple[str, ...]:
     return tuple(r.name.split(".", 2)[2] for r in single if r.acts[0].axis == 0)
 
 
+def linear_cross_covariance(pa: Params, pb_perm: Params, layer: int, vectors: tuple[str, ...]) -> Tensor:
+    """One layer's share of block_cross_covariance that is linear in the residual map: its single
+    residual vectors and its MLP's readers and writers (it changes only with the MLP's permutation)."""
+    pre = f"blocks.{layer}."
+    c = 0.0
+    for name in vectors:
+        c = c + torch.outer(pa[pre + name], pb_perm[pre + name])
+    for reader in ("in_w", "gate_w") if pre + "gate_w" in pa else ("in_w",):
+        c = c + pa[pre + reader].T @ pb_perm[pre + reader] / pa[pre + reader].shape[0]
+    return c + pa[pre + "out_w"] @ pb_perm[pre + "out_w"].T / pa[pre + "out_w"].shape[1]
+
+
+def circuit_cross_covariance(pa: Params, pb_perm: Params, pb_full: Params, layer: int) -> Tensor:
+    """One layer's share of block_cross_covariance from its two-sided QK and OV circuits, one side
+    taken at the current residual map (pb_full)."""
+    pre = f"blocks.{layer}."
+    c = 0.0
+    n = pa[pre + "q_w"].shape[-1] + 1  # columns of a QK or OV circuit
+    # QK rows: q_w^T K~; QK columns: k_w^T Q~; OV rows: W_o V~ (heads already matched).
+    for solved, other in (("q", "k"), ("k", "q")):
+        inner = torch.einsum("hde,hfe->hdf", _aug(pa, pre, other), _aug(pb_full, pre, other))
+        c = c + torch.einsum("hdi,hdf,hfj->ij", pa[pre + solved + "_w"], inner, pb_perm[pre + solved + "_w"]) / n
+    inner = torch.einsum("hde,hfe->hdf", _aug(pa, pre, "v"), _aug(pb_full, pre, "v"))
+    return c + torch.einsum("hid,hdf,hjf->ij", pa[pre + "o_w"], inner, pb_perm[pre + "o_w"]) / n
+
+
 def block_cross_covariance(
-    pa: Params, pb_perm: Params, pb_full: Params, vectors: tuple[str, ...] = ("o_b", "out_b")
+    pa: Params,
+    pb_perm: Params,
+    pb_full: Params,
+    vectors: tuple[str, ...] = ("o_b", "out_b"),
+    linear: Callable[[int], Tensor] | None = None,
 ) -> Tensor:
     """C = sum_k M_A,k M_B,k^T / n_k over the blocks' weights, so that <O, C> = sum_k <M_A,k, O M_B,k> / n_k.
 
     pb_perm has the head and MLP permutations applied (the residual side still free); pb_full also
     has the current residual map, used for the other side of the two-sided circuits. The embedding
     blocks do not depend on the permutations and are added once by the caller. `vectors`: the block
-    tensors that are single residual vectors (residual_vectors)."""
+    tensors that are single residual vectors (residual_vectors). `linear`: a layer's
+    linear_cross_covariance where the caller keeps them (None: computed here)."""
+    if linear is None:
+        linear = partial(linear_cross_covariance, pa, pb_perm, vectors=vectors)
     c = 0.0
-    layers = sorted({int(n.split(".")[1]) for n in pa if n.startswith("blocks.")})
-    for layer in layers:
-        pre = f"blocks.{layer}."
-        for name in vectors:
-            c = c + torch.outer(pa[pre + name], pb_perm[pre + name])
-        for reader in ("in_w", "gate_w") if pre + "gate_w" in pa else ("in_w",):
-            c = c + pa[pre + reader].T @ pb_perm[pre + reader] / pa[pre + reader].shape[0]
-        c = c + pa[pre + "out_w"] @ pb_perm[pre + "out_w"].T / pa[pre + "out_w"].shape[1]
-        n = pa[pre + "q_w"].shape[-1] + 1  # columns of a QK or OV circuit
-        # QK rows: q_w^T K~; QK columns: k_w^T Q~; OV rows: W_o V~ (heads already matched).
-        for solved, other in (("q", "k"), ("k", "q")):
-            inner = torch.einsum("hde,hfe->hdf", _aug(pa, pre, other), _aug(pb_full, pre, other))
-            c = c + torch.einsum("hdi,hdf,hfj->ij", pa[pre + solved + "_w"], inner, pb_perm[pre + solved + "_w"]) / n
-        inner = torch.einsum("hde,hfe->hdf", _aug(pa, pre, "v"), _aug(pb_full, pre, "v"))
-        c = c + torch.einsum("hid,hdf,hjf->ij", pa[pre + "o_w"], inner, pb_perm[pre + "o_w"]) / n
+    for layer in sorted({int(n.split(".")[1]) for n in pa if n.startswith("blocks.")}):
+        c = c + (linear(layer) + circuit_cross_covariance(pa, pb_perm, pb_full, layer))
     return c
 
 
@@ -368,6 +411,7 @@ def weight_matching(
     tokens: Tensor | None = None,
     keep_mean: bool = False,
     threads: int | None = None,
+    reuse: bool = True,
 ) -> tuple[Transform, dict[str, Any]]:
     """Transform T with T(B) close to A in weight space; diagnostics hold the per-iteration objective.
 
@@ -377,7 +421,10 @@ def weight_matching(
     vocabulary rows that enter the residual map and the objective (None: all). `keep_mean`: an
     orthogonal residual map fixes the all-ones vector and its complement (for mean-zero streams;
     permutations always do). `threads`: how many layers' MLP assignments (of PARALLEL_UNITS units or more)
-    are solved at once (None: torch's thread count; 1: one after another, the same solutions)."""
+    are solved at once (None: torch's thread count; 1: one after another, the same solutions).
+    `reuse`: skip the work whose inputs did not change (a layer's linear share of the residual
+    step while its MLP permutation stays; an MLP assignment while a certificate says it is still
+    optimal, glmc.matching.warm_assignment); False recomputes everything every iteration."""
     if residual not in ("orthogonal", "permutation", "none"):
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
@@ -435,15 +482,35 @@ def weight_matching(
             return torch.eye(width, dtype=dtype)
         return g.dense(dtype) if isinstance(g, Permutation) else g.matrix.to(dtype)
 
+    norm = (squared_plain_norm if factored else squared_norm)(pa)  # A's side does not move
+
     def distance(pb_t: Params, t: Transform) -> float:
         """Objective of transform t, given B's layer weights already transformed by it."""
-        diff, norm = (squared_plain if factored else squared_distance)(pa, pb_t)
+        diff = (squared_plain_difference if factored else squared_difference)(pa, pb_t)
         diff += emb_aa + emb_bb - 2 * float((res_matrix(t).double() * c_emb_raw).sum()) + fixed_diff
         return (max(diff, 0.0) / (norm + emb_aa + fixed_norm)) ** 0.5
 
     # The residual map is the only dense contraction: it is applied once per iteration, and the
     # permutations (index gathers) on top of it.
     seconds: dict[str, float] = defaultdict(float)
+    linear_shares: dict[int, tuple[list[Tensor], Tensor]] = {}
+
+    def linear_share(pb_perm: Params, layer: int) -> Tensor:
+        """A layer's linear_cross_covariance, recomputed only when its MLP permutation or scale moved."""
+        names = [k for k in (f"mlp.{layer}", f"mlp_scale.{layer}") if k in perms]
+        key = [perms[k].perm if k.startswith("mlp.") else perms[k].scales for k in names]
+        kept = linear_shares.get(layer)
+        if kept is not None and len(kept[0]) == len(key) and all(map(torch.equal, kept[0], key)):
+            return kept[1]
+        value = linear_cross_covariance(pa, pb_perm, layer, vectors)
+        if reuse:
+            linear_shares[layer] = ([k.clone() for k in key], value)
+        return value
+
+    gated = f"mlp_scale.{layers[0]}" in perms
+    # MLP cosines move by at most the residual map's move: their assignments carry over (not for the
+    # gated MLPs' cost, nor without a residual map to measure the move by)
+    warm = WarmAssignments() if reuse and mlp and not gated and residual != "none" else None
     best_t = Transform({**res, **perms})
     pb_cur = apply_params(best_t, spec_blocks, pb)
     best = distance(pb_cur, best_t)
@@ -457,7 +524,7 @@ def weight_matching(
                 if factored:
                     c = c + factored_cross_covariance(pa, pb_perm, layout, width)
                 else:
-                    c = c + block_cross_covariance(pa, pb_perm, pb_cur, vectors)
+                    c = c + block_cross_covariance(pa, pb_perm, pb_cur, vectors, partial(linear_share, pb_perm))
                 del pb_perm
             # the polar factor in float64: its error grows with the conditioning of c
             if residual == "permutation":
@@ -478,16 +545,19 @@ def weight_matching(
                     cost = rotary_head_cost(pa, pb_res, l) if factored else circuit_cost(pa, pb_res, l)
                     perms[f"heads.{l}"], perms[f"qheads.{l}"] = group_assignment(cost, spec[f"heads.{l}"].size)
             else:
-                solved = assign_layers(partial(head_similarity, pa, pb_res), layers, 1)  # tiny problems
+                solved = assign_layers(partial(projected, partial(head_similarity, pa, pb_res)), layers, 1)
                 perms.update(zip((f"heads.{l}" for l in layers), solved))
             seconds["heads"] += time.perf_counter() - tick
         if mlp:
             tick = time.perf_counter()
-            gated = f"mlp_scale.{layers[0]}" in perms
-            similarity = gated_mlp_similarity if gated else mlp_similarity
+            similarity = partial(gated_mlp_similarity if gated else mlp_similarity, pa, pb_res)
             # a pool pays for itself from about a thousand units (a GPT-2's MLP), not on small models
             pool = threads if spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS else 1
-            solved = assign_layers(partial(similarity, pa, pb_res), layers, pool)
+            if warm is None:
+                solved = assign_layers(partial(projected, similarity), layers, pool)
+            else:
+                r = res_matrix(Transform(res))  # what the similarities depend on
+                solved = assign_layers(partial(warm.solve, r, similarity), layers, pool)
             perms.update(zip((f"mlp.{l}" for l in layers), solved))
             if gated:
                 moved = apply_params(Transform({f"mlp.{l}": perms[f"mlp.{l}"] for l in layers}), spec_blocks, pb_res)
@@ -523,6 +593,8 @@ def weight_matching(
         "seconds_by_step": dict(seconds),
         "final_distance": best,
     }
+    if warm is not None:  # how many layer-iterations of MLP assignment were skipped, certified, solved
+        diagnostics["mlp_assignments"] = dict(warm.counts)
     if isinstance(best_t.get("residual"), Orthogonal):  # paper 001 Fig. 5: how far from the identity
         diagnostics["residual_angles"] = eigen_angles(best_t["residual"].matrix)
     return best_t, diagnostics

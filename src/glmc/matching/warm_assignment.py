@@ -1,0 +1,130 @@
+"""Assignments that carry over from one weight-matching iteration to the next.
+
+Late in weight matching the residual map moves by a few parts in a million and every layer's MLP
+assignment comes out the same as before. Two certificates from linear-programming duality let an
+iteration skip the work instead of redoing it:
+
+* **exact**: a permutation sigma maximises sum_i S[i, sigma(i)] iff there are column potentials v
+  with S[i, j] - v[j] <= S[i, sigma(i)] - v[sigma(i)] for all i, j. They exist iff the graph on
+  columns with an arc k -> j of weight S[r, j] - S[r, k] (r the row assigned to k) has no positive
+  cycle, and longest-path relaxation (Bellman-Ford) finds them. Started from the previous
+  iteration's potentials it converges in a few rounds of O(n^2) each, against a full Hungarian
+  solve when the previous permutation is still optimal;
+* **radius**: if the graph keeps no positive cycle after every arc gains 2 eps, sigma is optimal for
+  every S' with |S' - S| <= eps entrywise (a cycle through m arcs changes by at most 2 eps m). MLP
+  similarities are cosines of unit rows that the residual map R rotates, so |S(R') - S(R)| <=
+  ||R' - R||_2 <= ||R' - R||_F: while R stays within the certified radius of the R that S was
+  computed at, neither the similarity nor the solve is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from glmc.symmetry import Permutation
+
+# relaxation rounds before a certificate is given up (the Hungarian solve then decides): the longest
+# paths of the MLP similarities met so far took under twenty; a radius that does not hold is given
+# up sooner
+MAX_ROUNDS = 64
+RADIUS_ROUNDS = 16
+# radii tried, largest first, the first one certified kept: ten times, once and a tenth the map's
+# last move (the next moves of a converging search are smaller) up to MAX_RADIUS, else these (a
+# radius that does not hold costs RADIUS_ROUNDS rounds)
+RADII = (1e-3, 1e-4, 1e-5)
+MAX_RADIUS = 1e-2
+# float32 similarities are exact to about this much per entry (a dot product of two unit rows of a
+# few thousand entries): a skip needs the map's move plus this inside the radius
+FLOAT_SLACK = 1e-6
+# ties in float64: an alternative this close to as good per arc does not refute a certificate
+TIE = 1e-12
+# arcs relaxed at a time: the (rows, n) float64 sums stay in cache (8x faster than all at once)
+CHUNK = 256
+
+
+def arc_weights(similarity: Tensor, perm: Tensor) -> Tensor:
+    """(n, n) float64: entry [k, j] is the arc k -> j, S[r, j] - S[r, k] for the row r assigned to
+    column k (exact: a difference of float32 numbers); -inf on the diagonal."""
+    s = similarity.detach()
+    rows = torch.empty_like(perm)
+    rows[perm] = torch.arange(len(perm), device=perm.device)
+    arcs = s.index_select(0, rows).double()  # row k: the row assigned to column k
+    arcs -= arcs.diagonal().clone()[:, None]
+    return arcs.fill_diagonal_(-math.inf)
+
+
+def potentials(
+    arcs: Tensor, start: Tensor | None = None, margin: float = 0.0, rounds: int = MAX_ROUNDS
+) -> Tensor | None:
+    """Column potentials v with v[j] >= v[k] + arc(k -> j) + margin for all k != j, by longest-path
+    relaxation from `start` (zeros if None); None where none appear within `rounds` rounds (a
+    positive cycle: the permutation is not optimal, or not by that margin)."""
+    n = arcs.shape[0]
+    v = torch.zeros(n, dtype=arcs.dtype, device=arcs.device) if start is None else start.clone()
+    for _ in range(rounds):
+        best = torch.full_like(v, -math.inf)
+        for i in range(0, n, CHUNK):
+            best = torch.maximum(best, (arcs[i : i + CHUNK] + v[i : i + CHUNK, None]).amax(0))
+        relaxed = torch.maximum(v, best + (margin - TIE))
+        if torch.equal(relaxed, v):
+            return v
+        v = relaxed
+    return None
+
+
+def is_optimal(similarity: Tensor, perm: Tensor, start: Tensor | None = None) -> bool:
+    """Whether `perm` maximises sum_i similarity[i, perm[i]] (to within float64 ties)."""
+    return potentials(arc_weights(similarity, perm), start) is not None
+
+
+@dataclass
+class _State:
+    perm: Permutation
+    v: Tensor | None  # the exact certificate's potentials, None where relaxation gave up
+    reference: Tensor  # the map the similarity was computed at
+    radius: float  # 0 where no radius was certified
+
+
+class WarmAssignments:
+    """Per-layer assignments solved on similarities that depend on one map R (the residual map),
+    each kept while a certificate above says it is still optimal. `solve` is called from one thread
+    per layer at most: layers share no state."""
+
+    def __init__(self) -> None:
+        self.states: dict[int, _State] = {}
+        self.counts = {"skipped": 0, "certified": 0, "solved": 0}
+
+    def solve(self, reference: Tensor, similarity: Callable[[int], Tensor], layer: int) -> Permutation:
+        """The optimal assignment of similarity(layer), a matrix computed at map `reference` whose
+        entries at maps R and R' lie within ||R' - R||_F of each other."""
+        state = self.states.get(layer)
+        radii = RADII
+        if state is not None:
+            moved = float((reference.double() - state.reference.double()).norm())
+            radii = tuple(r for r in (10 * moved, moved, moved / 10) if r <= MAX_RADIUS) or RADII
+            if moved == 0.0 or moved + FLOAT_SLACK <= state.radius:
+                self.counts["skipped"] += 1
+                return state.perm
+        s = similarity(layer)
+        arcs, v = None, None
+        if state is not None and state.v is not None:
+            arcs = arc_weights(s, state.perm.perm)
+            v = potentials(arcs, state.v)
+        if v is not None:
+            perm = state.perm
+            self.counts["certified"] += 1
+        else:
+            perm = Permutation.project(s)
+            arcs = arc_weights(s, perm.perm)
+            v = potentials(arcs, None if state is None else state.v)
+            self.counts["solved"] += 1
+        radius = 0.0
+        if v is not None:
+            radius = next((r for r in radii if potentials(arcs, v, 2 * r, RADIUS_ROUNDS) is not None), 0.0)
+        self.states[layer] = _State(perm, v, reference.detach().clone(), radius)
+        return perm

@@ -1,0 +1,110 @@
+"""The certificates that let weight matching keep an MLP assignment: exact optimality, a radius that
+holds under perturbation, and a search that returns what recomputing every iteration returns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from glmc.matching.warm_assignment import RADII, WarmAssignments, arc_weights, is_optimal, potentials
+from glmc.matching.weight import weight_matching
+from glmc.models import to_canonical
+from glmc.symmetry import Orthogonal, Permutation
+
+from tiny_hf import tiny_gpt2, tiny_vit
+
+
+def value(s: torch.Tensor, perm: torch.Tensor) -> float:
+    return float(s.double()[torch.arange(len(perm)), perm].sum())
+
+
+def scipy_perm(s: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(linear_sum_assignment(s.double().numpy(), maximize=True)[1])
+
+
+def cosines(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(n, 32, generator=g), torch.randn(n, 32, generator=g)
+    a, b = a / a.norm(dim=1, keepdim=True), b / b.norm(dim=1, keepdim=True)
+    return a @ b.T
+
+
+@pytest.mark.parametrize("n,seed", [(7, 0), (64, 1), (200, 2)])
+def test_the_optimum_is_certified_and_a_worse_assignment_refuted(n, seed):
+    s = cosines(n, seed)
+    best = scipy_perm(s)
+    assert is_optimal(s, best)
+    # swap the two columns whose exchange costs least: strictly worse, and refuted
+    worse = best.clone()
+    i, j = 0, 1
+    worse[i], worse[j] = best[j], best[i]
+    assert value(s, worse) < value(s, best) - 1e-9
+    assert not is_optimal(s, worse)
+    # a random permutation is refuted too
+    assert not is_optimal(s, torch.randperm(n, generator=torch.Generator().manual_seed(seed)))
+
+
+def test_a_certified_radius_holds_for_every_perturbation_inside_it():
+    s = cosines(120, 5)
+    best = scipy_perm(s)
+    arcs = arc_weights(s, best)
+    v = potentials(arcs)
+    assert v is not None
+    radius = next((r for r in (0.1, 0.03, 0.01, 3e-3, *RADII) if potentials(arcs, v, 2 * r) is not None), None)
+    assert radius is not None and potentials(arcs, v, 2 * 0.5) is None  # a radius of 0.5 reshuffles cosines
+    g = torch.Generator().manual_seed(6)
+    for _ in range(20):
+        noisy = s + radius * (2 * torch.rand(s.shape, generator=g) - 1)  # |change| <= radius
+        found = scipy_perm(noisy)
+        # the certified assignment is still optimal (ties aside: the same value as the solver's)
+        assert value(noisy, best) >= value(noisy, found) - 1e-9 * n_abs(noisy)
+
+
+def n_abs(s: torch.Tensor) -> float:
+    return float(s.abs().sum())
+
+
+def test_warm_assignments_skip_inside_the_radius_and_resolve_outside():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(50, 16, generator=g), torch.randn(50, 16, generator=g)
+    a, b = a / a.norm(dim=1, keepdim=True), b / b.norm(dim=1, keepdim=True)
+    calls = []
+
+    def similarity(r: torch.Tensor, layer: int) -> torch.Tensor:
+        calls.append(layer)
+        return a @ (b @ r.T).T  # cosines of A's rows with B's rows rotated by r
+
+    warm = WarmAssignments()
+    r0 = torch.eye(16)
+    first = warm.solve(r0, lambda l: similarity(r0, l), 0)
+    assert torch.equal(first.perm, scipy_perm(similarity(r0, 0)))
+    calls.clear()
+    assert torch.equal(warm.solve(r0, lambda l: similarity(r0, l), 0).perm, first.perm) and not calls
+    # a tiny rotation: inside any certified radius, or else certified again from the new matrix
+    tiny = Orthogonal.project(torch.eye(16) + 1e-7 * torch.randn(16, 16, generator=g)).matrix
+    kept = warm.solve(tiny, lambda l: similarity(tiny, l), 0)
+    assert torch.equal(kept.perm, scipy_perm(similarity(tiny, 0)))
+    # far away: solved afresh, the solver's answer
+    far = Orthogonal.sample(16, generator=g).matrix
+    moved = warm.solve(far, lambda l: similarity(far, l), 0)
+    s_far = similarity(far, 0)
+    assert value(s_far, moved.perm) == pytest.approx(value(s_far, scipy_perm(s_far)))
+    assert warm.counts["solved"] >= 2 and sum(warm.counts.values()) == 4
+
+
+@pytest.mark.parametrize("build", [tiny_vit, tiny_gpt2])
+@pytest.mark.parametrize("residual", ["orthogonal", "permutation"])
+def test_weight_matching_reusing_work_finds_what_recomputing_finds(build, residual):
+    a, b = to_canonical(build(seed=0)), to_canonical(build(seed=1))
+    kept, kept_diag = weight_matching(a, b, residual, max_iter=8, tol=-float("inf"))
+    fresh, fresh_diag = weight_matching(a, b, residual, max_iter=8, tol=-float("inf"), reuse=False)
+    counts = kept_diag["mlp_assignments"]
+    assert sum(counts.values()) == 8 * a.num_layers and counts["skipped"] > 0
+    assert "mlp_assignments" not in fresh_diag
+    assert kept_diag["objective"] == pytest.approx(fresh_diag["objective"], rel=1e-6)
+    for name, g in fresh.items():
+        if isinstance(g, Permutation):
+            assert torch.equal(kept[name].perm, g.perm), name
+        else:
+            assert torch.allclose(kept[name].matrix, g.matrix, atol=1e-5), name
