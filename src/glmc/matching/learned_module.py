@@ -19,6 +19,7 @@ from glmc.interpolation import merge_params
 from glmc.matching.latent_apply import LatentApplier
 from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
 from glmc.matching.settings import LearnedTraining
+from glmc.matching.warm_assignment import WarmAssignments
 from glmc.matching.weight import assign_layers
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
@@ -216,6 +217,8 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
                 z = start + settings.init_noise * torch.randn(start.shape, generator=generator)
             self.latents[_key(name)] = nn.Parameter(z)
         self._applier: LatentApplier | None = None  # built on first use, on the latents' device
+        self._kept = WarmAssignments()  # the last hard permutations, kept while still optimal
+        self.keep_assignments = True  # False: the solver every step (the earlier path, the same answers)
         self.dense_apply = False
         # per optimisation step: training loss and lambda; a buffer so that checkpoints and the
         # spawn launcher (which returns the state dict) carry it
@@ -238,9 +241,14 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         s, out = self.settings, {}
         straight = {n: self.latents[_key(n)].detach() for n, k in self.kinds.items() if k == "permutation"}
         hard = {n: Permutation.from_row_maxima(z) for n, z in straight.items()}
-        # the rest need the solver; their problems are independent: side by side (SciPy releases the GIL)
+        # the rest need the solver unless the last step's permutation is still optimal (certified on
+        # the latents' device); the problems are independent: side by side (SciPy releases the GIL)
         solve = [n for n, p in hard.items() if p is None]
-        hard.update(zip(solve, assign_layers(lambda i: Permutation.project(straight[solve[i]]), range(len(solve)))))
+        if self.keep_assignments:
+            project = lambda i: self._kept.project(solve[i], straight[solve[i]])  # noqa: E731
+        else:
+            project = lambda i: Permutation.project(straight[solve[i]])  # noqa: E731
+        hard.update(zip(solve, assign_layers(project, range(len(solve)))))
         for name, kind in self.kinds.items():
             z = self.latents[_key(name)]
             if kind == "orthogonal":

@@ -36,7 +36,7 @@ RADIUS_ROUNDS = 16
 # radii tried, largest first, the first one certified kept: ten times, once and a tenth the map's
 # last move (the next moves of a converging search are smaller) up to MAX_RADIUS, else these (a
 # radius that does not hold costs RADIUS_ROUNDS rounds)
-RADII = (1e-3, 1e-4, 1e-5)
+RADII = (1e-2, 1e-3, 1e-4, 1e-5)
 MAX_RADIUS = 1e-2
 # float32 similarities are exact to about this much per entry (a dot product of two unit rows of a
 # few thousand entries): a skip needs the map's move plus this inside the radius
@@ -86,43 +86,53 @@ def is_optimal(similarity: Tensor, perm: Tensor, start: Tensor | None = None) ->
 class _State:
     perm: Permutation
     v: Tensor | None  # the exact certificate's potentials, None where relaxation gave up
-    reference: Tensor  # the map the similarity was computed at
+    reference: Tensor | None  # the map the similarity was computed at (for `solve`)
     radius: float  # 0 where no radius was certified
 
 
 class WarmAssignments:
-    """Per-layer assignments solved on similarities that depend on one map R (the residual map),
-    each kept while a certificate above says it is still optimal. `solve` is called from one thread
-    per layer at most: layers share no state."""
+    """Assignments kept per key (a layer, a latent) while a certificate above says they are still
+    optimal. Calls for different keys may run in different threads: keys share no state."""
 
     def __init__(self) -> None:
-        self.states: dict[int, _State] = {}
+        self.states: dict[object, _State] = {}
         self.counts = {"skipped": 0, "certified": 0, "solved": 0}
+
+    def _exact(self, key: object, s: Tensor) -> tuple[Permutation, Tensor | None, Tensor | None]:
+        """(the optimal assignment of s, its arcs, its potentials): the key's previous assignment
+        where the exact certificate holds for s, else the solver's."""
+        state = self.states.get(key)
+        if state is not None and state.v is not None:
+            arcs = arc_weights(s, state.perm.perm)
+            v = potentials(arcs, state.v)
+            if v is not None:
+                self.counts["certified"] += 1
+                return state.perm, arcs, v
+        perm = Permutation.project(s)
+        arcs = arc_weights(s, perm.perm)
+        self.counts["solved"] += 1
+        return perm, arcs, potentials(arcs, None if state is None else state.v)
+
+    def project(self, key: object, similarity: Tensor) -> Permutation:
+        """The assignment maximising `similarity` (as Permutation.project), the key's previous one
+        where it is still optimal: relaxation runs on the similarity's device, the solver on the host."""
+        perm, _, v = self._exact(key, similarity.detach())
+        self.states[key] = _State(perm, v, None, 0.0)
+        return perm
 
     def solve(self, reference: Tensor, similarity: Callable[[int], Tensor], layer: int) -> Permutation:
         """The optimal assignment of similarity(layer), a matrix computed at map `reference` whose
-        entries at maps R and R' lie within ||R' - R||_F of each other."""
+        entries at maps R and R' lie within ||R' - R||_F of each other: not computed at all while
+        `reference` stays inside the radius certified for the layer's last one."""
         state = self.states.get(layer)
         radii = RADII
-        if state is not None:
+        if state is not None and state.reference is not None:
             moved = float((reference.double() - state.reference.double()).norm())
             radii = tuple(r for r in (10 * moved, moved, moved / 10) if r <= MAX_RADIUS) or RADII
             if moved == 0.0 or moved + FLOAT_SLACK <= state.radius:
                 self.counts["skipped"] += 1
                 return state.perm
-        s = similarity(layer)
-        arcs, v = None, None
-        if state is not None and state.v is not None:
-            arcs = arc_weights(s, state.perm.perm)
-            v = potentials(arcs, state.v)
-        if v is not None:
-            perm = state.perm
-            self.counts["certified"] += 1
-        else:
-            perm = Permutation.project(s)
-            arcs = arc_weights(s, perm.perm)
-            v = potentials(arcs, None if state is None else state.v)
-            self.counts["solved"] += 1
+        perm, arcs, v = self._exact(layer, similarity(layer))
         radius = 0.0
         if v is not None:
             radius = next((r for r in radii if potentials(arcs, v, 2 * r, RADIUS_ROUNDS) is not None), 0.0)

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.projections import polar
 from glmc.matching.rotary_pairs import as_complex, pair_distance, rotary_scales, solve_pairs
 from glmc.matching.scales import best_scales, scale_objective
 from glmc.matching.warm_assignment import WarmAssignments
@@ -532,7 +533,7 @@ def weight_matching(
             elif basis is not None:
                 res = {"residual": Orthogonal(mean_keeping_projection(c, basis).to(dtype))}
             else:
-                res = {"residual": Orthogonal(Orthogonal.project(c.double()).matrix.to(dtype))}
+                res = {"residual": Orthogonal(polar(c.double()).to(dtype))}
             seconds["residual"] += time.perf_counter() - tick
         tick = time.perf_counter()
         pb_res = apply_params(Transform(res), spec_blocks, pb)
