@@ -8,9 +8,9 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from glmc.matching.warm_assignment import RADII, WarmAssignments, arc_weights, is_optimal, potentials
-from glmc.matching.weight import weight_matching
+from glmc.matching.weight import PARALLEL_UNITS, weight_matching
 from glmc.models import to_canonical
-from glmc.symmetry import Orthogonal, Permutation
+from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply
 
 from tiny_hf import tiny_gpt2, tiny_vit
 
@@ -96,11 +96,21 @@ def test_warm_assignments_skip_inside_the_radius_and_resolve_outside():
 @pytest.mark.parametrize("build", [tiny_vit, tiny_gpt2])
 @pytest.mark.parametrize("residual", ["orthogonal", "permutation"])
 def test_weight_matching_reusing_work_finds_what_recomputing_finds(build, residual):
-    a, b = to_canonical(build(seed=0)), to_canonical(build(seed=1))
+    # MLPs of PARALLEL_UNITS units, where weight matching keeps its assignments; B is A under a hidden
+    # symmetry plus noise, so that the search settles and its assignments carry over
+    a = to_canonical(build(seed=0, mlp=PARALLEL_UNITS))
+    g = torch.Generator().manual_seed(1)
+    hidden = Transform.sample(
+        SymmetrySpec.from_model(a), {"residual": residual, "heads": "permutation", "mlp": "permutation"}, g
+    )
+    b = apply(hidden, a)
+    with torch.no_grad():
+        for p in b.params().values():
+            p.add_(0.05 * p.std() * torch.randn(p.shape, generator=g))
     kept, kept_diag = weight_matching(a, b, residual, max_iter=8, tol=-float("inf"))
     fresh, fresh_diag = weight_matching(a, b, residual, max_iter=8, tol=-float("inf"), reuse=False)
     counts = kept_diag["mlp_assignments"]
-    assert sum(counts.values()) == 8 * a.num_layers and counts["skipped"] > 0
+    assert sum(counts.values()) == 8 * a.num_layers and counts["skipped"] + counts["certified"] > 0
     assert "mlp_assignments" not in fresh_diag
     assert kept_diag["objective"] == pytest.approx(fresh_diag["objective"], rel=1e-6)
     for name, g in fresh.items():

@@ -31,8 +31,10 @@ from glmc.symmetry import Permutation
 # relaxation rounds before a certificate is given up (the Hungarian solve then decides): the longest
 # paths of the MLP similarities met so far took under twenty; a radius that does not hold is given
 # up sooner
-MAX_ROUNDS = 64
+MAX_ROUNDS = 32
 RADIUS_ROUNDS = 16
+# a residual map that moved this far (Frobenius) since the last solve is not checked against it
+MAX_MOVE = 1.0
 # radii tried, largest first, the first one certified kept: ten times, once and a tenth the map's
 # last move (the next moves of a converging search are smaller) up to MAX_RADIUS, else these (a
 # radius that does not hold costs RADIUS_ROUNDS rounds)
@@ -64,17 +66,22 @@ def potentials(
     """Column potentials v with v[j] >= v[k] + arc(k -> j) + margin for all k != j, by longest-path
     relaxation from `start` (zeros if None); None where none appear within `rounds` rounds (a
     positive cycle: the permutation is not optimal, or not by that margin)."""
+    return relax(arcs, start, margin, rounds)[0]
+
+
+def relax(arcs: Tensor, start: Tensor | None, margin: float, rounds: int) -> tuple[Tensor | None, int]:
+    """potentials(), with the number of rounds it took."""
     n = arcs.shape[0]
     v = torch.zeros(n, dtype=arcs.dtype, device=arcs.device) if start is None else start.clone()
-    for _ in range(rounds):
+    for done in range(rounds):
         best = torch.full_like(v, -math.inf)
         for i in range(0, n, CHUNK):
             best = torch.maximum(best, (arcs[i : i + CHUNK] + v[i : i + CHUNK, None]).amax(0))
         relaxed = torch.maximum(v, best + (margin - TIE))
         if torch.equal(relaxed, v):
-            return v
+            return v, done + 1
         v = relaxed
-    return None
+    return None, rounds
 
 
 def is_optimal(similarity: Tensor, perm: Tensor, start: Tensor | None = None) -> bool:
@@ -85,7 +92,8 @@ def is_optimal(similarity: Tensor, perm: Tensor, start: Tensor | None = None) ->
 @dataclass
 class _State:
     perm: Permutation
-    v: Tensor | None  # the exact certificate's potentials, None where relaxation gave up
+    v: Tensor | None  # potentials of the last certificate, None after a solve (not computed until needed)
+    rounds: int  # the rounds they took: a later certificate that needs many more is given up
     reference: Tensor | None  # the map the similarity was computed at (for `solve`)
     radius: float  # 0 where no radius was certified
 
@@ -98,26 +106,27 @@ class WarmAssignments:
         self.states: dict[object, _State] = {}
         self.counts = {"skipped": 0, "certified": 0, "solved": 0}
 
-    def _exact(self, key: object, s: Tensor) -> tuple[Permutation, Tensor | None, Tensor | None]:
-        """(the optimal assignment of s, its arcs, its potentials): the key's previous assignment
-        where the exact certificate holds for s, else the solver's."""
-        state = self.states.get(key)
-        if state is not None and state.v is not None:
-            arcs = arc_weights(s, state.perm.perm)
-            v = potentials(arcs, state.v)
-            if v is not None:
-                self.counts["certified"] += 1
-                return state.perm, arcs, v
-        perm = Permutation.project(s)
-        arcs = arc_weights(s, perm.perm)
-        self.counts["solved"] += 1
-        return perm, arcs, potentials(arcs, None if state is None else state.v)
+    def _certify(self, state: _State | None, s: Tensor) -> tuple[Tensor, Tensor, int] | None:
+        """(arcs, potentials, rounds) proving the state's permutation optimal for s, or None."""
+        if state is None:
+            return None
+        arcs = arc_weights(s, state.perm.perm)
+        cap = MAX_ROUNDS if state.v is None else min(MAX_ROUNDS, 2 * state.rounds + 4)
+        v, rounds = relax(arcs, state.v, 0.0, cap)
+        return None if v is None else (arcs, v, rounds)
 
     def project(self, key: object, similarity: Tensor) -> Permutation:
         """The assignment maximising `similarity` (as Permutation.project), the key's previous one
         where it is still optimal: relaxation runs on the similarity's device, the solver on the host."""
-        perm, _, v = self._exact(key, similarity.detach())
-        self.states[key] = _State(perm, v, None, 0.0)
+        state, s = self.states.get(key), similarity.detach()
+        proof = self._certify(state, s)
+        if proof is not None:
+            self.counts["certified"] += 1
+            self.states[key] = _State(state.perm, proof[1], proof[2], None, 0.0)
+            return state.perm
+        self.counts["solved"] += 1
+        perm = Permutation.project(s)
+        self.states[key] = _State(perm, None, 0, None, 0.0)
         return perm
 
     def solve(self, reference: Tensor, similarity: Callable[[int], Tensor], layer: int) -> Permutation:
@@ -125,16 +134,22 @@ class WarmAssignments:
         entries at maps R and R' lie within ||R' - R||_F of each other: not computed at all while
         `reference` stays inside the radius certified for the layer's last one."""
         state = self.states.get(layer)
-        radii = RADII
-        if state is not None and state.reference is not None:
-            moved = float((reference.double() - state.reference.double()).norm())
-            radii = tuple(r for r in (10 * moved, moved, moved / 10) if r <= MAX_RADIUS) or RADII
-            if moved == 0.0 or moved + FLOAT_SLACK <= state.radius:
-                self.counts["skipped"] += 1
-                return state.perm
-        perm, arcs, v = self._exact(layer, similarity(layer))
-        radius = 0.0
-        if v is not None:
-            radius = next((r for r in radii if potentials(arcs, v, 2 * r, RADIUS_ROUNDS) is not None), 0.0)
-        self.states[layer] = _State(perm, v, reference.detach().clone(), radius)
-        return perm
+        moved = math.inf if state is None else float((reference.double() - state.reference.double()).norm())
+        if state is not None and (moved == 0.0 or moved + FLOAT_SLACK <= state.radius):
+            self.counts["skipped"] += 1
+            return state.perm
+        s = similarity(layer)
+        # a move as large as the unit rows reshuffles their cosines: straight to the solver
+        proof = self._certify(state, s) if moved < MAX_MOVE else None
+        if proof is None:
+            self.counts["solved"] += 1
+            perm = Permutation.project(s)
+            self.states[layer] = _State(perm, None, 0, reference.detach().clone(), 0.0)
+            return perm
+        self.counts["certified"] += 1
+        arcs, v, rounds = proof
+        radii = tuple(r for r in (10 * moved, moved, moved / 10) if r <= MAX_RADIUS) or RADII
+        cap = min(RADIUS_ROUNDS, 2 * rounds + 4)
+        radius = next((r for r in radii if potentials(arcs, v, 2 * r, cap) is not None), 0.0)
+        self.states[layer] = _State(state.perm, v, rounds, reference.detach().clone(), radius)
+        return state.perm

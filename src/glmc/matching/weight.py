@@ -510,8 +510,10 @@ def weight_matching(
 
     gated = f"mlp_scale.{layers[0]}" in perms
     # MLP cosines move by at most the residual map's move: their assignments carry over (not for the
-    # gated MLPs' cost, nor without a residual map to measure the move by)
-    warm = WarmAssignments() if reuse and mlp and not gated and residual != "none" else None
+    # gated MLPs' cost, nor without a residual map to measure the move by); below PARALLEL_UNITS
+    # units the solver is as cheap as the certificates
+    big = mlp and spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS
+    warm = WarmAssignments() if reuse and big and not gated and residual != "none" else None
     best_t = Transform({**res, **perms})
     pb_cur = apply_params(best_t, spec_blocks, pb)
     best = distance(pb_cur, best_t)
