@@ -8,9 +8,9 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from glmc.matching.warm_assignment import RADII, WarmAssignments, arc_weights, is_optimal, potentials
-from glmc.matching.weight import PARALLEL_UNITS, weight_matching
+from glmc.matching.weight import PARALLEL_UNITS, circuit_cost, circuit_move, circuit_norms, weight_matching
 from glmc.models import to_canonical
-from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply
+from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_params
 
 from tiny_hf import tiny_gpt2, tiny_vit
 
@@ -109,12 +109,28 @@ def test_weight_matching_reusing_work_finds_what_recomputing_finds(build, residu
             p.add_(0.05 * p.std() * torch.randn(p.shape, generator=g))
     kept, kept_diag = weight_matching(a, b, residual, max_iter=8, tol=-float("inf"))
     fresh, fresh_diag = weight_matching(a, b, residual, max_iter=8, tol=-float("inf"), reuse=False)
-    counts = kept_diag["mlp_assignments"]
-    assert sum(counts.values()) == 8 * a.num_layers and counts["skipped"] + counts["certified"] > 0
-    assert "mlp_assignments" not in fresh_diag
+    for kind in ("mlp_assignments", "head_assignments"):
+        counts = kept_diag[kind]
+        assert sum(counts.values()) == 8 * a.num_layers and counts["skipped"] + counts["certified"] > 0, kind
+        assert kind not in fresh_diag
     assert kept_diag["objective"] == pytest.approx(fresh_diag["objective"], rel=1e-6)
     for name, g in fresh.items():
         if isinstance(g, Permutation):
             assert torch.equal(kept[name].perm, g.perm), name
         else:
             assert torch.allclose(kept[name].matrix, g.matrix, atol=1e-5), name
+
+
+def test_head_costs_move_by_at_most_the_circuit_bound():
+    a, b = to_canonical(tiny_gpt2(seed=0)), to_canonical(tiny_gpt2(seed=1))
+    spec = SymmetrySpec.from_model(b)
+    pa, pb = dict(a.params()), dict(b.params())
+    g = torch.Generator().manual_seed(2)
+    r = Orthogonal.sample(a.width, generator=g).matrix
+    for scale in (1e-4, 1e-2, 0.3):
+        skew = scale * torch.randn(a.width, a.width, generator=g)
+        r2 = torch.linalg.matrix_exp(skew - skew.T) @ r  # another rotation near r
+        costs = [circuit_cost(pa, apply_params(Transform({"residual": Orthogonal(m)}), spec, pb), 0) for m in (r, r2)]
+        bound = circuit_move(float(circuit_norms(pb, 0).max()), float((r2 - r).norm()))
+        change = float((costs[1] - costs[0]).abs().max())
+        assert 0 < change <= bound * (1 + 1e-4) + 1e-5

@@ -35,13 +35,13 @@ MAX_ROUNDS = 32
 RADIUS_ROUNDS = 16
 # a residual map that moved this far (Frobenius) since the last solve is not checked against it
 MAX_MOVE = 1.0
-# radii tried, largest first, the first one certified kept: ten times, once and a tenth the map's
-# last move (the next moves of a converging search are smaller) up to MAX_RADIUS, else these (a
-# radius that does not hold costs RADIUS_ROUNDS rounds)
+# radii tried as moves of the map, largest first, the first one certified kept: ten times, once and a
+# tenth the map's last move (the next moves of a converging search are smaller) up to MAX_RADIUS,
+# else these (a radius that does not hold costs RADIUS_ROUNDS rounds)
 RADII = (1e-2, 1e-3, 1e-4, 1e-5)
 MAX_RADIUS = 1e-2
-# float32 similarities are exact to about this much per entry (a dot product of two unit rows of a
-# few thousand entries): a skip needs the map's move plus this inside the radius
+# float32 similarities are exact to about this much per entry of magnitude one (a dot product of two
+# unit rows of a few thousand entries): a skip needs the map's move plus this inside the radius
 FLOAT_SLACK = 1e-6
 # ties in float64: an alternative this close to as good per arc does not refute a certificate
 TIE = 1e-12
@@ -95,7 +95,8 @@ class _State:
     v: Tensor | None  # potentials of the last certificate, None after a solve (not computed until needed)
     rounds: int  # the rounds they took: a later certificate that needs many more is given up
     reference: Tensor | None  # the map the similarity was computed at (for `solve`)
-    radius: float  # 0 where no radius was certified
+    radius: float  # how far its entries may move (0 where no radius was certified)
+    slack: float  # how far they may be off in float32
 
 
 class WarmAssignments:
@@ -122,20 +123,27 @@ class WarmAssignments:
         proof = self._certify(state, s)
         if proof is not None:
             self.counts["certified"] += 1
-            self.states[key] = _State(state.perm, proof[1], proof[2], None, 0.0)
+            self.states[key] = _State(state.perm, proof[1], proof[2], None, 0.0, 0.0)
             return state.perm
         self.counts["solved"] += 1
         perm = Permutation.project(s)
-        self.states[key] = _State(perm, None, 0, None, 0.0)
+        self.states[key] = _State(perm, None, 0, None, 0.0, 0.0)
         return perm
 
-    def solve(self, reference: Tensor, similarity: Callable[[int], Tensor], layer: int) -> Permutation:
+    def solve(
+        self,
+        reference: Tensor,
+        similarity: Callable[[int], Tensor],
+        layer: int,
+        within: Callable[[float], float] = float,
+    ) -> Permutation:
         """The optimal assignment of similarity(layer), a matrix computed at map `reference` whose
-        entries at maps R and R' lie within ||R' - R||_F of each other: not computed at all while
-        `reference` stays inside the radius certified for the layer's last one."""
+        entries at maps R and R' lie within within(||R' - R||_F) of each other (the identity for
+        cosines of rows that R rotates): not computed at all while `reference` stays inside the radius
+        certified for the layer's last one."""
         state = self.states.get(layer)
         moved = math.inf if state is None else float((reference.double() - state.reference.double()).norm())
-        if state is not None and (moved == 0.0 or moved + FLOAT_SLACK <= state.radius):
+        if state is not None and (moved == 0.0 or within(moved) + state.slack <= state.radius):
             self.counts["skipped"] += 1
             return state.perm
         s = similarity(layer)
@@ -144,12 +152,13 @@ class WarmAssignments:
         if proof is None:
             self.counts["solved"] += 1
             perm = Permutation.project(s)
-            self.states[layer] = _State(perm, None, 0, reference.detach().clone(), 0.0)
+            self.states[layer] = _State(perm, None, 0, reference.detach().clone(), 0.0, 0.0)
             return perm
         self.counts["certified"] += 1
         arcs, v, rounds = proof
-        radii = tuple(r for r in (10 * moved, moved, moved / 10) if r <= MAX_RADIUS) or RADII
+        moves = tuple(m for m in (10 * moved, moved, moved / 10) if m <= MAX_RADIUS) or RADII
         cap = min(RADIUS_ROUNDS, 2 * rounds + 4)
-        radius = next((r for r in radii if potentials(arcs, v, 2 * r, cap) is not None), 0.0)
-        self.states[layer] = _State(state.perm, v, rounds, reference.detach().clone(), radius)
+        radius = next((within(m) for m in moves if potentials(arcs, v, 2 * within(m), cap) is not None), 0.0)
+        slack = FLOAT_SLACK * max(1.0, float(s.abs().max()))  # float32 errors grow with the entries
+        self.states[layer] = _State(state.perm, v, rounds, reference.detach().clone(), radius, slack)
         return state.perm

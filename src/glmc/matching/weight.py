@@ -100,6 +100,18 @@ def circuit_cost(pa: Params, pb: Params, layer: int) -> Tensor:
     return cost
 
 
+def circuit_norms(p: Params, layer: int) -> Tensor:
+    """Per head ||QK_j||_F + ||OV_j||_F (unchanged by the residual map and the head permutation)."""
+    return sum(head_inner_diag(x, y, x, y).clamp_min(0).sqrt() for x, y in circuit_factors(p, layer))
+
+
+def circuit_move(norm: float, moved: float) -> float:
+    """How far a head cost can move when the residual map moves by `moved` (Frobenius): R C R^T
+    moves by at most (2 + d) d ||C|| for ||R' - R||_2 <= d, and each cost is 1-Lipschitz in its
+    circuits; `norm` is the largest circuit_norms entry."""
+    return (2 + moved) * moved * norm
+
+
 def head_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
     """The negated circuit cost: what the head assignment maximises."""
     return -circuit_cost(pa, pb, layer)
@@ -514,6 +526,9 @@ def weight_matching(
     # units the solver is as cheap as the certificates
     big = mlp and spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS
     warm = WarmAssignments() if reuse and big and not gated and residual != "none" else None
+    # head costs move by at most circuit_move: theirs carry over too (not in grouped rotary models)
+    head_warm = WarmAssignments() if reuse and heads and not grouped and residual != "none" else None
+    head_norms = [float(circuit_norms(pb, l).max()) for l in layers] if head_warm is not None else []
     best_t = Transform({**res, **perms})
     pb_cur = apply_params(best_t, spec_blocks, pb)
     best = distance(pb_cur, best_t)
@@ -547,6 +562,12 @@ def weight_matching(
                 for l in layers:
                     cost = rotary_head_cost(pa, pb_res, l) if factored else circuit_cost(pa, pb_res, l)
                     perms[f"heads.{l}"], perms[f"qheads.{l}"] = group_assignment(cost, spec[f"heads.{l}"].size)
+            elif head_warm is not None:
+                r = res_matrix(Transform(res))
+                similarity = partial(head_similarity, pa, pb_res)
+                for l in layers:
+                    within = partial(circuit_move, head_norms[l])
+                    perms[f"heads.{l}"] = head_warm.solve(r, similarity, l, within)
             else:
                 solved = assign_layers(partial(projected, partial(head_similarity, pa, pb_res)), layers, 1)
                 perms.update(zip((f"heads.{l}" for l in layers), solved))
@@ -596,8 +617,11 @@ def weight_matching(
         "seconds_by_step": dict(seconds),
         "final_distance": best,
     }
-    if warm is not None:  # how many layer-iterations of MLP assignment were skipped, certified, solved
+    # how many layer-iterations of MLP and head assignment were skipped, certified, solved
+    if warm is not None:
         diagnostics["mlp_assignments"] = dict(warm.counts)
+    if head_warm is not None:
+        diagnostics["head_assignments"] = dict(head_warm.counts)
     if isinstance(best_t.get("residual"), Orthogonal):  # paper 001 Fig. 5: how far from the identity
         diagnostics["residual_angles"] = eigen_angles(best_t["residual"].matrix)
     return best_t, diagnostics
