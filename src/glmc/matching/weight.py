@@ -40,6 +40,7 @@ from torch import Tensor
 
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.mlp_distance import MlpDistance, mlp_matrices
 from glmc.matching.projections import polar
 from glmc.matching.rotary_pairs import as_complex, pair_distance, rotary_scales, solve_pairs
 from glmc.matching.scales import best_scales, scale_objective
@@ -127,23 +128,35 @@ def squared_norm(pa: Params) -> float:
     return norm
 
 
-def squared_difference(pa: Params, pb: Params) -> float:
-    """||theta_A - theta_B||^2 over circuit-form parameters, heads compared in place."""
+def squared_difference(pa: Params, pb: Params, a_circuits: dict | None = None) -> float:
+    """||theta_A - theta_B||^2 over circuit-form parameters, heads compared in place. `a_circuits`:
+    A's side of every circuit comparison (a_circuit_terms), where the caller keeps it."""
     diff = 0.0
     for name, a in pa.items():
         if in_head_pair(name):  # compared as circuits below
             continue
         diff += float((a - pb[name]).double().pow(2).sum())
-    layers = {layer_of(n) for n in pa} - {None}
-    for layer in layers:
-        for fa, fb in zip(circuit_factors(pa, layer), circuit_factors(pb, layer)):
+    a_circuits = a_circuit_terms(pa) if a_circuits is None else a_circuits
+    for layer, terms in a_circuits.items():
+        for ((xa, ya), aa), fb in zip(terms, circuit_factors(pb, layer)):
             # float64: |A|^2 + |B|^2 - 2<A,B> cancels when the circuits nearly agree
-            (xa, ya), (xb, yb) = (t.double() for t in fa), (t.double() for t in fb)
-            aa = head_inner_diag(xa, ya, xa, ya).sum()
+            xb, yb = (t.double() for t in fb)
             bb = head_inner_diag(xb, yb, xb, yb).sum()
             ab = head_inner_diag(xa, ya, xb, yb).sum()
             diff += float(aa + bb - 2 * ab)
     return max(diff, 0.0)
+
+
+def a_circuit_terms(pa: Params) -> dict[int, list[tuple[tuple[Tensor, Tensor], Tensor]]]:
+    """Per layer and circuit, A's factors in float64 and its squared norm: what squared_difference
+    compares B's circuits with."""
+    out = {}
+    for layer in {layer_of(n) for n in pa} - {None}:
+        out[layer] = []
+        for fa in circuit_factors(pa, layer):
+            xa, ya = (t.double() for t in fa)
+            out[layer].append(((xa, ya), head_inner_diag(xa, ya, xa, ya).sum()))
+    return out
 
 
 def squared_distance(pa: Params, pb: Params) -> tuple[float, float]:
@@ -339,13 +352,18 @@ def residual_vectors(model: CanonicalTransformer) -> tuple[str, ...]:
 def linear_cross_covariance(pa: Params, pb_perm: Params, layer: int, vectors: tuple[str, ...]) -> Tensor:
     """One layer's share of block_cross_covariance that is linear in the residual map: its single
     residual vectors and its MLP's readers and writers (it changes only with the MLP's permutation)."""
+    return sum(linear_parts(pa, pb_perm, layer, vectors).values())
+
+
+def linear_parts(pa: Params, pb_perm: Params, layer: int, vectors: tuple[str, ...]) -> dict[str, Tensor]:
+    """linear_cross_covariance's terms: `vectors` (the single residual vectors), and per MLP matrix its
+    cross-covariance M = A^T P B (readers) or A P B^T (writers) divided by its number of columns."""
     pre = f"blocks.{layer}."
-    c = 0.0
-    for name in vectors:
-        c = c + torch.outer(pa[pre + name], pb_perm[pre + name])
+    parts = {"vectors": sum(torch.outer(pa[pre + name], pb_perm[pre + name]) for name in vectors)}
     for reader in ("in_w", "gate_w") if pre + "gate_w" in pa else ("in_w",):
-        c = c + pa[pre + reader].T @ pb_perm[pre + reader] / pa[pre + reader].shape[0]
-    return c + pa[pre + "out_w"] @ pb_perm[pre + "out_w"].T / pa[pre + "out_w"].shape[1]
+        parts[reader] = pa[pre + reader].T @ pb_perm[pre + reader] / pa[pre + reader].shape[0]
+    parts["out_w"] = pa[pre + "out_w"] @ pb_perm[pre + "out_w"].T / pa[pre + "out_w"].shape[1]
+    return parts
 
 
 def circuit_cross_covariance(pa: Params, pb_perm: Params, pb_full: Params, layer: int) -> Tensor:
@@ -496,17 +514,23 @@ def weight_matching(
         return g.dense(dtype) if isinstance(g, Permutation) else g.matrix.to(dtype)
 
     norm = (squared_plain_norm if factored else squared_norm)(pa)  # A's side does not move
+    a_circuits = None if factored else a_circuit_terms(pa)
 
-    def distance(pb_t: Params, t: Transform) -> float:
-        """Objective of transform t, given B's layer weights already transformed by it."""
-        diff = (squared_plain_difference if factored else squared_difference)(pa, pb_t)
+    def distance(pb_t: Params, t: Transform, mlp_d2: float | None = None) -> float:
+        """Objective of transform t, given B's layer weights already transformed by it; with `mlp_d2`,
+        the MLP matrices' share (left out of pb_t's comparison)."""
+        compared = pa if mlp_d2 is None else pa_rest
+        if factored:
+            diff = squared_plain_difference(compared, pb_t)
+        else:
+            diff = squared_difference(compared, pb_t, a_circuits)
         diff += emb_aa + emb_bb - 2 * float((res_matrix(t).double() * c_emb_raw).sum()) + fixed_diff
-        return (max(diff, 0.0) / (norm + emb_aa + fixed_norm)) ** 0.5
+        return (max(diff + (mlp_d2 or 0.0), 0.0) / (norm + emb_aa + fixed_norm)) ** 0.5
 
     # The residual map is the only dense contraction: it is applied once per iteration, and the
     # permutations (index gathers) on top of it.
     seconds: dict[str, float] = defaultdict(float)
-    linear_shares: dict[int, tuple[list[Tensor], Tensor]] = {}
+    linear_shares: dict[int, tuple[list[Tensor], dict[str, Tensor]]] = {}
 
     def linear_share(pb_perm: Params, layer: int) -> Tensor:
         """A layer's linear_cross_covariance, recomputed only when its MLP permutation or scale moved."""
@@ -514,11 +538,11 @@ def weight_matching(
         key = [perms[k].perm if k.startswith("mlp.") else perms[k].scales for k in names]
         kept = linear_shares.get(layer)
         if kept is not None and len(kept[0]) == len(key) and all(map(torch.equal, kept[0], key)):
-            return kept[1]
-        value = linear_cross_covariance(pa, pb_perm, layer, vectors)
+            return sum(kept[1].values())
+        parts = linear_parts(pa, pb_perm, layer, vectors)
         if reuse:
-            linear_shares[layer] = ([k.clone() for k in key], value)
-        return value
+            linear_shares[layer] = ([k.clone() for k in key], parts)
+        return sum(parts.values())
 
     gated = f"mlp_scale.{layers[0]}" in perms
     # MLP cosines move by at most the residual map's move: their assignments carry over (not for the
@@ -529,6 +553,34 @@ def weight_matching(
     # head costs move by at most circuit_move: theirs carry over too (not in grouped rotary models)
     head_warm = WarmAssignments() if reuse and heads and not grouped and residual != "none" else None
     head_norms = [float(circuit_norms(pb, l).max()) for l in layers] if head_warm is not None else []
+    # While MLP assignments carry over, B's MLP matrices are rotated only for the layers whose
+    # similarity is computed, and their distance is expanded in the map's move (MlpDistance).
+    late = warm is not None and not factored
+    mlp_names = {n for l in layers for n in mlp_matrices(l)} if late else set()
+    spec_rest = spec_blocks.restricted_to(set(pb) - mlp_names) if late else spec_blocks
+    spec_mlp = {l: spec_blocks.restricted_to(set(mlp_matrices(l))) for l in layers} if late else {}
+    pa_rest = {k: v for k, v in pa.items() if k not in mlp_names}
+    mlp_distance = MlpDistance(pa, pb)
+
+    def rotated_similarity(pb_res: Params, rotated: dict[int, Params], layer: int) -> Tensor:
+        """mlp_similarity at the current map, rotating the layer's MLP matrices (kept in `rotated`)."""
+        rotated[layer] = apply_params(Transform(res), spec_mlp[layer], {n: pb[n] for n in mlp_matrices(layer)})
+        return mlp_similarity(pa, {**pb_res, **rotated[layer]}, layer)
+
+    def mlp_share(rotated: dict[int, Params]) -> float:
+        """The MLP matrices' squared distance at the current map and permutations."""
+        r, d2 = res_matrix(Transform(res)), 0.0
+        for l in layers:
+            if l in rotated:
+                moved = Transform({f"mlp.{l}": perms[f"mlp.{l}"]})
+                d2 += mlp_distance.direct(l, r, apply_params(moved, spec_mlp[l], rotated[l]))
+            else:  # unchanged permutation: its cross-covariances are the residual step's
+                parts = linear_shares[l][1]
+                reader, writer = mlp_matrices(l)
+                cross = parts["in_w"] * pa[reader].shape[0] + parts["out_w"] * pa[writer].shape[1]
+                d2 += mlp_distance.expanded(l, r, cross)
+        return d2
+
     best_t = Transform({**res, **perms})
     pb_cur = apply_params(best_t, spec_blocks, pb)
     best = distance(pb_cur, best_t)
@@ -553,7 +605,8 @@ def weight_matching(
                 res = {"residual": Orthogonal(polar(c.double()).to(dtype))}
             seconds["residual"] += time.perf_counter() - tick
         tick = time.perf_counter()
-        pb_res = apply_params(Transform(res), spec_blocks, pb)
+        pb_res = apply_params(Transform(res), spec_rest, pb)  # late: B's MLP matrices as they are
+        rotated: dict[int, Params] = {}  # late: the layers whose MLP matrices were rotated
         seconds["apply"] += time.perf_counter() - tick
         # the layers' assignment problems are independent: their Hungarian solves run side by side
         if heads:
@@ -575,6 +628,8 @@ def weight_matching(
         if mlp:
             tick = time.perf_counter()
             similarity = partial(gated_mlp_similarity if gated else mlp_similarity, pa, pb_res)
+            if late:
+                similarity = partial(rotated_similarity, pb_res, rotated)
             # a pool pays for itself from about a thousand units (a GPT-2's MLP), not on small models
             pool = threads if spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS else 1
             if warm is None:
@@ -599,9 +654,10 @@ def weight_matching(
         current = Transform({**res, **perms})
         tick = time.perf_counter()
         del pb_cur  # B's weights are held at most twice more at a time (1B-parameter models)
-        pb_cur = apply_params(perms, spec_blocks, pb_res)
+        pb_cur = apply_params(perms, spec_rest, pb_res)
         del pb_res
-        value = distance(pb_cur, current)
+        value = distance(pb_cur, current, mlp_share(rotated) if late else None)
+        del rotated
         seconds["objective"] += time.perf_counter() - tick
         objective.append(value)
         improved = best - value

@@ -1,0 +1,65 @@
+"""Weight matching's distance over the MLP matrices, kept from one iteration to the next.
+
+Late in a search the MLP permutations stay and only the residual map R moves, by parts in a million.
+Rotating B's MLP matrices again only to compare them with A's costs a product over every MLP weight
+per iteration; the distance is a quadratic in R instead. With Delta = R - R_ref, P the layer's
+permutation, readers W_in -> P W_in R^T and writers W_out -> R W_out P^T:
+
+    ||A - T(B)||^2 = d2_ref - 2 <K, Delta> + <Delta G, Delta>,   K = M - R_ref G,
+
+M = A_in^T P B_in + A_out P B_out^T (the cross-covariances the residual step computes anyway) and
+G = B_in^T B_in + B_out B_out^T (B's, fixed), d2_ref the distance computed directly at R_ref. The
+expansion is exact; its float32 error is that of K times |Delta|, negligible next to d2_ref.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+Params = dict[str, Tensor]
+
+
+def mlp_matrices(layer: int) -> tuple[str, str]:
+    """The names of a layer's MLP reader and writer."""
+    return f"blocks.{layer}.in_w", f"blocks.{layer}.out_w"
+
+
+@dataclass
+class _Reference:
+    r: Tensor  # float64: the residual map the distance was computed at
+    d2: float
+    k: Tensor | None = None  # built on the first expansion
+
+
+class MlpDistance:
+    """Per layer, the squared distance between A's MLP matrices and B's transformed ones."""
+
+    def __init__(self, pa: Params, pb: Params) -> None:
+        self.pa, self.pb = pa, pb
+        self.refs: dict[int, _Reference] = {}
+        self.grams: dict[int, Tensor] = {}
+
+    def direct(self, layer: int, r: Tensor, transformed: Params) -> float:
+        """The distance from B's matrices as transformed at map r (also the new reference)."""
+        d2 = sum(float((self.pa[n] - transformed[n]).double().pow(2).sum()) for n in mlp_matrices(layer))
+        self.refs[layer] = _Reference(r.double(), d2)
+        return d2
+
+    def expanded(self, layer: int, r: Tensor, cross: Tensor) -> float:
+        """The distance at map r, the layer's permutation unchanged since its reference; `cross` is
+        that permutation's M (unscaled)."""
+        ref = self.refs[layer]
+        if ref.k is None:
+            ref.k = cross.double() - ref.r @ self.gram(layer).double()
+        delta = r.double() - ref.r
+        # the quadratic term is of the order of |Delta|^2: float32 is exact enough for it
+        quadratic = float(((delta.float() @ self.gram(layer)) * delta.float()).sum())
+        return ref.d2 - 2 * float((ref.k * delta).sum()) + quadratic
+
+    def gram(self, layer: int) -> Tensor:
+        if layer not in self.grams:
+            reader, writer = (self.pb[n] for n in mlp_matrices(layer))
+            self.grams[layer] = reader.T @ reader + writer @ writer.T
+        return self.grams[layer]

@@ -1,0 +1,42 @@
+"""Weight matching's MLP distance expanded in the residual map's move equals the distance computed
+directly, for small moves and large ones (the expansion is exact, not a first-order guess)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glmc.matching.mlp_distance import MlpDistance, mlp_matrices
+from glmc.models import to_canonical
+from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply_params
+
+from tiny_hf import tiny_gpt2
+
+
+@pytest.mark.parametrize("step", [1e-6, 1e-3, 0.3])
+def test_expanded_distance_equals_the_direct_one(step):
+    a, b = to_canonical(tiny_gpt2(seed=0, mlp=96)), to_canonical(tiny_gpt2(seed=1, mlp=96))
+    pa = {k: v.detach() for k, v in a.params().items()}
+    pb = {k: v.detach() for k, v in b.params().items()}
+    spec = SymmetrySpec.from_model(b).restricted_to(set(mlp_matrices(0)))
+    g = torch.Generator().manual_seed(0)
+    perm = Permutation.sample(spec["mlp.0"].size, generator=g)
+    r = Orthogonal.sample(a.width, generator=g).matrix
+    skew = step * torch.randn(a.width, a.width, generator=g)
+    r2 = torch.linalg.matrix_exp(skew - skew.T) @ r
+
+    def transformed(m: torch.Tensor) -> dict[str, torch.Tensor]:
+        t = Transform({"residual": Orthogonal(m), "mlp.0": perm})
+        return apply_params(t, spec, {n: pb[n] for n in mlp_matrices(0)})
+
+    distance = MlpDistance(pa, pb)
+    distance.direct(0, r, transformed(r))
+    # M = A_in^T P B_in + A_out P B_out^T, with P applied to B alone
+    moved = apply_params(Transform({"mlp.0": perm}), spec, {n: pb[n] for n in mlp_matrices(0)})
+    reader, writer = mlp_matrices(0)
+    cross = pa[reader].T @ moved[reader] + pa[writer] @ moved[writer].T
+    expanded = distance.expanded(0, r2, cross)
+    direct = MlpDistance(pa, pb).direct(0, r2, transformed(r2))
+    scale = sum(float(pa[n].double().pow(2).sum()) for n in mlp_matrices(0))
+    assert abs(expanded - direct) <= 1e-5 * scale
+    assert abs(expanded - distance.refs[0].d2) > 0  # the move changed it
