@@ -38,7 +38,7 @@ MAX_MOVE = 1.0
 # radii tried as moves of the map, largest first, the first one certified kept: ten times, once and a
 # tenth the map's last move (the next moves of a converging search are smaller) up to MAX_RADIUS,
 # else these (a radius that does not hold costs RADIUS_ROUNDS rounds)
-RADII = (1e-2, 1e-3, 1e-4, 1e-5)
+RADII = (1e-2, 5e-3, 2e-3, 1e-3, 1e-4, 1e-5)
 MAX_RADIUS = 1e-2
 # float32 similarities are exact to about this much per entry of magnitude one (a dot product of two
 # unit rows of a few thousand entries): a skip needs the map's move plus this inside the radius
