@@ -539,6 +539,9 @@ def weight_matching(
         kept = linear_shares.get(layer)
         if kept is not None and len(kept[0]) == len(key) and all(map(torch.equal, kept[0], key)):
             return sum(kept[1].values())
+        if late:  # pb_perm left B's MLP matrices as they are: this layer's are permuted here
+            moved = Transform({f"mlp.{layer}": perms[f"mlp.{layer}"]})
+            pb_perm = {**pb_perm, **apply_params(moved, spec_mlp[layer], {n: pb[n] for n in mlp_matrices(layer)})}
         parts = linear_parts(pa, pb_perm, layer, vectors)
         if reuse:
             linear_shares[layer] = ([k.clone() for k in key], parts)
@@ -590,7 +593,7 @@ def weight_matching(
             tick = time.perf_counter()
             c = c_emb_raw if factored else c_emb
             if it > 0:  # the first iteration sees only the embeddings and the classifier
-                pb_perm = apply_params(perms, spec_blocks, pb)
+                pb_perm = apply_params(perms, spec_rest, pb)  # late: B's MLP matrices as they are
                 if factored:
                     c = c + factored_cross_covariance(pa, pb_perm, layout, width)
                 else:
