@@ -56,17 +56,29 @@ GRAM_CONDITION = 1e-4
 def _svd_factors(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """U, sigma, V^T of a (m >= n), from the eigendecomposition of A^T A where A is well
     conditioned (two to three times faster than the SVD on CPU), else from torch.linalg.svd."""
-    gram = a.mT @ a if a.shape[-2] >= a.shape[-1] else None
+    return _factors(a, True)[:3]
+
+
+def _factors(a: Tensor, try_gram: bool) -> tuple[Tensor, Tensor, Tensor, bool]:
+    """_svd_factors, the Gram matrix tried only with `try_gram`, and whether it served."""
+    gram = a.mT @ a if try_gram and a.shape[-2] >= a.shape[-1] else None
     # entries beyond sqrt(float max) overflow the Gram matrix: the SVD alone sees what they are
     if gram is not None and bool(torch.isfinite(gram).all()):
         try:
             values, v = torch.linalg.eigh(gram)
         except torch.linalg.LinAlgError:  # let the SVD decide whether the latent can be projected
-            return torch.linalg.svd(a, full_matrices=False)
+            return *torch.linalg.svd(a, full_matrices=False), False
         if bool(values.min() > GRAM_CONDITION * values.max()):
             s = values.sqrt()
-            return (a @ v) / s, s, v.mT
-    return torch.linalg.svd(a, full_matrices=False)
+            return (a @ v) / s, s, v.mT, True
+    return *torch.linalg.svd(a, full_matrices=False), False
+
+
+def polar_factor(a: Tensor, try_gram: bool = True) -> tuple[Tensor, bool]:
+    """(the polar factor of a, whether the Gram matrix served), outside autograd: a caller that
+    projects similar matrices again and again skips the Gram attempt once it has failed."""
+    u, _, vh, gram = _factors(a, try_gram)
+    return u @ vh, gram
 
 
 def polar(latent: Tensor) -> Tensor:

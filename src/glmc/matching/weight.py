@@ -41,7 +41,7 @@ from torch import Tensor
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.matching.mlp_distance import MlpDistance, mlp_matrices
-from glmc.matching.projections import polar
+from glmc.matching.projections import polar_factor
 from glmc.matching.rotary_pairs import as_complex, pair_distance, rotary_scales, solve_pairs
 from glmc.matching.scales import best_scales, scale_objective
 from glmc.matching.warm_assignment import WarmAssignments
@@ -530,6 +530,7 @@ def weight_matching(
     # The residual map is the only dense contraction: it is applied once per iteration, and the
     # permutations (index gathers) on top of it.
     seconds: dict[str, float] = defaultdict(float)
+    gram_serves = True  # the residual's polar factor from its Gram matrix, until that is ill conditioned
     linear_shares: dict[int, tuple[list[Tensor], dict[str, Tensor]]] = {}
 
     def linear_share(pb_perm: Params, layer: int) -> Tensor:
@@ -605,7 +606,8 @@ def weight_matching(
             elif basis is not None:
                 res = {"residual": Orthogonal(mean_keeping_projection(c, basis).to(dtype))}
             else:
-                res = {"residual": Orthogonal(polar(c.double()).to(dtype))}
+                matrix, gram_serves = polar_factor(c.double(), gram_serves)
+                res = {"residual": Orthogonal(matrix.to(dtype))}
             seconds["residual"] += time.perf_counter() - tick
         tick = time.perf_counter()
         pb_res = apply_params(Transform(res), spec_rest, pb)  # late: B's MLP matrices as they are
