@@ -530,7 +530,7 @@ def weight_matching(
     # The residual map is the only dense contraction: it is applied once per iteration, and the
     # permutations (index gathers) on top of it.
     seconds: dict[str, float] = defaultdict(float)
-    gram_serves = True  # the residual's polar factor from its Gram matrix, until that is ill conditioned
+    gram_misses = 0  # the residual's polar factor from its Gram matrix, until that failed twice in a row
     linear_shares: dict[int, tuple[list[Tensor], dict[str, Tensor]]] = {}
 
     def linear_share(pb_perm: Params, layer: int) -> Tensor:
@@ -606,7 +606,8 @@ def weight_matching(
             elif basis is not None:
                 res = {"residual": Orthogonal(mean_keeping_projection(c, basis).to(dtype))}
             else:
-                matrix, gram_serves = polar_factor(c.double(), gram_serves)
+                matrix, served = polar_factor(c.double(), gram_misses < 2)
+                gram_misses = 0 if served else gram_misses + 1
                 res = {"residual": Orthogonal(matrix.to(dtype))}
             seconds["residual"] += time.perf_counter() - tick
         tick = time.perf_counter()
