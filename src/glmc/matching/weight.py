@@ -11,6 +11,12 @@ Each iteration
 It stops when the objective, the relative distance between the circuit-form parameters of A and of
 transformed B, stops improving, and returns the best transform seen.
 
+Late in a search only the residual map moves, by little. An iteration then keeps what its inputs
+did not change: assignments a duality certificate proves still optimal (glmc.matching.warm_assignment:
+without recomputing the similarity while the map stays inside a certified radius), each layer's
+linear share of the residual step while its MLP permutation stays, and the distance of the MLP
+matrices expanded in the map's move (glmc.matching.mlp_distance). `reuse=False` recomputes all of it.
+
 Rotary query/key circuits are not what a Llama-style model computes, so its heads are interpolated
 as factored weights, and weight matching minimises the factored distance itself: the residual map by
 Procrustes on the cross-covariance of every tensor as it is (with B's current permutations and in-head
