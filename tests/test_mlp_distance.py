@@ -12,6 +12,8 @@ from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, appl
 
 from tiny_hf import tiny_gpt2
 
+pytestmark = pytest.mark.numeric
+
 
 @pytest.mark.parametrize("step", [1e-6, 1e-3, 0.3])
 def test_expanded_distance_equals_the_direct_one(step):

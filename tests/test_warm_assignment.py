@@ -14,6 +14,8 @@ from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, appl
 
 from tiny_hf import tiny_gpt2, tiny_vit
 
+pytestmark = pytest.mark.numeric
+
 
 def value(s: torch.Tensor, perm: torch.Tensor) -> float:
     return float(s.double()[torch.arange(len(perm)), perm].sum())
