@@ -198,6 +198,17 @@ def test_lambda_candidates_train_at_the_draw_furthest_above_the_endpoints_line(p
         module.training_step((x, y), 0)
         expected = draws[0] if k == 1 else module.worst_lambda(x, y, draws)
         assert float(module.history[0, 1]) == pytest.approx(expected)
+    # drawn_loss keeps the chosen candidate's graph: the loss and gradients of that lambda afresh
+    module = build(3)
+    loss, lam = module.drawn_loss(x, y, [0.1, 0.45, 0.8])
+    assert lam == module.worst_lambda(x, y, [0.1, 0.45, 0.8])
+    loss.backward()
+    drawn = {k: z.grad.clone() for k, z in module.latents.items()}
+    module.zero_grad()
+    fresh = module.loss(x, y, lam)
+    fresh.backward()
+    assert float(loss) == float(fresh)
+    assert all(torch.equal(drawn[k], z.grad) for k, z in module.latents.items())
     with pytest.raises(ValueError, match="lambda_candidates"):
         LearnedSettings(lambda_candidates=0)
 

@@ -286,10 +286,16 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
     def loss(self, inputs: Tensor, targets: Tensor, lam: float, aligned: dict[str, Tensor] | None = None) -> Tensor:
         """Task loss of lam * theta_A + (1 - lam) * T(theta_B) on one batch (`aligned`: T(theta_B) when
         already built)."""
+        total, count = self._summed_loss(inputs, targets, lam, aligned)
+        return total / count
+
+    def _summed_loss(
+        self, inputs: Tensor, targets: Tensor, lam: float, aligned: dict[str, Tensor] | None = None
+    ) -> tuple[Tensor, int]:
         aligned = self.aligned_params() if aligned is None else aligned
         params = merge_params([self.endpoint_params("a"), aligned], [lam, 1.0 - lam], self.circuits)
         total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
-        return total / count
+        return total, count
 
     def worst_lambda(
         self, inputs: Tensor, targets: Tensor, candidates: list[float], aligned: dict[str, Tensor] | None = None
@@ -303,11 +309,24 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         return candidates[worst_draw(self.config, self.task, self.circuits, members, inputs, targets, coefficients)]
 
     def drawn_loss(self, inputs: Tensor, targets: Tensor, candidates: list[float]) -> tuple[Tensor, float]:
-        """The loss at the worst of `candidates` (the only one when there is one), and that lambda.
-        T(theta_B) is built once, for choosing and for the loss."""
+        """The loss at the worst of `candidates` (the only one when there is one, else as worst_lambda
+        chooses), and that lambda. T(theta_B) is built once, and each candidate's loss is computed
+        once, in the graph: the chosen one is the loss, the others are dropped."""
         aligned = self.aligned_params()
-        lam = candidates[0] if len(candidates) == 1 else self.worst_lambda(inputs, targets, candidates, aligned)
-        return self.loss(inputs, targets, lam, aligned), lam
+        if len(candidates) == 1:
+            return self.loss(inputs, targets, candidates[0], aligned), candidates[0]
+        with torch.no_grad():  # the endpoints' losses, as worst_draw takes them
+            ends = []
+            for params in (self.endpoint_params("a"), {k: v.detach() for k, v in aligned.items()}):
+                total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
+                ends.append(float(total) / count)
+        best, worst = -math.inf, None
+        for lam in candidates:
+            total, count = self._summed_loss(inputs, targets, lam, aligned)
+            excess = float(total.detach()) / count - (lam * ends[0] + (1.0 - lam) * ends[1])
+            if excess > best:
+                best, worst = excess, (total / count, lam)
+        return worst
 
     def training_step(self, batch, batch_idx):
         # the draws depend on the step alone: equal on every rank and reproduced after a resume; with
