@@ -355,28 +355,38 @@ def residual_vectors(model: CanonicalTransformer) -> tuple[str, ...]:
     return tuple(r.name.split(".", 2)[2] for r in single if r.acts[0].axis == 0)
 
 
-def linear_cross_covariance(pa: Params, pb_perm: Params, layer: int, vectors: tuple[str, ...]) -> Tensor:
-    """One layer's share of block_cross_covariance that is linear in the residual map: its single
-    residual vectors and its MLP's readers and writers (it changes only with the MLP's permutation)."""
-    return sum(linear_parts(pa, pb_perm, layer, vectors).values())
+def linear_cross_covariance(
+    pa: Params, pb_perm: Params, layer: int, vectors: tuple[str, ...], c: Tensor | float = 0.0
+) -> Tensor:
+    """c plus one layer's share of block_cross_covariance that is linear in the residual map: its single
+    residual vectors and its MLP's readers and writers (it changes only with the MLP's permutation),
+    added term by term."""
+    for part in linear_parts(pa, pb_perm, layer, vectors, split=True).values():
+        c = c + part
+    return c
 
 
-def linear_parts(pa: Params, pb_perm: Params, layer: int, vectors: tuple[str, ...]) -> dict[str, Tensor]:
-    """linear_cross_covariance's terms: `vectors` (the single residual vectors), and per MLP matrix its
-    cross-covariance M = A^T P B (readers) or A P B^T (writers) divided by its number of columns."""
+def linear_parts(
+    pa: Params, pb_perm: Params, layer: int, vectors: tuple[str, ...], split: bool = False
+) -> dict[str, Tensor]:
+    """linear_cross_covariance's terms: `vectors` (the single residual vectors, summed, or one term
+    each with `split`), and per MLP matrix its cross-covariance M = A^T P B (readers) or A P B^T
+    (writers) divided by its number of columns."""
     pre = f"blocks.{layer}."
-    parts = {"vectors": sum(torch.outer(pa[pre + name], pb_perm[pre + name]) for name in vectors)}
+    outers = {name: torch.outer(pa[pre + name], pb_perm[pre + name]) for name in vectors}
+    parts = outers if split else {"vectors": sum(outers.values())}
     for reader in ("in_w", "gate_w") if pre + "gate_w" in pa else ("in_w",):
         parts[reader] = pa[pre + reader].T @ pb_perm[pre + reader] / pa[pre + reader].shape[0]
     parts["out_w"] = pa[pre + "out_w"] @ pb_perm[pre + "out_w"].T / pa[pre + "out_w"].shape[1]
     return parts
 
 
-def circuit_cross_covariance(pa: Params, pb_perm: Params, pb_full: Params, layer: int) -> Tensor:
-    """One layer's share of block_cross_covariance from its two-sided QK and OV circuits, one side
-    taken at the current residual map (pb_full)."""
+def circuit_cross_covariance(
+    pa: Params, pb_perm: Params, pb_full: Params, layer: int, c: Tensor | float = 0.0
+) -> Tensor:
+    """c plus one layer's share of block_cross_covariance from its two-sided QK and OV circuits, one
+    side taken at the current residual map (pb_full), added term by term."""
     pre = f"blocks.{layer}."
-    c = 0.0
     n = pa[pre + "q_w"].shape[-1] + 1  # columns of a QK or OV circuit
     # QK rows: q_w^T K~; QK columns: k_w^T Q~; OV rows: W_o V~ (heads already matched).
     for solved, other in (("q", "k"), ("k", "q")):
@@ -399,12 +409,12 @@ def block_cross_covariance(
     has the current residual map, used for the other side of the two-sided circuits. The embedding
     blocks do not depend on the permutations and are added once by the caller. `vectors`: the block
     tensors that are single residual vectors (residual_vectors). `linear`: a layer's
-    linear_cross_covariance where the caller keeps them (None: computed here)."""
-    if linear is None:
-        linear = partial(linear_cross_covariance, pa, pb_perm, vectors=vectors)
+    linear_cross_covariance where the caller keeps them (None: computed here, every term added to
+    the running sum in turn, as the earlier code did: the same floats)."""
     c = 0.0
     for layer in sorted({int(n.split(".")[1]) for n in pa if n.startswith("blocks.")}):
-        c = c + (linear(layer) + circuit_cross_covariance(pa, pb_perm, pb_full, layer))
+        c = linear_cross_covariance(pa, pb_perm, layer, vectors, c) if linear is None else c + linear(layer)
+        c = circuit_cross_covariance(pa, pb_perm, pb_full, layer, c)
     return c
 
 
@@ -564,7 +574,10 @@ def weight_matching(
     head_warm = WarmAssignments() if reuse and heads and not grouped and residual != "none" else None
     head_norms = [float(circuit_norms(pb, l).max()) for l in layers] if head_warm is not None else []
     # While MLP assignments carry over, B's MLP matrices are rotated only for the layers whose
-    # similarity is computed, and their distance is expanded in the map's move (MlpDistance).
+    # similarity is computed, and their distance is expanded in the map's move (MlpDistance); the
+    # residual step keeps its linear shares and takes the polar factor from the Gram matrix. Smaller
+    # models keep the earlier arithmetic (the same floats, so learned matching, which starts from
+    # them, retraces its runs), where these would save little.
     late = warm is not None and not factored
     mlp_names = {n for l in layers for n in mlp_matrices(l)} if late else set()
     spec_rest = spec_blocks.restricted_to(set(pb) - mlp_names) if late else spec_blocks
@@ -604,7 +617,8 @@ def weight_matching(
                 if factored:
                     c = c + factored_cross_covariance(pa, pb_perm, layout, width)
                 else:
-                    c = c + block_cross_covariance(pa, pb_perm, pb_cur, vectors, partial(linear_share, pb_perm))
+                    linear = partial(linear_share, pb_perm) if late else None
+                    c = c + block_cross_covariance(pa, pb_perm, pb_cur, vectors, linear)
                 del pb_perm
             # the polar factor in float64: its error grows with the conditioning of c
             if residual == "permutation":
@@ -612,7 +626,7 @@ def weight_matching(
             elif basis is not None:
                 res = {"residual": Orthogonal(mean_keeping_projection(c, basis).to(dtype))}
             else:
-                matrix, served = polar_factor(c.double(), gram_misses < 2)
+                matrix, served = polar_factor(c.double(), late and gram_misses < 2)
                 gram_misses = 0 if served else gram_misses + 1
                 res = {"residual": Orthogonal(matrix.to(dtype))}
             seconds["residual"] += time.perf_counter() - tick
