@@ -469,9 +469,11 @@ def weight_matching(
     orthogonal residual map fixes the all-ones vector and its complement (for mean-zero streams;
     permutations always do). `threads`: how many layers' MLP assignments (of PARALLEL_UNITS units or more)
     are solved at once (None: torch's thread count; 1: one after another, the same solutions).
-    `reuse`: skip the work whose inputs did not change (a layer's linear share of the residual
-    step while its MLP permutation stays; an MLP assignment while a certificate says it is still
-    optimal, glmc.matching.warm_assignment); False recomputes everything every iteration."""
+    `reuse`: skip the work whose inputs did not change: head and MLP assignments while a certificate
+    says they are still optimal (glmc.matching.warm_assignment) and, from PARALLEL_UNITS MLP units,
+    a layer's linear share of the residual step while its MLP permutation stays and the MLP
+    matrices' rotation (their distance expanded in the map's move, glmc.matching.mlp_distance);
+    False recomputes everything every iteration."""
     if residual not in ("orthogonal", "permutation", "none"):
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
@@ -547,22 +549,18 @@ def weight_matching(
     # permutations (index gathers) on top of it.
     seconds: dict[str, float] = defaultdict(float)
     gram_misses = 0  # the residual's polar factor from its Gram matrix, until that failed twice in a row
-    linear_shares: dict[int, tuple[list[Tensor], dict[str, Tensor]]] = {}
+    linear_shares: dict[int, tuple[Tensor, dict[str, Tensor]]] = {}  # late: per layer, (MLP permutation, parts)
 
     def linear_share(pb_perm: Params, layer: int) -> Tensor:
-        """A layer's linear_cross_covariance, recomputed only when its MLP permutation or scale moved."""
-        names = [k for k in (f"mlp.{layer}", f"mlp_scale.{layer}") if k in perms]
-        key = [perms[k].perm if k.startswith("mlp.") else perms[k].scales for k in names]
+        """Late path: a layer's linear_cross_covariance, recomputed only when its MLP permutation moved
+        (pb_perm leaves B's MLP matrices as they are: this layer's are permuted here)."""
+        perm = perms[f"mlp.{layer}"].perm
         kept = linear_shares.get(layer)
-        if kept is not None and len(kept[0]) == len(key) and all(map(torch.equal, kept[0], key)):
-            return sum(kept[1].values())
-        if late:  # pb_perm left B's MLP matrices as they are: this layer's are permuted here
+        if kept is None or not torch.equal(kept[0], perm):
             moved = Transform({f"mlp.{layer}": perms[f"mlp.{layer}"]})
-            pb_perm = {**pb_perm, **apply_params(moved, spec_mlp[layer], {n: pb[n] for n in mlp_matrices(layer)})}
-        parts = linear_parts(pa, pb_perm, layer, vectors)
-        if reuse:
-            linear_shares[layer] = ([k.clone() for k in key], parts)
-        return sum(parts.values())
+            rows = {**pb_perm, **apply_params(moved, spec_mlp[layer], {n: pb[n] for n in mlp_matrices(layer)})}
+            kept = linear_shares[layer] = (perm.clone(), linear_parts(pa, rows, layer, vectors))
+        return sum(kept[1].values())
 
     gated = f"mlp_scale.{layers[0]}" in perms
     # MLP cosines move by at most the residual map's move: their assignments carry over (not for the
