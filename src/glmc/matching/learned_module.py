@@ -81,15 +81,19 @@ def worst_draw(config, task: str, circuits, members: list[dict[str, Tensor]], in
     this batch lies furthest above the members' losses combined by those coefficients: Eq. 2's excess,
     and a pair's barrier for two members. Costs one forward pass per member and per candidate."""
 
-    def batch_loss(params: dict[str, Tensor]) -> float:
-        total, _, count = loss_and_correct(canonical_forward(config, params, inputs), targets, task)
-        return float(total) / count
-
-    ends = [batch_loss(params) for params in members]
+    ends = [batch_loss(config, task, params, inputs, targets) for params in members]
     excess = [
-        batch_loss(merge_params(members, c, circuits)) - sum(ci * li for ci, li in zip(c, ends)) for c in candidates
+        batch_loss(config, task, merge_params(members, c, circuits), inputs, targets)
+        - sum(ci * li for ci, li in zip(c, ends))
+        for c in candidates
     ]
     return max(range(len(candidates)), key=excess.__getitem__)
+
+
+def batch_loss(config, task: str, params: dict[str, Tensor], inputs, targets) -> float:
+    """The mean loss of the canonical model `params` on one batch, as a float."""
+    total, _, count = loss_and_correct(canonical_forward(config, params, inputs), targets, task)
+    return float(total.detach()) / count
 
 
 def _key(space: str) -> str:
@@ -316,10 +320,8 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         if len(candidates) == 1:
             return self.loss(inputs, targets, candidates[0], aligned), candidates[0]
         with torch.no_grad():  # the endpoints' losses, as worst_draw takes them
-            ends = []
-            for params in (self.endpoint_params("a"), {k: v.detach() for k, v in aligned.items()}):
-                total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
-                ends.append(float(total) / count)
+            members = (self.endpoint_params("a"), {k: v.detach() for k, v in aligned.items()})
+            ends = [batch_loss(self.config, self.task, params, inputs, targets) for params in members]
         best, worst = -math.inf, None
         for lam in candidates:
             total, count = self._summed_loss(inputs, targets, lam, aligned)
