@@ -7,8 +7,27 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from glmc.matching.warm_assignment import RADII, WarmAssignments, arc_weights, is_optimal, potentials
-from glmc.matching.weight import PARALLEL_UNITS, circuit_cost, circuit_move, circuit_norms, weight_matching
+from glmc.matching.warm_assignment import (
+    CHUNK,
+    RADII,
+    SPARSE_UNITS,
+    TIE,
+    WarmAssignments,
+    arc_weights,
+    fresh_assignment,
+    is_optimal,
+    potentials,
+    relax,
+    spectral_norm_bound,
+)
+from glmc.matching.weight import (
+    PARALLEL_UNITS,
+    circuit_cost,
+    circuit_move,
+    circuit_norms,
+    mlp_similarity,
+    weight_matching,
+)
 from glmc.models import to_canonical
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_params
 
@@ -133,6 +152,74 @@ def test_head_costs_move_by_at_most_the_circuit_bound():
         skew = scale * torch.randn(a.width, a.width, generator=g)
         r2 = torch.linalg.matrix_exp(skew - skew.T) @ r  # another rotation near r
         costs = [circuit_cost(pa, apply_params(Transform({"residual": Orthogonal(m)}), spec, pb), 0) for m in (r, r2)]
-        bound = circuit_move(float(circuit_norms(pb, 0).max()), float((r2 - r).norm()))
+        bound = circuit_move(float(circuit_norms(pb, 0).max()), spectral_norm_bound(r2 - r))
         change = float((costs[1] - costs[0]).abs().max())
         assert 0 < change <= bound * (1 + 1e-4) + 1e-5
+
+
+def test_mlp_cosines_move_by_at_most_the_spectral_norm_of_the_move():
+    a, b = to_canonical(tiny_gpt2(seed=0)), to_canonical(tiny_gpt2(seed=1))
+    spec = SymmetrySpec.from_model(b)
+    pa, pb = dict(a.params()), dict(b.params())
+    g = torch.Generator().manual_seed(3)
+    r = Orthogonal.sample(a.width, generator=g).matrix
+    for scale in (1e-4, 1e-2, 0.3):
+        skew = scale * torch.randn(a.width, a.width, generator=g)
+        r2 = torch.linalg.matrix_exp(skew - skew.T) @ r
+        sims = [mlp_similarity(pa, apply_params(Transform({"residual": Orthogonal(m)}), spec, pb), 0) for m in (r, r2)]
+        change, move = float((sims[1] - sims[0]).abs().max()), spectral_norm_bound(r2 - r)
+        assert 0 < change <= move + 1e-6  # float32 cosines
+        assert move < 0.5 * float((r2 - r).norm())  # far tighter than the Frobenius norm
+
+
+def test_the_spectral_norm_bound_lies_just_above_the_norm():
+    g = torch.Generator().manual_seed(4)
+    for shape, scale in (((64, 64), 1e-6), ((40, 70), 1.0), ((300, 300), 1e-2)):
+        m = scale * torch.randn(shape, generator=g, dtype=torch.float64)
+        norm = float(torch.linalg.matrix_norm(m, 2))
+        assert norm <= spectral_norm_bound(m) <= norm * (1 + 1e-8)
+    assert spectral_norm_bound(torch.zeros(5, 5)) < 1e-100
+
+
+def jacobi_rounds(arcs: torch.Tensor, margin: float, rounds: int):
+    """Longest-path relaxation over every arc in every round: what relax computes with less work."""
+    v = torch.zeros(arcs.shape[0], dtype=arcs.dtype)
+    for done in range(rounds):
+        relaxed = torch.maximum(v, (arcs + v[:, None]).amax(0) + (margin - TIE))
+        if torch.equal(relaxed, v):
+            return v, done + 1
+        v = relaxed
+    return None, rounds
+
+
+@pytest.mark.parametrize("margin", [0.0, 1e-3])
+def test_relaxing_the_columns_that_rose_gives_the_full_rounds_potentials(margin):
+    s = cosines(3 * CHUNK + 17, 7)  # several chunks, the last one short
+    arcs = arc_weights(s, scipy_perm(s))
+    v, rounds = relax(arcs, None, margin, 200)
+    expected, expected_rounds = jacobi_rounds(arcs, margin, 200)
+    assert rounds == expected_rounds
+    assert (v is None) == (expected is None)
+    if v is not None:
+        assert torch.equal(v, expected) and rounds > 2
+
+
+def test_a_non_finite_similarity_certifies_nothing():
+    s = cosines(20, 8)
+    best = scipy_perm(s)
+    s[3, 5] = float("nan")
+    assert not is_optimal(s, best)
+
+
+def test_a_fresh_assignment_from_each_rows_candidates_is_the_solvers():
+    n = SPARSE_UNITS + 30
+    s = cosines(n, 9)
+    perm, v, rounds = fresh_assignment(s)
+    assert v is not None and rounds >= 1  # proved optimal on the whole matrix: no dense solve
+    assert torch.equal(perm.perm, scipy_perm(s))
+    # every row ranks the same columns first: the candidates hold no complete assignment, and the
+    # dense solver decides
+    g = torch.Generator().manual_seed(10)
+    crowded = torch.linspace(1, 0, n)[None, :] + 1e-3 * torch.rand(n, n, generator=g)
+    perm, v, _ = fresh_assignment(crowded)
+    assert v is None and torch.equal(perm.perm, scipy_perm(crowded))
