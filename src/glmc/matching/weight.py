@@ -135,9 +135,13 @@ def squared_norm(pa: Params) -> float:
     return norm
 
 
-def squared_difference(pa: Params, pb: Params, a_circuits: dict | None = None) -> float:
+def squared_difference(
+    pa: Params, pb: Params, a_circuits: dict | None = None, b_norms: dict[int, list[Tensor]] | None = None
+) -> float:
     """||theta_A - theta_B||^2 over circuit-form parameters, heads compared in place. `a_circuits`:
-    A's side of every circuit comparison (a_circuit_terms), where the caller keeps it."""
+    A's side of every circuit comparison (a_circuit_terms), where the caller keeps it; `b_norms`:
+    B's squared circuit norms per layer (circuit_square_norms), where the caller keeps them (the
+    residual map and the head permutation leave them unchanged)."""
     diff = 0.0
     for name, a in pa.items():
         if in_head_pair(name):  # compared as circuits below
@@ -145,13 +149,18 @@ def squared_difference(pa: Params, pb: Params, a_circuits: dict | None = None) -
         diff += float((a - pb[name]).double().pow(2).sum())
     a_circuits = a_circuit_terms(pa) if a_circuits is None else a_circuits
     for layer, terms in a_circuits.items():
-        for ((xa, ya), aa), fb in zip(terms, circuit_factors(pb, layer)):
+        for i, (((xa, ya), aa), fb) in enumerate(zip(terms, circuit_factors(pb, layer))):
             # float64: |A|^2 + |B|^2 - 2<A,B> cancels when the circuits nearly agree
             xb, yb = (t.double() for t in fb)
-            bb = head_inner_diag(xb, yb, xb, yb).sum()
+            bb = head_inner_diag(xb, yb, xb, yb).sum() if b_norms is None else b_norms[layer][i]
             ab = head_inner_diag(xa, ya, xb, yb).sum()
             diff += float(aa + bb - 2 * ab)
     return max(diff, 0.0)
+
+
+def circuit_square_norms(pb: Params) -> dict[int, list[Tensor]]:
+    """Per layer and circuit (qk, vo), the squared Frobenius norm summed over heads, in float64."""
+    return {layer: [norm for _, norm in terms] for layer, terms in a_circuit_terms(pb).items()}
 
 
 def a_circuit_terms(pa: Params) -> dict[int, list[tuple[tuple[Tensor, Tensor], Tensor]]]:
@@ -348,6 +357,13 @@ def _embedding_blocks(
     return blocks
 
 
+def _sum_of_squares(block: Tensor) -> float:
+    """The sum of a 2-D block's squared entries, read in place where it or its transpose is
+    contiguous (the embedding blocks are transposed views of (rows, width) tables)."""
+    flat = (block if block.is_contiguous() else block.T).reshape(-1)
+    return float(torch.dot(flat, flat))
+
+
 def residual_vectors(model: CanonicalTransformer) -> tuple[str, ...]:
     """The block tensors that are one vector written into the stream, as role suffixes in role order:
     the output biases ("o_b", "out_b") and, in post-norm blocks, the LayerNorms' gains and offsets."""
@@ -492,10 +508,7 @@ def weight_matching(
         a64, b64 = a.double(), b.double()
         product = a64 @ b64.T
         c_emb_raw, c_emb = c_emb_raw + product, c_emb + product / a.shape[1]
-        emb_aa, emb_bb = (
-            emb_aa + float(torch.dot(a64.reshape(-1), a64.reshape(-1))),
-            emb_bb + float(torch.dot(b64.reshape(-1), b64.reshape(-1))),
-        )
+        emb_aa, emb_bb = emb_aa + _sum_of_squares(a64), emb_bb + _sum_of_squares(b64)
         del a64, b64, product
     fixed = [n for n in pa if layer_of(n) is None and n not in residual_only]  # head.b: no symmetry acts
     fixed_diff = sum(float((pa[n] - pb[n]).pow(2).sum()) for n in fixed)
@@ -544,7 +557,7 @@ def weight_matching(
         if factored:
             diff = squared_plain_difference(compared, pb_t)
         else:
-            diff = squared_difference(compared, pb_t, a_circuits)
+            diff = squared_difference(compared, pb_t, a_circuits, b_norms)
         diff += emb_aa + emb_bb - 2 * float((res_matrix(t).double() * c_emb_raw).sum()) + fixed_diff
         return (max(diff + (mlp_d2 or 0.0), 0.0) / (norm + emb_aa + fixed_norm)) ** 0.5
 
@@ -584,6 +597,7 @@ def weight_matching(
     spec_rest = spec_blocks.restricted_to(set(pb) - mlp_names) if late else spec_blocks
     spec_mlp = {l: spec_blocks.restricted_to(set(mlp_matrices(l))) for l in layers} if late else {}
     pa_rest = {k: v for k, v in pa.items() if k not in mlp_names}
+    b_norms = circuit_square_norms(pb) if late else None  # late: B's circuit norms stay as they are
     mlp_distance = MlpDistance(pa, pb)
 
     def rotated_similarity(pb_res: Params, rotated: dict[int, Params], layer: int) -> Tensor:
