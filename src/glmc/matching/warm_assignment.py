@@ -252,6 +252,20 @@ class WarmAssignments:
         state.spectral = (current, bound)  # the state belongs to this key's call alone
         return min(frobenius, bound)
 
+    def kept(self, reference: Tensor, layer: int, within: Callable[[float], float] = float) -> Permutation | None:
+        """The layer's last assignment where `reference` lies inside its certified radius (as `solve`
+        would return it without computing anything), else None: cheap, to be asked before a solve
+        is handed to another thread."""
+        state, current = self.states.get(layer), self._store(reference)
+        if state is None:
+            return None
+        frobenius = float((current.double() - state.reference.double()).norm())
+        moved = self._move(state, current, frobenius, within)
+        if moved == 0.0 or within(moved) + state.slack <= state.radius:
+            self._count("skipped")
+            return state.perm
+        return None
+
     def solve(
         self,
         reference: Tensor,
@@ -262,13 +276,13 @@ class WarmAssignments:
         """The optimal assignment of similarity(layer), a matrix computed at map `reference` whose
         entries at maps R and R' lie within within(||R' - R||_2) of each other (the identity for
         cosines of rows that R rotates): not computed at all while `reference` stays inside the radius
-        certified for the layer's last one."""
+        certified for the layer's last one (`kept`)."""
+        kept = self.kept(reference, layer, within)
+        if kept is not None:
+            return kept
         state, current = self.states.get(layer), self._store(reference)
         frobenius = math.inf if state is None else float((current.double() - state.reference.double()).norm())
         moved = frobenius if state is None else self._move(state, current, frobenius, within)
-        if state is not None and (moved == 0.0 or within(moved) + state.slack <= state.radius):
-            self._count("skipped")
-            return state.perm
         s = similarity(layer)
         # a move as large as the unit rows reshuffles their cosines: straight to the solver
         proof = self._certify(state, s) if frobenius < MAX_MOVE else None

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -196,7 +196,9 @@ def projected(similarity: Callable[[int], Tensor], layer: int) -> Permutation:
 PARALLEL_UNITS = 1024
 
 
-def assign_layers(solve: Callable[[int], Permutation], layers: range, threads: int | None = None) -> list[Permutation]:
+def assign_layers(
+    solve: Callable[[int], Permutation], layers: Sequence[int], threads: int | None = None
+) -> list[Permutation]:
     """Per layer, solve(layer) (an assignment, typically Permutation.project of a similarity). The
     layers' problems are independent and SciPy's Hungarian solver releases the GIL, so `threads`
     layers (None: torch's thread count) are built and solved at once; only that many similarity
@@ -677,9 +679,12 @@ def weight_matching(
             pool = threads if spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS else 1
             if warm is None:
                 solved = assign_layers(partial(projected, similarity), layers, pool)
-            else:
+            else:  # the layers still inside their certified radius first: no threads for those
                 r = res_matrix(Transform(res))  # what the similarities depend on
-                solved = assign_layers(partial(warm.solve, r, similarity), layers, pool)
+                kept = {l: warm.kept(r, l) for l in layers}
+                rest = [l for l in layers if kept[l] is None]
+                fresh = dict(zip(rest, assign_layers(partial(warm.solve, r, similarity), rest, pool)))
+                solved = [fresh[l] if kept[l] is None else kept[l] for l in layers]
             perms.update(zip((f"mlp.{l}" for l in layers), solved))
             if gated:
                 moved = apply_params(Transform({f"mlp.{l}": perms[f"mlp.{l}"] for l in layers}), spec_blocks, pb_res)
