@@ -40,23 +40,41 @@ class MlpDistance:
         self.pa, self.pb = pa, pb
         self.refs: dict[int, _Reference] = {}
         self.grams: dict[int, Tensor] = {}
+        self._map: tuple[Tensor, Tensor] | None = None  # the last map passed to `direct`, in float64
 
     def direct(self, layer: int, r: Tensor, transformed: Params) -> float:
-        """The distance from B's matrices as transformed at map r (also the new reference)."""
+        """The distance from B's matrices as transformed at map r (also the new reference; layers
+        given the same r share it)."""
         d2 = sum(float((self.pa[n] - transformed[n]).double().pow(2).sum()) for n in mlp_matrices(layer))
-        self.refs[layer] = _Reference(r.double(), d2)
+        if self._map is None or self._map[0] is not r:
+            self._map = (r, r.double())
+        self.refs[layer] = _Reference(self._map[1], d2)
         return d2
 
     def expanded(self, layer: int, r: Tensor, cross: Tensor) -> float:
         """The distance at map r, the layer's permutation unchanged since its reference; `cross` is
         that permutation's M (unscaled)."""
-        ref = self.refs[layer]
-        if ref.k is None:
-            ref.k = cross.double() - ref.r @ self.gram(layer).double()
-        delta = r.double() - ref.r
-        # the quadratic term is of the order of |Delta|^2: float32 is exact enough for it
-        quadratic = float(((delta.float() @ self.gram(layer)) * delta.float()).sum())
-        return ref.d2 - 2 * float((ref.k * delta).sum()) + quadratic
+        return self.expanded_total(r, {layer: cross})
+
+    def expanded_total(self, r: Tensor, crosses: dict[int, Tensor]) -> float:
+        """The sum of `expanded` over the layers in `crosses` (layer -> M): the layers that share a
+        reference share one product, with their K and G summed."""
+        groups: dict[int, list[int]] = {}
+        for layer in crosses:
+            groups.setdefault(id(self.refs[layer].r), []).append(layer)
+        total, r64 = 0.0, r.double()
+        for members in groups.values():
+            for layer in members:
+                ref = self.refs[layer]
+                if ref.k is None:
+                    ref.k = crosses[layer].double() - ref.r @ self.gram(layer).double()
+            delta = r64 - self.refs[members[0]].r
+            k = sum(self.refs[layer].k for layer in members)
+            gram = sum(self.gram(layer) for layer in members)
+            # the quadratic term is of the order of |Delta|^2: float32 is exact enough for it
+            quadratic = float(((delta.float() @ gram) * delta.float()).sum())
+            total += sum(self.refs[layer].d2 for layer in members) - 2 * float((k * delta).sum()) + quadratic
+        return total
 
     def gram(self, layer: int) -> Tensor:
         if layer not in self.grams:

@@ -609,7 +609,7 @@ def weight_matching(
 
     def mlp_share(rotated: dict[int, Params]) -> float:
         """The MLP matrices' squared distance at the current map and permutations."""
-        r, d2 = res_matrix(Transform(res)), 0.0
+        r, d2, crosses = res_matrix(Transform(res)), 0.0, {}
         for l in layers:
             if l in rotated:
                 moved = Transform({f"mlp.{l}": perms[f"mlp.{l}"]})
@@ -617,9 +617,8 @@ def weight_matching(
             else:  # unchanged permutation: its cross-covariances are the residual step's
                 parts = linear_shares[l][1]
                 reader, writer = mlp_matrices(l)
-                cross = parts["in_w"] * pa[reader].shape[0] + parts["out_w"] * pa[writer].shape[1]
-                d2 += mlp_distance.expanded(l, r, cross)
-        return d2
+                crosses[l] = parts["in_w"] * pa[reader].shape[0] + parts["out_w"] * pa[writer].shape[1]
+        return d2 + (mlp_distance.expanded_total(r, crosses) if crosses else 0.0)
 
     best_t = Transform({**res, **perms})
     pb_cur = apply_params(best_t, spec_blocks, pb)
