@@ -621,7 +621,9 @@ def weight_matching(
         return d2 + (mlp_distance.expanded_total(r, crosses) if crosses else 0.0)
 
     best_t = Transform({**res, **perms})
-    pb_cur = apply_params(best_t, spec_blocks, pb)
+    # the search starts at the identity, which leaves every weight as it is (exactly: products with
+    # ones and zeros): B's own weights, not a product over all of them
+    pb_cur = dict(pb)
     best = distance(pb_cur, best_t)
     objective = [best]
     per_iteration: list[float] = []
