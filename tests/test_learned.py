@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ from glmc.interpolation import merge_params
 from glmc.matching.base import MatchContext
 from glmc.matching.learned import LearnedMatcher
 from glmc.matching.learned_module import LAMBDA_SCHEMES, LearnedMatchingModule, LearnedSettings, sample_lambda
-from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
+from glmc.matching.projections import polar, polar_factor, sinkhorn, sinkhorn_latent, straight_through_permutation
 from glmc.matching.registry import build_matcher, method_config
 from glmc.models import canonical_forward, to_canonical
 from glmc.models.canonical import circuit_params
@@ -96,6 +98,22 @@ def test_polar_from_the_gram_matrix_or_the_svd_is_the_nearest_orthogonal_matrix(
         assert_close_rel(polar(z), expected, FEW_OPS)
         q = polar(z).double()
         assert_close_rel(q.T @ q, torch.eye(z.shape[1], dtype=torch.float64), FEW_OPS)
+
+
+@pytest.mark.numeric
+def test_a_float64_polar_factor_takes_the_gram_route_down_to_a_condition_of_ten_thousand():
+    g = torch.Generator().manual_seed(1)
+    u = torch.linalg.qr(torch.randn(96, 96, generator=g, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(96, 96, generator=g, dtype=torch.float64))[0]
+    for condition, gram in ((3e3, True), (1e6, False)):
+        a = u @ torch.diag(torch.logspace(0, -math.log10(condition), 96, dtype=torch.float64)) @ v.T
+        q, served = polar_factor(a, True)
+        assert served is gram
+        assert_close_rel(q, u @ v.T, 1e-9)  # the exact polar factor of the constructed matrix
+        assert_close_rel(q.T @ q, torch.eye(96, dtype=torch.float64), 1e-9)
+    # float32 keeps the tighter bound: the same matrix at a condition of 3e3 goes to the SVD
+    a32 = (u @ torch.diag(torch.logspace(0, -math.log10(3e3), 96, dtype=torch.float64)) @ v.T).float()
+    assert polar_factor(a32, True)[1] is False
 
 
 def test_sinkhorn_is_doubly_stochastic_and_starts_near_the_permutation():

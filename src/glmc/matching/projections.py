@@ -49,8 +49,9 @@ class _Polar(torch.autograd.Function):
 
 
 # eigh of A^T A squares A's condition number: used while sigma_min / sigma_max stays above 1e-2
-# (float32 then keeps U's columns orthonormal to about 1e-5), the SVD itself otherwise
-GRAM_CONDITION = 1e-4
+# in float32 (U's columns then orthonormal to about 1e-5) and above 1e-4 in float64 (to about 1e-8,
+# below what a float32 result resolves), the SVD itself otherwise; the bound is on the eigenvalues
+GRAM_CONDITION = {torch.float32: 1e-4, torch.float64: 1e-8}
 
 
 def _svd_factors(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -68,7 +69,7 @@ def _factors(a: Tensor, try_gram: bool) -> tuple[Tensor, Tensor, Tensor, bool]:
             values, v = torch.linalg.eigh(gram)
         except torch.linalg.LinAlgError:  # let the SVD decide whether the latent can be projected
             return *torch.linalg.svd(a, full_matrices=False), False
-        if bool(values.min() > GRAM_CONDITION * values.max()):
+        if bool(values.min() > GRAM_CONDITION.get(a.dtype, 1e-4) * values.max()):
             s = values.sqrt()
             return (a @ v) / s, s, v.mT, True
     return *torch.linalg.svd(a, full_matrices=False), False
