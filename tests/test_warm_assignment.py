@@ -14,7 +14,10 @@ from glmc.matching.warm_assignment import (
     TIE,
     WarmAssignments,
     arc_weights,
+    candidate_assignment,
+    candidate_potentials,
     fresh_assignment,
+    holds,
     is_optimal,
     potentials,
     relax,
@@ -209,6 +212,30 @@ def test_a_non_finite_similarity_certifies_nothing():
     best = scipy_perm(s)
     s[3, 5] = float("nan")
     assert not is_optimal(s, best)
+
+
+def test_the_candidates_potentials_are_the_full_relaxations_and_hold_on_the_whole_matrix():
+    s = cosines(300, 11)
+    found = candidate_assignment(s, candidates=24)
+    assert found is not None
+    perm, values, columns = found
+    assert torch.equal(perm, scipy_perm(s))  # the optimum uses candidates only on this matrix
+    v, rounds = candidate_potentials(s, perm, values, columns)
+    expected, expected_rounds = relax(arc_weights(s, perm), None, 0.0, 300)
+    assert v is not None and rounds > 2 and holds(s, perm, v)
+    assert torch.allclose(v, expected, rtol=0.0, atol=1e-12 * float(expected.abs().max()))
+
+
+def test_potentials_do_not_hold_for_a_worse_assignment_or_a_non_finite_entry():
+    s = cosines(120, 12)
+    best = scipy_perm(s)
+    v = potentials(arc_weights(s, best))
+    assert v is not None and holds(s, best, v)
+    worse = best.clone()
+    worse[[0, 1]] = worse[[1, 0]]
+    assert value(s, worse) < value(s, best) and not holds(s, worse, v)
+    s[4, 9] = float("nan")
+    assert not holds(s, best, v)
 
 
 def test_a_fresh_assignment_from_each_rows_candidates_is_the_solvers():

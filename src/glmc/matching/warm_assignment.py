@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
@@ -42,9 +43,9 @@ MAX_ROUNDS = 32
 RADIUS_ROUNDS = 16
 # a residual map that moved this far (Frobenius) since the last solve is not checked against it
 MAX_MOVE = 1.0
-# radii tried as moves of the map, largest first, the first one certified kept: ten times, once and a
-# tenth the map's last move (the next moves of a converging search are smaller) up to MAX_RADIUS,
-# else these (a radius that does not hold costs RADIUS_ROUNDS rounds)
+# radii tried as moves of the map, smallest first, the last one certified kept: a tenth, once and ten
+# times the map's last move (the next moves of a converging search are smaller) up to MAX_RADIUS,
+# else these (a radius that does not hold costs RADIUS_ROUNDS rounds, and ends the search)
 RADII = (1e-2, 5e-3, 2e-3, 1e-3, 1e-4, 1e-5)
 MAX_RADIUS = 1e-2
 # float32 similarities are exact to about this much per entry of magnitude one (a dot product of two
@@ -92,6 +93,8 @@ def relax(arcs: Tensor, start: Tensor | None, margin: float, rounds: int) -> tup
     # rest were relaxed at the values they still hold (the same rounds and potentials, less work).
     active = None
     for done in range(rounds):
+        if active is not None and 2 * len(active) > n:  # most columns rose: one pass over all of them
+            active = None  # reads the arcs in place, cheaper than gathering most of their rows
         best = torch.full_like(v, -math.inf)
         for i in range(0, n if active is None else len(active), CHUNK):
             if active is None:
@@ -116,22 +119,67 @@ def is_optimal(similarity: Tensor, perm: Tensor, start: Tensor | None = None) ->
     return potentials(arc_weights(similarity, perm), start) is not None
 
 
-def candidate_assignment(similarity: Tensor, candidates: int = CANDIDATES) -> Tensor | None:
+def candidate_assignment(similarity: Tensor, candidates: int = CANDIDATES) -> tuple[Tensor, Tensor, Tensor] | None:
     """The assignment maximising the sum over each row's `candidates` largest entries only (SciPy's
-    sparse solver on the host), as column indices on the similarity's device; None where those
-    entries hold no complete assignment."""
+    sparse solver on the host), as column indices, with those entries' values and columns, (rows,
+    candidates) in no particular order, all on the similarity's device; None where they hold no
+    complete assignment."""
     s = similarity.detach()
     n = s.shape[0]
-    top = torch.topk(s, min(candidates, n), dim=1)
+    host = s.cpu().numpy()
+    m = min(candidates, n)
+    # a partial partition per row (about half the time of a sorted top-k)
+    columns = np.argpartition(host, n - m, axis=1)[:, n - m :]
+    values = np.take_along_axis(host, columns, axis=1)
     # shifted to be positive: the sparse solver must not take a zero similarity for a missing entry
-    weights = (top.values.double() + 2.0).cpu().numpy().ravel()
-    rows = torch.arange(n).repeat_interleave(top.indices.shape[1]).numpy()
-    graph = csr_matrix((weights, (rows, top.indices.cpu().numpy().ravel())), shape=(n, n))
+    weights = (values.astype(np.float64) + 2.0).ravel()
+    graph = csr_matrix((weights, (np.repeat(np.arange(n), m), columns.ravel())), shape=(n, n))
     try:
         _, cols = min_weight_full_bipartite_matching(graph, maximize=True)
     except ValueError:  # no perfect matching among the candidates
         return None
-    return torch.as_tensor(cols, device=s.device).long()
+    as_tensor = lambda a: torch.as_tensor(a, device=s.device)  # noqa: E731
+    return as_tensor(cols).long(), as_tensor(values), as_tensor(columns).long()
+
+
+def candidate_potentials(
+    similarity: Tensor, perm: Tensor, values: Tensor, columns: Tensor, rounds: int = FRESH_ROUNDS
+) -> tuple[Tensor | None, int]:
+    """relax() on the arcs among each row's candidates only (k -> j for the candidate columns j of the
+    row assigned to column k, `values` their entries): a few percent of the arcs, so its rounds are
+    cheap, and its potentials are where the relaxation over every arc ends in the common case that no
+    longest path leaves them (then one pass over the whole matrix, `holds`, confirms them)."""
+    s = similarity.detach()
+    n = len(perm)
+    rows = torch.empty_like(perm)
+    rows[perm] = torch.arange(n, device=perm.device)
+    own = s[rows, torch.arange(n, device=s.device)].double()  # S[r, k] for the row r assigned to k
+    weights = values.index_select(0, rows).double() - own[:, None]
+    targets = columns.index_select(0, rows)
+    v = torch.zeros(n, dtype=torch.float64, device=s.device)
+    active = torch.arange(n, device=s.device)  # as relax(): only the columns that rose reach further
+    for done in range(rounds):
+        reached = v.index_select(0, active)[:, None] + weights.index_select(0, active) - TIE
+        to = targets.index_select(0, active).reshape(-1)
+        relaxed = v.scatter_reduce(0, to, reached.reshape(-1), "amax")  # includes v itself: never lower
+        rose = relaxed > v
+        if not bool(rose.any()):
+            return v, done + 1
+        active, v = rose.nonzero().squeeze(1), relaxed
+    return None, rounds
+
+
+def holds(similarity: Tensor, perm: Tensor, v: Tensor) -> bool:
+    """Whether potentials v prove `perm` optimal over the whole matrix (to within ties): S[r, j] - v[j]
+    <= S[r, perm[r]] - v[perm[r]] for every row r and column j, in float64, a chunk of rows at a time.
+    Relaxed potentials meet their tightest arcs with TIE to spare, less a rounding: twice that is allowed."""
+    s = similarity.detach()
+    slack = s.gather(1, perm[:, None]).squeeze(1).double() - v.index_select(0, perm) + 2 * TIE
+    for i in range(0, s.shape[0], CHUNK):
+        worst = (s[i : i + CHUNK].double() - v[None, :]).amax(1)
+        if not bool((worst <= slack[i : i + CHUNK]).all()):  # (a NaN fails too)
+            return False
+    return True
 
 
 def fresh_assignment(similarity: Tensor) -> tuple[Permutation, Tensor | None, int]:
@@ -141,9 +189,15 @@ def fresh_assignment(similarity: Tensor) -> tuple[Permutation, Tensor | None, in
     shortcut = Permutation.from_row_maxima(s)
     # (a non-finite entry fails the certificate, and the dense solver reports it)
     if shortcut is None and s.dim() == 2 and s.shape[0] == s.shape[1] >= SPARSE_UNITS:
-        perm = candidate_assignment(s)
-        if perm is not None:
-            v, rounds = relax(arc_weights(s, perm), None, 0.0, FRESH_ROUNDS)
+        found = candidate_assignment(s)
+        if found is not None:
+            perm, values, columns = found
+            # potentials on the candidates' arcs first (cheap rounds), checked on the whole matrix in
+            # one pass; the relaxation over every arc continues from them where that check fails
+            v, rounds = candidate_potentials(s, perm, values, columns)
+            if v is None or not holds(s, perm, v):
+                v, more = relax(arc_weights(s, perm), v, 0.0, FRESH_ROUNDS)
+                rounds += more
             if v is not None:
                 return Permutation(perm), v, rounds
     return shortcut or Permutation.project(s), None, 0
@@ -296,7 +350,14 @@ class WarmAssignments:
         arcs, v, rounds = proof
         moves = tuple(m for m in (10 * moved, moved, moved / 10) if m <= MAX_RADIUS) or RADII
         cap = min(RADIUS_ROUNDS, 2 * rounds + 4)
-        radius = next((within(m) for m in moves if potentials(arcs, v, 2 * within(m), cap) is not None), 0.0)
+        # smallest first, each from the last one's potentials: a radius that holds costs a few rounds,
+        # one that does not the whole cap, so the search ends at the first that does not
+        radius, start = 0.0, v
+        for m in sorted(moves):
+            start = potentials(arcs, start, 2 * within(m), cap)
+            if start is None:
+                break
+            radius = within(m)
         slack = FLOAT_SLACK * max(1.0, float(s.abs().max()))  # float32 errors grow with the entries
         self.states[layer] = _State(state.perm, v, rounds, current, radius, slack)
         return state.perm
