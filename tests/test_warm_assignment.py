@@ -245,6 +245,9 @@ def test_a_fresh_assignment_from_each_rows_candidates_is_the_solvers():
     perm, v, rounds = fresh_assignment(s)
     assert v is not None and rounds >= 1  # proved optimal on the whole matrix: no dense solve
     assert torch.equal(perm.perm, scipy_perm(s))
+    half = s.bfloat16()  # (NumPy has no bfloat16: the candidates are read in float32)
+    perm, v, _ = fresh_assignment(half)
+    assert v is not None and value(half, perm.perm) == value(half, scipy_perm(half.float()))
     # every row ranks the same columns first: the candidates hold no complete assignment, and the
     # dense solver decides
     g = torch.Generator().manual_seed(10)

@@ -126,7 +126,7 @@ def candidate_assignment(similarity: Tensor, candidates: int = CANDIDATES) -> tu
     complete assignment."""
     s = similarity.detach()
     n = s.shape[0]
-    host = s.cpu().numpy()
+    host = (s.float() if s.dtype in (torch.float16, torch.bfloat16) else s).cpu().numpy()  # (exact)
     m = min(candidates, n)
     # a partial partition per row (about half the time of a sorted top-k)
     columns = np.argpartition(host, n - m, axis=1)[:, n - m :]
