@@ -69,9 +69,8 @@ def arc_weights(similarity: Tensor, perm: Tensor) -> Tensor:
     """(n, n) float64: entry [k, j] is the arc k -> j, S[r, j] - S[r, k] for the row r assigned to
     column k (exact: a difference of float32 numbers); -inf on the diagonal."""
     s = similarity.detach()
-    rows = torch.empty_like(perm)
-    rows[perm] = torch.arange(len(perm), device=perm.device)
-    arcs = s.index_select(0, rows).double()  # row k: the row assigned to column k
+    rows = Permutation(perm).inverse().perm  # row k: the row assigned to column k
+    arcs = s.index_select(0, rows).double()
     arcs -= arcs.diagonal().clone()[:, None]
     return arcs.fill_diagonal_(-math.inf)
 
@@ -151,8 +150,7 @@ def candidate_potentials(
     longest path leaves them (then one pass over the whole matrix, `holds`, confirms them)."""
     s = similarity.detach()
     n = len(perm)
-    rows = torch.empty_like(perm)
-    rows[perm] = torch.arange(n, device=perm.device)
+    rows = Permutation(perm).inverse().perm
     own = s[rows, torch.arange(n, device=s.device)].double()  # S[r, k] for the row r assigned to k
     weights = values.index_select(0, rows).double() - own[:, None]
     targets = columns.index_select(0, rows)
