@@ -13,6 +13,19 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    from hydra.types import RunMode
+
+    from glmc.pipeline.refusals import exit_if_refused
+
+    try:
+        return run(cfg)
+    except Exception as err:
+        if HydraConfig.get().mode == RunMode.RUN:  # a sweep reports its failed jobs at its end, as Hydra does
+            exit_if_refused(err)
+        raise
+
+
+def run(cfg: DictConfig) -> float:
     import torch
 
     from glmc.pipeline.run import run_pipeline  # heavy imports after Hydra has validated the config
@@ -30,4 +43,9 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    import sys
+
+    from glmc.pipeline.refusals import exit_on_unquoted_overrides
+
+    exit_on_unquoted_overrides(sys.argv[1:])
     main()

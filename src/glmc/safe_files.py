@@ -17,6 +17,20 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (another thread may be
+    creating files meanwhile); elsewhere set and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path beside `path` (same suffix, so writers that infer a format from it work)
@@ -24,6 +38,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=path.suffix, dir=path.parent)
+    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide results from the user's group
     os.close(fd)
     tmp = Path(name)
     try:

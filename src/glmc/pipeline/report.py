@@ -28,21 +28,51 @@ def finite_or_none(value: Any) -> Any:
     return value
 
 
+class ResultsNotWritten(OSError):
+    """Some result files could not be written (a full disk, a folder turned read-only); the message
+    says which were written, which were not, and why."""
+
+
 def write_results(results: dict[str, Any], run_dir: Path) -> None:
+    """results.json, then (pairwise runs) barrier.csv and barrier.png. Each file is tried even when an
+    earlier one failed; ResultsNotWritten afterwards names both kinds."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "results.json", json.dumps(finite_or_none(results), indent=2, allow_nan=False))
-    if not results["methods"]:  # a multi-model run: its simplex table and picture are written by glmc.pipeline.multi
-        return
-    with atomic_path(run_dir / "barrier.csv") as tmp, open(tmp, "w", newline="") as f:
+    files = {"results.json": lambda: _write_json(results, run_dir / "results.json")}
+    if results["methods"]:  # a multi-model run: its simplex table and picture are written by glmc.pipeline.multi
+        files["barrier.csv"] = lambda: _write_csv(results, run_dir / "barrier.csv")
+        files["barrier.png"] = lambda: _write_plot(results, run_dir / "barrier.png")
+    written, failed = [], []
+    for name, write in files.items():
+        try:
+            write()
+            written.append(name)
+        except OSError as err:
+            failed.append(f"{name} ({err.strerror or err})")
+    if failed:
+        raise ResultsNotWritten(
+            f"in {run_dir}, wrote {', '.join(written) or 'nothing'}; could not write {', '.join(failed)}: free space "
+            "or make the folder writable, then run the same command again (cached endpoints are reused)"
+        )
+
+
+def _write_json(results: dict[str, Any], path: Path) -> None:
+    atomic_write_text(path, json.dumps(finite_or_none(results), indent=2, allow_nan=False))
+
+
+def _write_csv(results: dict[str, Any], path: Path) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["method", "lambda", "split", "loss", "accuracy"])
         for name, m in results["methods"].items():
             for lam, loss, acc in zip(m["lambdas"], m["test_loss"], m["test_accuracy"]):
                 writer.writerow([name, lam, results.get("split", "test"), loss, acc])
+
+
+def _write_plot(results: dict[str, Any], path: Path) -> None:
     title = f"{results['model']} on {results['dataset']}"  # endpoints=pretrained: the model names its folders
     if not any("name" in e for e in results["endpoints"]):
         title += f", seeds {[e['seed'] for e in results['endpoints']]}"
-    with atomic_path(run_dir / "barrier.png") as tmp:
+    with atomic_path(path) as tmp:
         plot_barrier_curves(results["methods"], tmp, title=title)
 
 
