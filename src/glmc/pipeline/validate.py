@@ -18,6 +18,7 @@ import inspect
 import json
 import logging
 import math
+import os
 import shutil
 import tempfile
 import typing
@@ -671,6 +672,24 @@ def check_writable(run_dir: Path) -> None:
         ) from None
 
 
+def check_links(run_dir: Path) -> None:
+    """FileExistsError naming the first symbolic link inside `run_dir` that leads out of it: a rerun
+    would write its results, checkpoints or exports through it into a place the run does not own.
+    Links that stay inside (W&B's `latest-run`) are harmless."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    root = run_dir.resolve()
+    for folder, dirs, files in os.walk(run_dir):  # never follows a link to a folder
+        for name in dirs + files:
+            path = Path(folder) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise FileExistsError(
+                    f"{path} is a symbolic link to {os.readlink(path)}, outside the run folder {run_dir}: a run "
+                    "writes only into its own folder; remove the link, or choose another folder (hydra.run.dir=...)"
+                )
+
+
 def check_run_dir(cfg: Config, run_dir: Path) -> bool:
     """PermissionError when `run_dir` cannot be written; FileExistsError when it holds results.json
     of a different config (and overwrite is false). True when overwrite=true replaces such results:
@@ -678,6 +697,7 @@ def check_run_dir(cfg: Config, run_dir: Path) -> bool:
 
     The same config (up to NOT_RESULTS) may run again: it resumes learned matching from its checkpoints."""
     check_writable(run_dir)
+    check_links(run_dir)
     results = Path(run_dir) / "results.json"
     if not results.is_file():
         return False
@@ -737,11 +757,24 @@ def remove_previous_outputs(run_dir: Path) -> None:
 
 
 class RunFolderGuard(Callback):
-    """`check_run_dir` for a single run started by run.py, before Hydra saves .hydra/config.yaml there."""
+    """`check_run_dir` for a single run started by run.py, before Hydra saves .hydra/config.yaml there:
+    a refused run leaves the folder as it was. Hydra turns a callback's exception into a warning and
+    goes on, so a refusal exits here (glmc.pipeline.refusals)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from glmc.pipeline.refusals import exit_if_refused
+
+        try:
+            self._check(config)
+        except Exception as err:
+            exit_if_refused(err)
+            raise
+
+    @staticmethod
+    def _check(config: DictConfig) -> None:
         run_dir = Path(str(config.hydra.run.dir))
         check_writable(run_dir)
+        check_links(run_dir)
         if not (run_dir / "results.json").is_file():
             return
         task = copy.deepcopy(config)  # the task function's config: everything but the `hydra` node
