@@ -15,7 +15,7 @@ from glmc.eval.evaluator import path_losses
 from glmc.matching.base import MatchContext
 from glmc.matching.learned import LearnedMatcher
 from glmc.models.convert import to_canonical
-from glmc.train.latent_fit import fit_latents
+from glmc.train.latent_fit import FitClock, fit_latents
 from glmc.train.trainer import trainer_factory
 
 from conftest import compose_config
@@ -86,3 +86,15 @@ def test_a_learned_run_killed_mid_epoch_resumes_to_the_uninterrupted_numbers(tmp
         assert torch.equal(
             getattr(g, "matrix", getattr(g, "perm", None)), getattr(other, "matrix", getattr(other, "perm", None))
         )
+    # the resumed run counts the fit seconds of the attempt before its checkpoint; a fresh run counts none
+    assert uninterrupted.diagnostics["seconds_before_resume"] == 0.0
+    assert resumed.diagnostics["seconds_before_resume"] > 0.0
+
+
+def test_the_fit_clock_carries_the_seconds_of_earlier_attempts():
+    clock = FitClock()
+    clock.load_state_dict({"seconds": 12.5})  # what a checkpoint of an earlier attempt holds
+    clock.on_train_start(None, None)
+    assert clock.earlier == 12.5
+    assert clock.state_dict()["seconds"] >= 12.5  # the next checkpoint adds this attempt's seconds
+    assert FitClock().state_dict()["seconds"] < 12.5

@@ -162,7 +162,7 @@ class LearnedMatcher:
         last = pair_dir / "checkpoints" / "last.ckpt"
         logger = context.logger(self.name) if context.logger else False
         fit = context.require("fit", self.name)
-        seconds_train, world_size, resume = fit(module, context, pair_dir, self.settings, logger)
+        seconds_train, world_size, resume, earlier = fit(module, context, pair_dir, self.settings, logger)
         module = module.cpu()
         diverged = module.divergence()
         if diverged is not None:
@@ -178,6 +178,7 @@ class LearnedMatcher:
                 "lambda_history": finite_list(ran[:, 1]),
                 "seconds_init": seconds_init,
                 "seconds_train": seconds_train,
+                "seconds_before_resume": earlier,
             }
             return self.keep_start(a, b, start, next(iter(loader))[0], diverged, diagnostics)
 
@@ -202,6 +203,7 @@ class LearnedMatcher:
             "endpoint_deviation": deviation,  # on one training batch; the pipeline reports the test split's
             "seconds_init": seconds_init,
             "seconds_train": seconds_train,
+            "seconds_before_resume": earlier,  # fit time of the interrupted attempts
         }
         if self.init == "weight" and self.kinds["residual"] == "orthogonal":
             # paper 001 Fig. 5: what training changed in weight matching's residual map, as the angles of

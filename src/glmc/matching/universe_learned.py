@@ -239,7 +239,7 @@ def learned_universe(
     context.train_batches(f"{name} universe refinement")  # fails early without data
     logger = context.logger(f"{name}_universe") if context.logger else False
     fit = context.require("fit", f"{name} universe refinement")
-    seconds, world_size, resume = fit(module, context, run_dir, settings, logger)
+    seconds, world_size, resume, earlier = fit(module, context, run_dir, settings, logger)
     module = module.cpu()
 
     start = [Transform(), *(Transform({n: Permutation.identity(spec.spaces[n].size) for n in k}) for k in kinds)]
@@ -260,6 +260,7 @@ def learned_universe(
         **flags,
         "steps": len(history),
         "seconds": seconds,
+        "seconds_before_resume": earlier,  # fit time of the interrupted attempts
         "history": finite_list(history[:, 0]),
         "alpha_history": [[float(a) for a in row] for row in history[:, 1:]],
         "concentration": settings.concentration,

@@ -55,7 +55,7 @@ def run_multi(
             models, circuits = aligned.models, tuple(aligned.circuits)
             info = {k: v for k, v in aligned.diagnostics.items() if k != "history"}
             info["universe_seconds"] = universe_seconds
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start + info.get("seconds_before_resume", 0.0)  # a resumed refinement's total
         table = evaluate_simplex(evaluator, models, points, circuits, progress=progress)
         pairs = pairwise_barriers(evaluator, models, circuits, lambdas)
         out[method] = {

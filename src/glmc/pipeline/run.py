@@ -306,7 +306,8 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
                     seeded = torch.Generator().manual_seed(b.seed)
                     b_canonical = match_widths(a.canonical, b.canonical, seeded, str(cfg.embed_stream))
                 alignment = matcher.match(a.canonical, b_canonical, context)
-                seconds = time.perf_counter() - start
+                # a resumed learned run: with the fit time of the attempts before its checkpoint
+                seconds = time.perf_counter() - start + (alignment.diagnostics or {}).get("seconds_before_resume", 0.0)
                 ends = None if own is None else (own[ia], own[ib])
                 result = evaluate_alignment(evaluator, alignment, b, lambdas, task, f"{name} {label}", ends)
                 for variant, other in alignment.variants.items():  # e.g. a Sinkhorn run's hard projection

@@ -29,16 +29,36 @@ class _SaveLast(Callback):
         trainer.save_checkpoint(self.path, weights_only=False)  # every rank calls it; rank 0 writes
 
 
+class FitClock(Callback):
+    """Seconds spent in fit over every attempt: a checkpoint carries the seconds up to it, so a resumed
+    run reports what the uninterrupted one would have spent (work redone after the kill is not counted
+    twice; the time lost with it is not counted at all)."""
+
+    def __init__(self):
+        self.earlier = 0.0  # seconds in fit before the checkpoint this fit resumed from
+        self._tick = time.perf_counter()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._tick = time.perf_counter()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seconds": self.earlier + time.perf_counter() - self._tick}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.earlier = float(state_dict.get("seconds", 0.0))
+
+
 def _fit(trainer, module, data: dict[str, Any], resume: Path | None) -> None:
     # Restore with weights_only=True, as torch.load does by default since torch 2.6 (the floor).
     restricted = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
     trainer.fit(module, **data, ckpt_path=resume, **restricted)
 
 
-def fit_latents(module, context, folder: Path, settings, logger) -> tuple[float, int, Path | None]:
+def fit_latents(module, context, folder: Path, settings, logger) -> tuple[float, int, Path | None, float]:
     """Train a latent module with a Trainer from the context (a glmc.matching.base.MatchContext: its
     `trainer` factory, a default one where None, and its data); returns the seconds spent in fit, the
-    number of processes that trained and the checkpoint it resumed from.
+    number of processes that trained, the checkpoint it resumed from and the seconds spent in fit
+    before that checkpoint by earlier attempts (0 for a fresh run: add them for the run's total).
 
     Checkpoints go to folder/checkpoints: `last.ckpt` every `settings.checkpoint_every` steps, with
     the random state (glmc.train.resume.EpochCheckpoint, which also writes `epoch.ckpt` at every
@@ -57,7 +77,8 @@ def fit_latents(module, context, folder: Path, settings, logger) -> tuple[float,
         save_on_exception=True,
         enable_version_counter=False,
     )
-    callbacks = [checkpoints, _SaveLast(last)]
+    clock = FitClock()
+    callbacks = [checkpoints, _SaveLast(last), clock]
     exact = hasattr(context.data, "train_generator_state")  # glmc.data.module.DataModule
     if exact:
         callbacks.append(EpochCheckpoint(epoch, context.data))
@@ -86,7 +107,7 @@ def fit_latents(module, context, folder: Path, settings, logger) -> tuple[float,
         if exact:  # the shared DataModule: the next fit starts from the seeded order again
             context.data.train_generator_state = None
             context.data.train_start_step = None
-    return time.perf_counter() - tick, trainer.world_size, resume
+    return time.perf_counter() - tick, trainer.world_size, resume, clock.earlier if resume else 0.0
 
 
 def _checkpoint_step(path: Path) -> int:
