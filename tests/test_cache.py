@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from glmc.pipeline.cache import META, WEIGHTS, EndpointCache, config_hash, endpoint_key
+from glmc.pipeline.cache import META, WEIGHTS, CorruptEntryError, EndpointCache, config_hash, endpoint_key
 
 KEY = endpoint_key(
     {"width": 4},
@@ -60,8 +60,48 @@ def test_entry_with_foreign_config_is_refused(tmp_path):
     meta = json.loads(meta_path.read_text())
     meta["key"]["train"]["lr"] = 0.2
     meta_path.write_text(json.dumps(meta))
-    with pytest.raises(RuntimeError, match="different config"):
+    with (
+        pytest.warns(RuntimeWarning, match="moved it aside"),
+        pytest.raises(CorruptEntryError, match="different config"),
+    ):
         cache.load(KEY, 0, torch.nn.Linear(4, 3))
+    assert not cache.has(KEY, 0)  # moved aside, so the caller trains it again
+
+
+def _edit_meta(cache: EndpointCache, entry_seed: int, changes: dict) -> None:
+    """Rewrite the entry's meta.json with `changes` (a value of None removes the key)."""
+    meta_path = cache.entry(KEY, entry_seed) / META
+    meta = json.loads(meta_path.read_text())
+    meta.update(changes)
+    meta_path.write_text(json.dumps({k: v for k, v in meta.items() if v is not None}))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"sha256": None}, "records no sha256 of model.safetensors"),
+        ({"sha256": None, "seed": 1}, "records seed 1 in its meta.json, not seed 0"),
+        ({"seed": 1}, "records seed 1 in its meta.json, not seed 0"),
+        ({"sha256": "not a checksum"}, "records no sha256 of model.safetensors"),
+    ],
+)
+def test_entry_without_checksum_or_of_another_seed_is_moved_aside(tmp_path, changes, message):
+    cache = EndpointCache(tmp_path)
+    torch.manual_seed(0)
+    cache.save(KEY, 0, torch.nn.Linear(4, 3), {"test_loss": 1.5})
+    _edit_meta(cache, 0, changes)
+    target = torch.nn.Linear(4, 3)
+    before = target.weight.detach().clone()
+    with pytest.warns(RuntimeWarning, match=r"seed_0 is a damaged endpoint cache entry") as caught:
+        with pytest.raises(CorruptEntryError, match=message):
+            cache.load(KEY, 0, target)
+    assert any(message in str(w.message) for w in caught)  # the warning says why
+    assert torch.equal(target.weight, before)  # nothing was loaded from the entry
+    assert not cache.has(KEY, 0)
+    assert len(list(cache.entry(KEY, 0).parent.glob("seed_0.corrupt-*"))) == 1
+    # rebuilt: a fresh save is trusted again
+    cache.save(KEY, 0, torch.nn.Linear(4, 3), {"test_loss": 2.0})
+    assert cache.load(KEY, 0, torch.nn.Linear(4, 3))["metrics"]["test_loss"] == 2.0
 
 
 def test_weights_file_is_plain_safetensors(tmp_path):

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from glmc.alignment import Alignment
+from glmc.api_inputs import check_loader, check_model, check_pair, family_of, path_reference, resolve_task
 from glmc.eval import evaluator as _evaluator
 from glmc.matching.base import MatchContext, Matcher
 from glmc.matching.registry import METHODS, build_matcher, default_method_config
@@ -68,7 +69,9 @@ def align(
             f"matcher={matcher!r} has no match(a, b, context) method: pass a method name ({', '.join(METHODS)}) "
             "or an object with one"
         )
-    a, b = to_canonical(model_a), to_canonical(model_b)
+    check_model(model_a, "model_a")
+    check_model(model_b, "model_b")
+    a, b = to_canonical(model_a, "model_a"), to_canonical(model_b, "model_b")
     check_compatible(a, b, equal_mlp=getattr(matcher, "equal_mlp_widths", True))
     if data is not None:
         check_data(a, data)
@@ -87,9 +90,13 @@ def align(
         return matcher.match(a, b, context)
 
 
-def evaluate(model: torch.nn.Module, loader: Iterable, task: str = "classification", **options) -> tuple[float, float]:
+def evaluate(model: torch.nn.Module, loader: Iterable, task: str | None = None, **options) -> tuple[float, float]:
     """Mean loss and accuracy of `model` over `loader` (options: device, precision); every batch is
-    checked against the model as it is read."""
+    checked against the model as it is read. `task` (classification, causal_lm, masked_lm) is read from
+    the model when not given (classification for a model of no known family)."""
+    check_model(model, "model")
+    check_loader(loader, "loader")
+    task = resolve_task(model, task)
     return _evaluator.evaluate(model, CheckedBatches(loader, model, task), task, **options)
 
 
@@ -98,15 +105,17 @@ def evaluate_path(
     model_b: torch.nn.Module | None,
     loader: Iterable,
     lambdas: Sequence[float],
-    task: str = "classification",
+    task: str | None = None,
     circuits: Sequence[str] = (),
     progress: bool = True,
     **options,
 ) -> dict[str, list[float]]:
     """Loss and accuracy along lam * A + (1 - lam) * B. Pass an Alignment as the first argument
     (and None for B) to use its parameterisation and circuit setting. Every batch is checked
-    against A as it is read."""
-    reference = model_a.reference if isinstance(model_a, Alignment) else model_a
+    against A as it is read; `task` is read from A when not given (evaluate)."""
+    reference = path_reference(model_a, model_b)
+    check_loader(loader, "loader")
+    task = resolve_task(reference, task, "model_a")
     checked = CheckedBatches(loader, reference, task)
     return _evaluator.evaluate_path(model_a, model_b, checked, lambdas, task, circuits, progress, **options)
 
@@ -163,10 +172,12 @@ class CheckedBatches:
 
     def __init__(self, loader: Iterable, model: Any, task: str):
         self.loader, self.limits, self.task = loader, model_limits(model), task
+        self.family = family_of(model)
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:
-            check_batch(self.limits, batch[0], batch[1], self.task)
+            inputs, targets = check_pair(self.family, batch, self.task, "loader")
+            check_batch(self.limits, inputs, targets, self.task)
             yield batch
 
 
@@ -177,10 +188,12 @@ def check_data(model: CanonicalTransformer, data: Any) -> None:
     its loaders."""
     if hasattr(data, "train_dataloader"):
         return
+    check_loader(data, "data")
     limits, task = model_limits(model), model.task
     dataset = getattr(data, "dataset", None)
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
-        check_batch(limits, dataset.tensors[0], dataset.tensors[1], task)
+        inputs, targets = check_pair(family_of(model), dataset.tensors[:2], task, "data")
+        check_batch(limits, inputs, targets, task)
         return
     generator = getattr(data, "generator", None)
     state = generator.get_state() if isinstance(generator, torch.Generator) else None
@@ -191,7 +204,8 @@ def check_data(model: CanonicalTransformer, data: Any) -> None:
         if state is not None:
             generator.set_state(state)
     if batch is not None:
-        check_batch(limits, batch[0], batch[1], task)
+        inputs, targets = check_pair(family_of(model), batch, task, "data")
+        check_batch(limits, inputs, targets, task)
 
 
 def _trainer(overrides: dict[str, Any] | None):

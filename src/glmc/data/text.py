@@ -48,6 +48,18 @@ class CharTokenizer:
     def decode(self, ids: list[int]) -> str:
         return "".join(self.chars[i] for i in ids)
 
+    def to_hf(self):
+        """The same ids as a Hugging Face fast tokenizer (a word-level vocabulary of single characters,
+        no special tokens), which save_pretrained writes and data.tokenizer=pretrained reads back; a
+        character outside the corpus is an error there as here."""
+        from tokenizers import Regex, models, pre_tokenizers
+        from tokenizers import Tokenizer as Fast
+        from transformers import PreTrainedTokenizerFast
+
+        fast = Fast(models.WordLevel(vocab=dict(self.index)))
+        fast.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character alone
+        return PreTrainedTokenizerFast(tokenizer_object=fast)
+
 
 class HFTokenizer:
     """A Hugging Face tokenizer (GPT-2's byte-level BPE, or any tokenizer saved with save_pretrained)

@@ -1,10 +1,43 @@
-"""Hugging Face model -> canonical Transformer, through the family its config's model_type names."""
+"""Hugging Face model -> canonical Transformer, through the family its config's model_type names.
+
+A model enters the matchers only with finite weights: a NaN or Inf would otherwise surface as a
+LinAlgError deep inside a matcher (polar factors, assignments) or as null barriers."""
+
+from __future__ import annotations
+
+import torch
 
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_of_hf
 
 
-def to_canonical(hf_model) -> CanonicalTransformer:
+def nonfinite_weight(model: torch.nn.Module) -> tuple[str, int, int] | None:
+    """(name, entries that are NaN or Inf, all its entries) of the model's first such parameter, else None."""
+    for name, p in model.named_parameters():
+        if p.is_meta or not p.is_floating_point():  # no data to test (glmc.api_inputs names meta weights)
+            continue
+        finite = torch.isfinite(p.detach())
+        if not bool(finite.all()):
+            return name, int((~finite).sum()), p.numel()
+    return None
+
+
+def check_finite(model: torch.nn.Module, name: str = "the model") -> None:
+    """ValueError naming `name` and the first parameter holding NaN or Inf."""
+    found = nonfinite_weight(model)
+    if found is not None:
+        tensor, bad, total = found
+        raise ValueError(
+            f"{name}'s weight {tensor} holds {bad} NaN or infinite value(s) of {total}: a model with non-finite "
+            "weights has no loss barrier and cannot be aligned; load a checkpoint saved before its training "
+            "diverged, or train it again"
+        )
+
+
+def to_canonical(hf_model, name: str = "the model") -> CanonicalTransformer:
+    """The canonical form of a Hugging Face model (a canonical one is returned as it is); ValueError
+    naming `name` and the tensor when a weight is NaN or infinite."""
+    check_finite(hf_model, name)
     if isinstance(hf_model, CanonicalTransformer):
         return hf_model
     return family_of_hf(hf_model).to_canonical(hf_model).with_source(hf_model)

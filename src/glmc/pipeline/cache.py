@@ -14,10 +14,11 @@ entry waits, then loads what the first one cached.
 Training in progress checkpoints into `<hash>/.train_seed_<n>/last.ckpt` (`training_dir`), which a
 rerun of the same config resumes from and which is removed once the entry is cached.
 
-meta.json records the sha256 of model.safetensors. An entry whose checksum does not match, whose
-files are truncated, missing or unreadable, or whose weights are not finite is moved aside to
-`seed_<n>.corrupt-<timestamp>` with a warning, and `load` raises `CorruptEntryError`, so the caller
-trains the endpoint again instead of using it.
+meta.json records the sha256 of model.safetensors, the seed and the key. An entry whose meta.json
+records no checksum (nothing could vouch for its weights), another seed or another key, whose checksum
+does not match, whose files are truncated, missing or unreadable, or whose weights are not finite is
+moved aside to `seed_<n>.corrupt-<timestamp>` with a warning, and `load` raises `CorruptEntryError`,
+so the caller trains the endpoint again instead of using it.
 """
 
 from __future__ import annotations
@@ -176,20 +177,16 @@ class EndpointCache:
                 raise ValueError("not an entry's metadata")
         except (OSError, UnicodeDecodeError, ValueError) as err:
             raise self._corrupt(entry, f"has an unreadable {META} ({err})") from err
-        if meta["key"] != json.loads(json.dumps(key)):
-            raise RuntimeError(f"{entry} holds a different config than its hash claims; delete the folder")
-        # Entries written before checksums were recorded have none: accepted as they are (legacy), still
-        # checked by the strict load and the finiteness test below.
-        expected = meta.get("sha256")
-        if expected is not None:
-            try:
-                actual = file_sha256(entry / WEIGHTS)
-            except OSError as err:
-                raise self._corrupt(entry, f"has an unreadable {WEIGHTS} ({err})") from err
-            if actual != expected:
-                raise self._corrupt(
-                    entry, f"has a {WEIGHTS} whose sha256 {actual[:12]}... is not the recorded {expected[:12]}..."
-                )
+        self._check_meta(entry, meta, key, seed)
+        expected = meta["sha256"]
+        try:
+            actual = file_sha256(entry / WEIGHTS)
+        except OSError as err:
+            raise self._corrupt(entry, f"has an unreadable {WEIGHTS} ({err})") from err
+        if actual != expected:
+            raise self._corrupt(
+                entry, f"has a {WEIGHTS} whose sha256 {actual[:12]}... is not the recorded {expected[:12]}..."
+            )
         try:
             load_model(model, str(entry / WEIGHTS), strict=True, device="cpu")
         except (SafetensorError, RuntimeError, OSError, ValueError) as err:
@@ -198,6 +195,21 @@ class EndpointCache:
         if bad:
             raise self._corrupt(entry, f"holds non-finite weights ({bad[0]})")
         return meta
+
+    def _check_meta(self, entry: Path, meta: dict[str, Any], key: dict[str, Any], seed: int) -> None:
+        """CorruptEntryError unless meta.json records this key, this seed and a checksum: an entry without one
+        (written before checksums, or edited) has nothing that vouches for its weights."""
+        if meta["key"] != json.loads(json.dumps(key)):
+            raise self._corrupt(
+                entry, f"holds a different config than its hash claims (its {META} records another key)"
+            )
+        if meta.get("seed") != seed:
+            raise self._corrupt(entry, f"records seed {meta.get('seed')!r} in its {META}, not seed {seed}")
+        checksum = meta.get("sha256")
+        if not isinstance(checksum, str) or len(checksum) != 64:
+            raise self._corrupt(
+                entry, f"records no sha256 of {WEIGHTS} in its {META}, so its weights cannot be checked"
+            )
 
     def save(self, key: dict[str, Any], seed: int, model: torch.nn.Module, metrics: dict[str, Any]) -> Path:
         final = self.entry(key, seed)

@@ -13,9 +13,12 @@ the safetensors headers only: that every folder exists and holds an intact confi
 family that glmc reads, that the models share their family, layers, vocabulary, positions and classes,
 that they fit the data (its kind and task, the window length, image size, channels and classes), and
 that models of different widths can be aligned (the narrower one is embedded into the wider one
-first, as for `endpoint_models`). After the tokenizer is loaded (`check_tokenizer`): that its ids fit
-every model's vocabulary. When the weights are loaded (`load_endpoints`): that every weight of the
-class is in the files, that the family converts the model, and that the canonical models of every
+first, as for `endpoint_models`); for text, that every folder's saved tokenizer (read from its JSON
+files) has the vocabulary and special tokens of the one the text is encoded with, unless
+data.tokenizer_path names that one on purpose (then `check_tokenizer` warns that a folder's own
+tokenizer is not used). After the tokenizer is loaded (`check_tokenizer`): that its ids fit every
+model's vocabulary. When the weights are loaded (`load_endpoints`): that every weight of the class is
+in the files and finite, that the family converts the model, and that the canonical models of every
 pair fit together (glmc.models.compatibility). Every message names the folder (`endpoints.paths[i]`).
 
 The endpoints are never trained and never cached: pairs are formed over the folders in order, as over
@@ -295,6 +298,13 @@ def folder_problems(cfg: Config) -> tuple[list[Folder], list[str]]:
         return folders, problems
     problems += [p for f in folders for p in _data_problems(cfg, f)]
     problems += _shared_problems(cfg, folders)
+    if not cfg.data.tokenizer_path:  # named on purpose: check_tokenizer warns instead
+        problems += [
+            f"{line}: every folder's model would read the text as the ids of one tokenizer, which this one was "
+            "not trained with; give folders that share a tokenizer, or set data.tokenizer_path=<folder> to encode "
+            "the text for every model with that folder's tokenizer on purpose"
+            for line in tokenizer_differences(cfg, folders)
+        ]
     return folders, problems
 
 
@@ -423,17 +433,127 @@ def read_folders(cfg: Config) -> list[Folder]:
 
 
 def check_tokenizer(cfg: Config, vocab_size: int | None) -> None:
-    """The loaded tokenizer's ids must fit every model's embedding (text data only)."""
+    """The loaded tokenizer's ids must fit every model's embedding (text data only); a folder's own tokenizer
+    that differs from data.tokenizer_path's, named on purpose, is reported as not used."""
     if vocab_size is None:
         return
     source = evaluation_config(cfg).data.tokenizer_path
-    for f in read_folders(cfg):
+    folders = read_folders(cfg)
+    if cfg.data.tokenizer_path:
+        for line in tokenizer_differences(cfg, folders):
+            log.warning("%s; it is not used: data.tokenizer_path=%s encodes the text for every folder", line, source)
+    for f in folders:
         vocab = f.limits().get("vocab")
         if vocab is not None and vocab < vocab_size:
             raise FolderError(
                 f"{f.key} has a vocabulary of {vocab} tokens, fewer than the {vocab_size} ids of the tokenizer in "
                 f"{source}: use the tokenizer the models were trained with (data.tokenizer_path=<its folder>)"
             )
+
+
+# the special tokens a tokenizer_config.json or special_tokens_map.json names, by role
+TOKEN_ROLES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _token(value: Any) -> str | None:
+    """A special token as the JSON files write it: the token itself, or {"content": token, ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _model_vocab(folder: Path, key: str) -> dict[str, int] | None:
+    """token -> id of the tokenizer's model: tokenizer.json (a fast tokenizer), else vocab.json (GPT-2's slow
+    one) or vocab.txt (BERT's, one token a line); None when the folder holds none of them."""
+    if (folder / "tokenizer.json").is_file():
+        model = _read_json(folder / "tokenizer.json", key)
+        vocab = model.get("model", {}).get("vocab") if isinstance(model, dict) else None
+        if isinstance(vocab, list):  # Unigram: [piece, score] in id order
+            vocab = {str(entry[0]): i for i, entry in enumerate(vocab) if isinstance(entry, list) and entry}
+        vocab = dict(vocab) if isinstance(vocab, dict) else {}
+        added = model.get("added_tokens") if isinstance(model, dict) else None
+        for entry in added if isinstance(added, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("content"), str):
+                vocab[entry["content"]] = entry.get("id")
+        return vocab
+    if (folder / "vocab.json").is_file():
+        vocab = _read_json(folder / "vocab.json", key)
+        return dict(vocab) if isinstance(vocab, dict) else {}
+    if (folder / "vocab.txt").is_file():
+        lines = (folder / "vocab.txt").read_text(encoding="utf-8", errors="replace").splitlines()
+        return {token: i for i, token in enumerate(lines)}
+    return None
+
+
+def saved_vocabulary(folder: Path, key: str) -> tuple[dict[str, int], dict[str, str | None]] | None:
+    """(token -> id, special token role -> token) of the tokenizer save_pretrained wrote in `folder`, read
+    from its JSON files only (nothing runs); None when the folder holds no tokenizer."""
+    vocab = _model_vocab(folder, key)
+    if vocab is None:
+        return None
+    special: dict[str, str | None] = {}
+    for name in ("added_tokens.json", "tokenizer_config.json", "special_tokens_map.json"):  # later ones win
+        content = _read_json(folder / name, key) if (folder / name).is_file() else {}
+        if not isinstance(content, dict):
+            continue
+        if name == "added_tokens.json":
+            vocab.update({str(t): i for t, i in content.items()})
+            continue
+        decoder = content.get("added_tokens_decoder")
+        for i, entry in decoder.items() if isinstance(decoder, dict) else ():
+            if _token(entry) is not None and str(i).isdigit():
+                vocab[_token(entry)] = int(i)
+        special.update({role: _token(content[role]) for role in TOKEN_ROLES if role in content})
+    return vocab, special
+
+
+def _vocabulary_difference(mine, theirs, me: str, them: str) -> str | None:
+    """One example of how two tokenizers' (vocabulary, special tokens) differ, or None."""
+    (vocab, special), (other_vocab, other_special) = mine, theirs
+    order = lambda ids: lambda token: (ids[token] if isinstance(ids[token], int) else -1, token)  # by id
+    for token in sorted(other_vocab, key=order(other_vocab)):
+        i = other_vocab[token]
+        if vocab.get(token) != i:
+            own = f"id {vocab[token]}" if token in vocab else "no id"
+            return f"token {token!r} has {own} in {me} and id {i} in {them}"
+    extra = sorted(set(vocab) - set(other_vocab), key=order(vocab))
+    if extra:
+        return f"token {extra[0]!r} has id {vocab[extra[0]]} in {me} and no id in {them}"
+    for role in TOKEN_ROLES:
+        if special.get(role) != other_special.get(role):
+            return f"its {role} is {special.get(role)!r} in {me} and {other_special.get(role)!r} in {them}"
+    return None
+
+
+def tokenizer_differences(cfg: Config, folders: list[Folder]) -> list[str]:
+    """For text data, one line per folder whose saved tokenizer maps text to other ids than the tokenizer the
+    run encodes with (evaluation_config: data.tokenizer_path, else the first folder's), naming both and
+    one token; folders without a tokenizer are not compared."""
+    from glmc.pipeline.validate import TEXT_DATA
+
+    if cfg.data.name not in TEXT_DATA:
+        return []
+    source = Path(str(evaluation_config(cfg).data.tokenizer_path)).expanduser()
+    ref = next((f.key for f in folders if f.path.resolve() == source.resolve()), f"data.tokenizer_path={source}")
+    try:
+        reference = saved_vocabulary(source, ref) if source.is_dir() else None
+    except FolderError:  # the data module names a damaged tokenizer when it loads it
+        return []
+    if reference is None:
+        return []
+    out = []
+    for f in folders:
+        if f.path.resolve() == source.resolve():
+            continue
+        try:
+            own = saved_vocabulary(f.path, f.key)
+        except FolderError as err:
+            out.append(f"{err} (its tokenizer cannot be compared with that of {ref})")
+            continue
+        difference = None if own is None else _vocabulary_difference(own, reference, f.key, ref)
+        if difference is not None:
+            out.append(f"{f.key} holds a tokenizer other than that of {ref}: {difference}")
+    return out
 
 
 def load_model(f: Folder):
@@ -466,7 +586,31 @@ def load_model(f: Folder):
             f"{f.key}: its weights lack {shown} of {f.hf_class}, which would start at random values; save the "
             f"whole {f.hf_class} there with save_pretrained"
         )
+    _check_finite(f, model)
     return model.eval()
+
+
+def _check_finite(f: Folder, model) -> None:
+    """FolderError naming the folder, the tensor and its file when a weight is NaN or infinite: such a
+    model has no barrier, and the matchers would fail deep inside (a LinAlgError) or give null barriers."""
+    from safetensors import safe_open
+
+    from glmc.models.convert import nonfinite_weight
+
+    found = nonfinite_weight(model)
+    if found is None:
+        return
+    tensor, bad, total = found
+    files = []
+    for file in f.weights:  # headers only: which file holds the tensor
+        with safe_open(str(file), framework="pt") as handle:
+            files += [file.name] if tensor in handle.keys() else []
+    where = f" (in {files[0]})" if files else ""
+    raise FolderError(
+        f"{f.key}: its weight {tensor}{where} holds {bad} NaN or infinite value(s) of {total}: the checkpoint "
+        "is damaged or was saved after its training diverged; save a model with finite weights there, or leave "
+        "the folder out of endpoints.paths"
+    )
 
 
 def _canonical(f: Folder, model):

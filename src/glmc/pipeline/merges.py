@@ -4,8 +4,10 @@ a pair's midpoint model: both run after a method's path has been evaluated."""
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from glmc.eval.evaluator import Evaluator
 from glmc.merging import merged_model
 from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
+from glmc.safe_files import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +61,18 @@ def evaluate_merges(
     return out
 
 
-def export_midpoint(alignment: Alignment, template: torch.nn.Module, folder: Path, inputs: torch.Tensor) -> dict:
+def export_midpoint(
+    alignment: Alignment,
+    template: torch.nn.Module,
+    folder: Path,
+    inputs: torch.Tensor,
+    tokenizer: Any = None,
+    tokenizer_folder: str | None = None,
+) -> dict:
     """Write the pair's midpoint model as a Hugging Face folder and check that it loads back with the
-    same outputs. Methods without an HF-shaped midpoint (circuit interpolation, residual maps that
-    leave the mean-zero stream) are reported with the reason instead of failing the run."""
+    same outputs; for text, the run's tokenizer goes beside it (save_tokenizer), so that the folder can
+    be an endpoint again. Methods without an HF-shaped midpoint (circuit interpolation, residual maps
+    that leave the mean-zero stream) are reported with the reason instead of failing the run."""
     from glmc.models.export import export_hf
 
     mid = alignment.interpolate(0.5)
@@ -83,7 +94,59 @@ def export_midpoint(alignment: Alignment, template: torch.nn.Module, folder: Pat
         expected = mid(inputs)
         expected = getattr(expected, "logits", expected)
         deviation = relative_deviation(loaded(inputs).logits, expected)
-    return {"exported": True, "path": str(folder), "relative_deviation": deviation}
+    out = {"exported": True, "path": str(folder), "relative_deviation": deviation}
+    if tokenizer is not None:  # images need none
+        out["tokenizer"] = save_tokenizer(tokenizer, Path(folder), tokenizer_folder)
+    return out
+
+
+# what save_pretrained writes for a tokenizer (fast or slow); never code (.py)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+
+
+def save_tokenizer(tokenizer: Any, folder: Path, source: str | None = None) -> str:
+    """Write the tokenizer the run encoded the text with beside an exported model and return what was
+    done: a saved tokenizer's files are copied from `source` (data.tokenizer_path, or the first endpoint
+    folder), a tokenizer built here (WordPiece, characters) is saved in Hugging Face form. A tokenizer
+    with no such form is named, with the reason, in the folder's glmc_export.json instead."""
+    from glmc.data.text import CharTokenizer
+    from glmc.models.export import EXPORT_FILE
+
+    if source and not isinstance(tokenizer, CharTokenizer):  # the character tokenizer reads no folder
+        copied = [name for name in TOKENIZER_FILES if (Path(source) / name).is_file()]
+        for name in copied:
+            shutil.copyfile(Path(source) / name, folder / name)
+        if copied:
+            return f"copied from {source} ({', '.join(copied)})"
+    if hasattr(tokenizer, "hf"):  # glmc.data.text.HFTokenizer (e.g. the hub's GPT-2)
+        tokenizer.hf.save_pretrained(folder)
+        return "saved with save_pretrained"
+    if hasattr(tokenizer, "save"):  # glmc.data.wordpiece.WordPieceTokenizer, trained on the corpus
+        tokenizer.save(folder)
+        return "the WordPiece tokenizer trained on the corpus, saved as tokenizer.json"
+    if hasattr(tokenizer, "to_hf"):
+        tokenizer.to_hf().save_pretrained(folder)
+        return "the character tokenizer of the corpus, saved as a word-level tokenizer.json with the same ids"
+    note = (
+        f"no tokenizer saved: the run's {type(tokenizer).__name__} has no Hugging Face form; encode text for "
+        "this folder with the tokenizer the run used (give it as data.tokenizer_path)"
+    )
+    info_file = folder / EXPORT_FILE
+    info = json.loads(info_file.read_text()) if info_file.is_file() else {}
+    atomic_write_text(info_file, json.dumps({**info, "tokenizer": note}, indent=2) + "\n")
+    log.warning("%s: %s", folder, note)
+    return note
 
 
 def format_merges(results: dict[str, Any]) -> str:

@@ -325,7 +325,8 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
                     )
                 if cfg.merge.export and (ia, ib) == pairs[0]:
                     inputs = next(iter(data.test_dataloader()))[0][:8]
-                    result["export"] = export_midpoint(alignment, a.model, run_dir / name / f"hf_{label}", inputs)
+                    folder, source = run_dir / name / f"hf_{label}", evaluation_config(cfg).data.tokenizer_path
+                    result["export"] = export_midpoint(alignment, a.model, folder, inputs, data.tokenizer, source)
                 if alignment.diagnostics:  # e.g. weight matching's objective per iteration
                     diag_file = run_dir / name / f"diagnostics_{label}.json"
                     atomic_write_text(diag_file, json.dumps(alignment.diagnostics, indent=2))

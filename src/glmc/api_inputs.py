@@ -1,0 +1,191 @@
+"""What the public API (glmc.api) accepts, checked where it enters.
+
+Models must hold their weights (not on the meta device), the task must be one the model is built for
+(read from the model when not given), and each batch must be an (inputs, targets) pair of the form
+the model's family reads: integer token ids [batch, time] for text, float images [batch, channels,
+height, width] for images, with targets of the shape the task compares. Each problem is a TypeError
+or ValueError that names the argument and says what to pass, not a torch error from a forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from itertools import chain
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from glmc.alignment import Alignment
+from glmc.metrics import is_token_task
+from glmc.models.canonical import CanonicalTransformer
+from glmc.models.families import family_named, family_of_model_type
+
+if TYPE_CHECKING:
+    from glmc.models.families.base import Family
+
+TASKS = ("classification", "causal_lm", "masked_lm")
+# a family's data kind -> (axes of its inputs, what they are)
+INPUT_FORMS = {
+    "text": (2, "integer token ids [batch, time]"),
+    "images": (4, "float images [batch, channels, height, width]"),
+}
+
+
+def check_model(model: Any, name: str) -> None:
+    """TypeError for anything but a torch module; ValueError for a model whose weights are on the meta
+    device (built without data, e.g. under init_empty_weights or device="meta")."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"{name} is a {type(model).__name__}, not a torch.nn.Module: pass a Hugging Face model of a known "
+            "family or a canonical one (glmc.to_canonical)"
+        )
+    tensors = chain(model.named_parameters(), model.named_buffers())
+    meta = next((key for key, t in tensors if t.is_meta), None)
+    if meta is not None:
+        raise ValueError(
+            f"{name} has its weights on the meta device ({meta} holds no data; built under torch.device('meta') "
+            "or init_empty_weights?): pass a model with its weights loaded, e.g. from_pretrained(path), or "
+            "model.to_empty(device='cpu') followed by model.load_state_dict(state_dict)"
+        )
+
+
+def family_of(model: Any) -> Family | None:
+    """The family of a canonical or Hugging Face model, None for a model of no known family."""
+    if isinstance(model, CanonicalTransformer):
+        return family_named(model.config.family)
+    try:
+        return family_of_model_type(getattr(getattr(model, "config", None), "model_type", None))
+    except ValueError:
+        return None
+
+
+def model_task(model: Any) -> str | None:
+    """The task `model` is built for, None where it is not known: a canonical model's own, a family's one
+    task (GPT-2, Llama: causal_lm; ViT: classification), or the one its HF head class names (BERT)."""
+    if isinstance(model, CanonicalTransformer):
+        return model.task
+    family = family_of(model)
+    if family is None:
+        return None
+    if family.task_heads and hasattr(family, "head_of"):
+        try:
+            return family.task_heads[family.head_of(model)]
+        except TypeError:  # an HF class the family does not convert
+            return None
+    return family.tasks[0] if len(family.tasks) == 1 else None
+
+
+def resolve_task(model: Any, task: str | None, name: str = "model") -> str:
+    """`task` checked against the model `name` (ValueError when it is built for another one), or the
+    model's own task when None; "classification" for a model whose task is not known."""
+    expected = model_task(model)
+    if task is None:
+        return expected or "classification"
+    if task not in TASKS:
+        raise ValueError(f"task={task!r} is not one of {list(TASKS)}")
+    if expected is not None and task != expected:
+        raise ValueError(
+            f"task={task!r} does not fit {name}, a {type(model).__name__} built for {expected}: pass "
+            f"task={expected!r} or leave task out (it is read from the model)"
+        )
+    return task
+
+
+def path_reference(model_a: Any, model_b: Any) -> torch.nn.Module:
+    """The end a path's batches are checked against (A, or an Alignment's reference), after checking both
+    ends (check_model)."""
+    if isinstance(model_a, Alignment):
+        check_model(model_a.reference, "model_a.reference")
+        check_model(model_a.model, "model_a.model")
+        return model_a.reference
+    check_model(model_a, "model_a")
+    if model_b is None:
+        raise TypeError("model_b is None: pass model B, or an Alignment as model_a (and None for model_b)")
+    check_model(model_b, "model_b")
+    return model_a
+
+
+def check_loader(loader: Any, name: str) -> None:
+    """TypeError for a `loader` that cannot yield batches (one batch passed alone, a tensor, None)."""
+    if isinstance(loader, (torch.Tensor, Mapping)) or not isinstance(loader, Iterable):
+        raise TypeError(
+            f"{name} is a {type(loader).__name__}: pass an iterable of (inputs, targets) batches, e.g. a "
+            "DataLoader or [(inputs, targets)]"
+        )
+
+
+def batch_pair(batch: Any, name: str) -> tuple[Any, Any]:
+    """The (inputs, targets) of a batch that `name` yields; TypeError for any other batch."""
+    if isinstance(batch, Mapping):
+        raise TypeError(
+            f"{name} yields dicts (keys {list(batch)}): yield (inputs, targets) pairs, e.g. "
+            "(batch['input_ids'], batch['labels'])"
+        )
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        what = f"{len(batch)}-element {type(batch).__name__}s" if isinstance(batch, (tuple, list)) else None
+        raise TypeError(
+            f"{name} yields {what or type(batch).__name__ + ' batches'}: each batch must be an (inputs, targets) "
+            "pair (a single batch goes in a list: [(inputs, targets)])"
+        )
+    return batch[0], batch[1]
+
+
+def check_batch_form(family: Family | None, inputs: Any, targets: Any, task: str, name: str) -> None:
+    """The batch's tensors against what `family` reads and `task` compares (TypeError for the wrong kind
+    of tensor, ValueError for the wrong shape); inputs of a model of no known family are not checked."""
+    for what, t in (("inputs", inputs), ("targets", targets)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}'s {what} are a {type(t).__name__}, not a torch.Tensor")
+    if family is not None:
+        _check_inputs(family, inputs, name)
+    if inputs.dim() == 0:
+        raise ValueError(f"{name}'s inputs are a single number: batches have a leading batch axis")
+    _check_targets(inputs, targets, task, name)
+
+
+def _check_inputs(family: Family, inputs: torch.Tensor, name: str) -> None:
+    axes, form = INPUT_FORMS[family.data_kind]
+    text = family.data_kind == "text"
+    if (inputs.is_floating_point() or inputs.is_complex() or inputs.dtype == torch.bool) == text:
+        raise TypeError(
+            f"{name}'s inputs are {inputs.dtype} of shape {tuple(inputs.shape)}, but a {family.name} model reads "
+            f"{form}" + (": tokenize the text with the model's tokenizer" if text else "")
+        )
+    if inputs.dim() != axes:
+        hint = ": one sequence goes in as inputs[None]; merge or drop the extra axes" if text else ""
+        raise ValueError(
+            f"{name}'s inputs have shape {tuple(inputs.shape)} ({inputs.dim()} axes), but a {family.name} "
+            f"model reads {form} ({axes} axes){hint}"
+        )
+
+
+def _check_targets(inputs: torch.Tensor, targets: torch.Tensor, task: str, name: str) -> None:
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise TypeError(
+            f"{name}'s targets are {targets.dtype}: pass integer {'token ids' if is_token_task(task) else 'labels'}"
+        )
+    shape, got = tuple(inputs.shape), tuple(targets.shape)
+    if is_token_task(task) and got != shape:
+        raise ValueError(
+            f"{name}'s targets of shape {got} do not fit inputs of shape {shape}: for task={task!r} the targets "
+            "hold a token id for every input position, shaped like the inputs [batch, time] (-100 where "
+            "nothing counts)"
+        )
+    if not is_token_task(task) and got != shape[:1]:
+        hint = (
+            ": targets shaped like the inputs are per-token, for task='causal_lm' or 'masked_lm'"
+            if got == shape
+            else ""
+        )
+        raise ValueError(
+            f"{name}'s targets of shape {got} do not fit inputs of shape {shape}: for task={task!r} the targets "
+            f"are one label per input, shape [batch] = {shape[:1]}{hint}"
+        )
+
+
+def check_pair(family: Family | None, batch: Any, task: str, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch that `name` yields, as (inputs, targets) checked against `family` and `task` (batch_pair,
+    check_batch_form)."""
+    inputs, targets = batch_pair(batch, name)
+    check_batch_form(family, inputs, targets, task, name)
+    return inputs, targets
