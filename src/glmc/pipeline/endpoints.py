@@ -30,6 +30,7 @@ from glmc.models.canonical import CanonicalTransformer
 from glmc.models.convert import to_canonical
 from glmc.models.families import family_named, family_names
 from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
+from glmc.train.best_epoch import BestEpochWeights
 from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
 from glmc.train.endpoint import EndpointModule
 from glmc.train.resume import EpochCheckpoint, resumable
@@ -49,6 +50,7 @@ class Endpoint:
     cached: bool
     name: str | None = None  # endpoints=pretrained: the folder's name, its label in results
     path: str | None = None  # endpoints=pretrained: the folder
+    kept: dict[str, Any] | None = None  # early stopping: the epoch whose weights these are, and its val_loss
 
     @property
     def label(self) -> str:
@@ -69,6 +71,8 @@ def cache_key(cfg: Config) -> dict[str, Any]:
     train = as_dict(cfg.train)
     if cfg.pretrain.enabled:  # fine-tuned endpoints are keyed by the model they start from
         train["start_from"] = cache_key(pretrain_config(cfg))
+    if cfg.train.early_stopping_patience is not None:  # entries cached before the rule held the last epoch's
+        train["kept_weights"] = "best_epoch"
     model = as_dict(cfg.model)
     for name in family_names():  # keys only another family reads: this family's cache entries stay valid
         if name != model["family"]:
@@ -116,10 +120,11 @@ def train_endpoint(
     logger: Any,
     checkpoint_dir: Path | None = None,
     start_from: torch.nn.Module | None = None,
-) -> torch.nn.Module:
-    """Train one endpoint. With `checkpoint_dir`, write last.ckpt there after every epoch and resume
-    from an intact one found there (a damaged one is moved aside and training starts afresh). With
-    `start_from`, the model starts from that model's encoder (fine-tuning)."""
+) -> tuple[torch.nn.Module, dict[str, Any] | None]:
+    """Train one endpoint; returns it and, with early stopping, which epoch's weights it holds (the
+    lowest validation loss's: glmc.train.best_epoch), else None. With `checkpoint_dir`, write last.ckpt
+    there after every epoch and resume from an intact one found there (a damaged one is moved aside and
+    training starts afresh). With `start_from`, the model starts from that model's encoder (fine-tuning)."""
     L.seed_everything(seed, workers=True, verbose=False)  # seed 0 is a seed like any other
     model = build_model(cfg.model)
     if start_from is not None:
@@ -128,6 +133,7 @@ def train_endpoint(
     data = DataModule(cfg.data, seed)
     data.setup()
     callbacks: list[Any] = [DivergenceGuard(f"seed {seed}", divergence_hint(cfg))]
+    best = None
     resume = None
     if checkpoint_dir is not None:
         last = Path(checkpoint_dir) / "last.ckpt"
@@ -142,6 +148,8 @@ def train_endpoint(
                 "(its validation loop watches the test split)"
             )
         callbacks.append(EarlyStopping(monitor="val_loss", patience=cfg.train.early_stopping_patience))
+        best = BestEpochWeights("val_loss")
+        callbacks.append(best)
     # early stopping validates every epoch
     every = 1 if cfg.train.early_stopping_patience is not None else max(1, cfg.train.max_epochs // 5)
     trainer = trainer_factory(cfg.trainer)(
@@ -158,7 +166,7 @@ def train_endpoint(
     # Restore with weights_only=True where Lightning accepts it (the checkpoint holds tensors and plain data).
     restricted = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
     trainer.fit(module, datamodule=data, ckpt_path=resume, **restricted)
-    return module.model.cpu().eval()
+    return module.model.cpu().eval(), None if best is None else best.kept()
 
 
 def endpoint_config(cfg: Config, index: int) -> Config:
@@ -204,9 +212,9 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
                 pretrained,
             )
         model.eval()
-        endpoints.append(
-            Endpoint(seed, model, to_canonical(model), metrics["test_loss"], metrics["test_accuracy"], cached)
-        )
+        endpoint = Endpoint(seed, model, to_canonical(model), metrics["test_loss"], metrics["test_accuracy"], cached)
+        endpoint.kept = metrics.get("kept")
+        endpoints.append(endpoint)
     return endpoints
 
 
@@ -257,14 +265,17 @@ def _load_or_train(
     if meta is not None:
         # measured again: the cached value may come from another test slice (data.limit_test) or precision
         loss, acc = evaluator.evaluate(model)
-        metrics, cached = {"test_loss": loss, "test_accuracy": acc}, True
+        kept = meta["metrics"].get("kept")  # with early stopping: the epoch whose weights were cached
+        metrics, cached = {"test_loss": loss, "test_accuracy": acc, **({"kept": kept} if kept else {})}, True
     else:
         log.info("seed %d: training (cache entry %s)", seed, cache.entry(key, seed))
         logger = tracker.lightning_logger(f"seed_{seed}", "train")
         start = pretrained() if cfg.pretrain.enabled and pretrained is not None else None
-        model = train_endpoint(cfg, seed, run_dir, logger, checkpoint_dir=training_dir, start_from=start)
+        model, kept = train_endpoint(cfg, seed, run_dir, logger, checkpoint_dir=training_dir, start_from=start)
         loss, acc = evaluator.evaluate(model)
-        metrics, cached = {"test_loss": loss, "test_accuracy": acc}, False
+        metrics, cached = {"test_loss": loss, "test_accuracy": acc, **({"kept": kept} if kept else {})}, False
+        if kept:
+            log.info("seed %d: kept the weights of epoch %d (val loss %.4f)", seed, kept["epoch"], kept["val_loss"])
         check_finite_endpoint(model, metrics, f"seed {seed}", divergence_hint(cfg))  # before caching
         cache.save(key, seed, model, metrics)
     shutil.rmtree(training_dir, ignore_errors=True)  # cached: its training checkpoints are done with

@@ -86,7 +86,9 @@ def format_table(results: dict[str, Any]) -> str:
         else:
             quality = "accuracy " + ("-" if e["test_accuracy"] is None else f"{100 * e['test_accuracy']:.2f}%")
         who = e["name"] if "name" in e else f"seed {e['seed']:>3}"  # endpoints=pretrained: the folder's name
-        lines.append(f"  {who}  test loss {e['test_loss']:.4f}  {quality}" + ("  (cached)" if e.get("cached") else ""))
+        kept = f"  (epoch {e['kept']['epoch']}, the best)" if e.get("kept") else ""  # early stopping's choice
+        cached = "  (cached)" if e.get("cached") else ""
+        lines.append(f"  {who}  test loss {e['test_loss']:.4f}  {quality}{kept}{cached}")
     third = "mid ppl" if lm else "mid acc"
     header = f"{'method':<18}{'barrier':>16}{'vs mean':>10}{'mid loss':>10}{third:>9}{'seconds':>9}"
     lines += ["", header, "-" * len(header)]

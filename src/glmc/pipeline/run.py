@@ -372,6 +372,7 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
                     "test_loss": e.test_loss,
                     "test_accuracy": e.test_accuracy if task == "classification" else None,
                     "cached": e.cached,
+                    **({"kept": e.kept} if e.kept else {}),  # early stopping: the best epoch and its val_loss
                 }
                 for e in endpoints
             ],

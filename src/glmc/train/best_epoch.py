@@ -1,0 +1,58 @@
+"""Early stopping keeps the best epoch's weights, not the last ones.
+
+Lightning's EarlyStopping ends training `patience` validations after the best one, with the weights of
+the last epoch: past the best, a paper-size GPT-2 on Tiny Shakespeare overfits so much that every
+path's middle lies below its endpoints. `BestEpochWeights` copies the weights whenever the monitored
+loss reaches a new low and puts the copy back when fit ends, as Keras' `restore_best_weights` and
+Hugging Face's `load_best_model_at_end` do. The copy, its epoch and its loss are part of the callback's
+state, so a checkpoint carries them and a resumed run keeps the same rule.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+class BestEpochWeights(Callback):
+    """Keeps the weights of the epoch with the lowest `monitor` and restores them at the end of fit.
+
+    `kept()` then says which: {"epoch": epochs trained at that point (1 = after the first epoch),
+    "val_loss": its monitored loss}, or None when no validation ran."""
+
+    def __init__(self, monitor: str = "val_loss"):
+        self.monitor = monitor
+        self.best_loss = math.inf
+        self.best_epoch: int | None = None
+        self.best_weights: dict[str, torch.Tensor] | None = None
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            return
+        loss = float(value)
+        if math.isfinite(loss) and loss < self.best_loss:
+            self.best_loss, self.best_epoch = loss, trainer.current_epoch + 1
+            self.best_weights = {k: t.detach().to("cpu", copy=True) for k, t in pl_module.state_dict().items()}
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self.best_weights is not None:
+            pl_module.load_state_dict(self.best_weights)
+
+    def kept(self) -> dict[str, Any] | None:
+        if self.best_epoch is None:
+            return None
+        return {"epoch": self.best_epoch, "val_loss": self.best_loss}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loss": self.best_loss, "epoch": self.best_epoch, "weights": self.best_weights}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best_loss = float(state_dict.get("loss", math.inf))
+        self.best_epoch = state_dict.get("epoch")
+        self.best_weights = state_dict.get("weights")
