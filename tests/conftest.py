@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,20 @@ if os.environ.get("GLMC_TEST_THREADS"):
 def compose_config(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
+
+
+def run_script(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """`python run.py args...` in this process (run.py executed as __main__, as the command line does,
+    without a new interpreter's imports): (exit status, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["run.py", *args])
+    spec = importlib.util.spec_from_file_location("__main__", ROOT / "run.py")
+    try:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        code = 0
+    except SystemExit as stop:  # Hydra's main exits after a successful run too
+        code = stop.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 @pytest.fixture

@@ -5,11 +5,9 @@ and a full disk is reported by what was and was not written."""
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import os
 import stat
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,16 +19,12 @@ from glmc.pipeline.run import seed_pairs
 from glmc.pipeline.validate import check_links
 from glmc.safe_files import atomic_write_text
 
-from conftest import ROOT
+from conftest import run_script
 
 
 def _run(monkeypatch, capsys, *overrides: str) -> tuple[int, str]:
-    """`python run.py overrides...` in this process (as __main__): (exit status, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["run.py", *overrides])
-    spec = importlib.util.spec_from_file_location("__main__", ROOT / "run.py")
-    with pytest.raises(SystemExit) as stop:
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
-    return stop.value.code, capsys.readouterr().err
+    code, _, err = run_script(monkeypatch, capsys, *overrides)
+    return code, err
 
 
 @pytest.fixture

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import OmegaConfBaseException
@@ -13,7 +10,7 @@ from glmc.data.module import DataModule
 from glmc.matching.registry import build_matcher, method_config
 from glmc.models.build import build_model
 
-from conftest import CONF, ROOT, compose_config
+from conftest import CONF, compose_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 GROUP_OPTIONS = [
@@ -62,16 +59,12 @@ def test_wrong_type_names_the_key():
     assert "max_epochs" in str(err.value) + str(err.value.__cause__)
 
 
-def test_cli_rejects_bad_override_before_work(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "run.py", "trainer.devicez=2", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode != 0
-    assert "devicez" in proc.stderr
+def test_cli_rejects_bad_override_before_work(tmp_path, monkeypatch, capsys):
+    from conftest import run_script
+
+    code, _, err = run_script(monkeypatch, capsys, "trainer.devicez=2", f"hydra.run.dir={tmp_path / 'run'}")
+    assert code != 0
+    assert "devicez" in err
     assert not (tmp_path / "run" / "results.json").exists()
 
 

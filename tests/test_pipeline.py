@@ -88,30 +88,15 @@ def test_several_pairs_report_standard_error(tmp_path, tiny_overrides):
     assert math.isclose(vanilla["barrier"], sum(p["barrier"] for p in vanilla["pairs"]) / 2)
 
 
-def test_cli_writes_into_hydra_run_dir(tmp_path):
-    import subprocess
-    import sys
-
-    from conftest import ROOT
+def test_cli_writes_into_hydra_run_dir(tmp_path, monkeypatch, capsys):
+    from conftest import run_script
 
     run_dir = tmp_path / "chosen"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "run.py",
-            "debug=fast",
-            "logger=none",
-            f"cache_dir={tmp_path / 'endpoints'}",
-            f"hydra.run.dir={run_dir}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    args = ["debug=fast", "logger=none", "matcher.methods=[vanilla,weight]", f"cache_dir={tmp_path / 'endpoints'}"]
+    code, out, err = run_script(monkeypatch, capsys, *args, f"hydra.run.dir={run_dir}")
+    assert code == 0, err[-2000:]
     assert {"results.json", "barrier.csv", "barrier.png"} <= {p.name for p in run_dir.iterdir()}
-    assert "vanilla" in proc.stdout
+    assert "vanilla" in out and "weight" in out
 
 
 def test_unknown_method_fails_before_training(tmp_path, tiny_overrides):
