@@ -41,6 +41,16 @@ def run_script(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def load_script(relative: str):
+    """A command-line script of the repository (e.g. experiments/summarize.py) as a module, to call its
+    main() in this process."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def tiny_overrides(tmp_path):
     """A seconds-long run whose endpoint cache lives in the test's own folder."""

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import load_script
 
 
 def _results(seeds, barriers):
@@ -26,20 +25,15 @@ def _results(seeds, barriers):
     }
 
 
-def test_pairs_pool_across_runs(tmp_path):
+def test_pairs_pool_across_runs(tmp_path, monkeypatch, capsys):
     for i, seeds in enumerate(([0, 1], [2, 3], [0, 1])):  # the last run repeats a pair
         run = tmp_path / str(i)
         run.mkdir()
         (run / "results.json").write_text(json.dumps(_results(seeds, {"vanilla": 2.0 + i, "weight": 1.0})))
-    proc = subprocess.run(
-        [sys.executable, "experiments/summarize.py", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    rows = {line.split("|")[4].strip(): line for line in proc.stdout.splitlines() if line.startswith("| e ")}
+    monkeypatch.setattr(sys, "argv", ["summarize.py", str(tmp_path)])
+    load_script("experiments/summarize.py").main()
+    printed = capsys.readouterr().out
+    rows = {line.split("|")[4].strip(): line for line in printed.splitlines() if line.startswith("| e ")}
     # vanilla pairs: (0,1) -> 4.0 (the later run wins), (2,3) -> 3.0; weight: 1.0 twice
     assert "| 2 | 3.500 ± 0.500 |" in rows["vanilla"]
     assert "0.286" in rows["weight"]  # 1.0 / 3.5

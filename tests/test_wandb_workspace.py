@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from glmc.pipeline import tracking
 from glmc.pipeline.workspace import JOB_TYPES, KIND, build_workspace, workspace_from_json, workspace_json
 
-from conftest import ROOT
+from conftest import load_script
 
 
 def _names(metrics) -> list[str]:
@@ -119,15 +117,14 @@ def test_foreign_json_is_refused():
         workspace_from_json({"view": {}})
 
 
-def test_command_writes_the_definition(tmp_path):
+def test_command_writes_the_definition(tmp_path, capsys):
     out = tmp_path / "ws" / "curves.json"
-    command = [sys.executable, "experiments/wandb_workspace.py", "--entity", "team", "--project", "glmc"]
-    proc = subprocess.run([*command, "--group", "debug", "--json", str(out)], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    command = load_script("experiments/wandb_workspace.py")
+    args = ["--entity", "team", "--project", "glmc"]
+    command.main([*args, "--group", "debug", "--json", str(out)])
     document = json.loads(out.read_text())
     back = workspace_from_json(document)
     assert _panels(back) == EXPECTED and back.name == "barrier curves: debug"
-    # no --json and no --save: the definition goes to stdout
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["view"]["displayName"] == "barrier curves"
+    capsys.readouterr()
+    command.main(args)  # no --json and no --save: the definition goes to stdout
+    assert json.loads(capsys.readouterr().out)["view"]["displayName"] == "barrier curves"
