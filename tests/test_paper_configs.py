@@ -1,5 +1,5 @@
 """Paper-size models on the embedded data: digits resized for the 32x32 CIFAR ViT, and the paper
-configs at their own model size on CPU under debug=fast."""
+configs at their own model size on CPU under debug=fast_full_size."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _finishes(tmp_path, overrides, methods):
     run_dir = tmp_path / "run"
     cfg = compose_config(
         *overrides,
-        "debug=fast",
+        "debug=fast_full_size",
         f"cache_dir={tmp_path / 'endpoints'}",
         "logger=none",
         "seeds=[0,1]",

@@ -1,5 +1,7 @@
-"""Two models that differ in a setting of the forward pass (the norm's epsilon) are refused: by the
-compatibility check of glmc.align, and by the pipeline's check that every path ends at its endpoints."""
+"""Two models that differ in a setting of the forward pass are refused: the norm's epsilon by the
+compatibility check of glmc.align, and any setting the path takes from model A (the activation) by the
+pipeline's check that every path ends at its endpoints. The epsilon itself is interpolated along a path
+(a narrower model embedded with its stream kept carries its own), so such a path ends at both models."""
 
 from __future__ import annotations
 
@@ -31,20 +33,25 @@ def test_compatibility_names_both_epsilons():
     check_compatible(*map(to_canonical, _pair(1e-12)))  # the same epsilon: accepted
 
 
-def test_a_path_whose_end_is_not_the_endpoint_is_reported_with_both_losses():
-    a, b = _pair(1e-2)
+def _ends(a, b):
+    """(the problems of the canonical path between a and b, the path's losses, b's own loss)."""
     x = inputs_for(a, batch=32)
-    loader = [(x, torch.arange(32) % 10)]
-    evaluator = Evaluator(loader, "classification", progress=False)
+    evaluator = Evaluator([(x, torch.arange(32) % 10)], "classification", progress=False)
     own_a, own_b = evaluator.evaluate(a)[0], evaluator.evaluate(b)[0]
     lambdas = [0.0, 0.5, 1.0]
-    # the canonical path takes A's epsilon for every point, so its lambda=0 is not B
     curve = evaluator.path(Alignment(to_canonical(a), to_canonical(b)), lambdas)["loss"]
-    problems = path_end_mismatches(lambdas, curve, own_a, own_b)
+    return path_end_mismatches(lambdas, curve, own_a, own_b), curve, own_b
+
+
+def test_a_path_whose_end_is_not_the_endpoint_is_reported_with_both_losses():
+    # the canonical path takes A's activation for every point, so its lambda=0 is not B
+    problems, _, own_b = _ends(tiny_vit(seed=0), tiny_vit(seed=1, act="relu"))
     assert len(problems) == 1 and problems[0].startswith("lambda=0 (model B)")
     assert f"endpoint {own_b:.6g}" in problems[0]
-    # the same epsilon: both ends are the endpoints to float32 round-off
-    a, b = _pair(1e-12)
-    own_a, own_b = evaluator.evaluate(a)[0], evaluator.evaluate(b)[0]
-    curve = evaluator.path(Alignment(to_canonical(a), to_canonical(b)), lambdas)["loss"]
-    assert path_end_mismatches(lambdas, curve, own_a, own_b) == []
+    # the same forward: both ends are the endpoints to float32 round-off
+    assert _ends(tiny_vit(seed=0), tiny_vit(seed=1))[0] == []
+
+
+def test_the_norm_epsilon_is_interpolated_so_the_path_ends_at_both_models():
+    problems, curve, own_b = _ends(*_pair(1e-2))
+    assert problems == [] and abs(curve[0] - own_b) <= 1e-5 * own_b

@@ -17,7 +17,7 @@ def test_tiny_run_writes_three_sane_outputs(tmp_path, tiny_overrides):
     cfg = compose_config(*tiny_overrides, "seeds=[0,3]")
     results = run_pipeline(cfg, tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert saved["experiment"] == "debug" and saved["model"] == "vit_tiny" and saved["dataset"] == "digits"
+    assert saved["experiment"] == "debug" and saved["model"] == "vit_digits_p4" and saved["dataset"] == "digits"
     assert [e["seed"] for e in saved["endpoints"]] == [0, 3]
     for e in saved["endpoints"]:
         assert math.isfinite(e["test_loss"]) and 0.0 <= e["test_accuracy"] <= 1.0

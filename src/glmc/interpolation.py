@@ -11,11 +11,15 @@ plain forward. Everything here is differentiable (learned matching builds its pa
 Rotary heads (Llama) are stacked the same way: the forward rotates each d_head block as its own
 (CanonicalConfig.rope_dim), so the merged head computes sum_i w_i q_i^T R k_i, the interpolation of
 what each model computes, which is unchanged by the rotary rotation-scalings of either model.
+The norm's epsilon is interpolated like a parameter where the models' differ (`merge_configs`): a
+narrower model embedded with its stream kept (glmc.symmetry.embed_width) carries eps * m / M, and a path
+that took model 0's epsilon would not end at the embedded model.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Sequence
 from functools import cache
@@ -23,7 +27,7 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from glmc.models.canonical import CanonicalTransformer
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.families.roles import GATED_GROUPED, HEAD_PAIRS, Acts, block_roles, role_key
 
 # the factored block layouts by (role name, number of axes): grouped-query tensors carry one axis more
@@ -41,6 +45,23 @@ def _pair_axis(name: str, ndim: int) -> Acts | None:
     tensors."""
     role = _FACTORED.get((role_key(name), ndim))
     return next((a for a in role.acts if a.space in HEAD_PAIRS), None) if role else None
+
+
+def merge_configs(configs: Sequence[CanonicalConfig], weights: Sequence[float]) -> CanonicalConfig:
+    """The config of sum_i weights[i] * model_i: configs[0], with norm_eps = sum_i weights[i] * eps_i
+    where the epsilons differ (the path's ends are then each model's own epsilon, exactly); configs[0]
+    itself where they agree, so paths between models of one epsilon are unchanged."""
+    eps = [c.norm_eps for c in configs]
+    if len(set(eps)) <= 1:
+        return configs[0]
+    if len(configs) != len(weights):
+        raise ValueError(f"{len(configs)} configs but {len(weights)} weights")
+    kept = [(float(w), e) for w, e in zip(weights, eps) if w != 0]
+    if not kept:
+        return configs[0]
+    if len(kept) == 1 and kept[0][0] == 1.0:  # an endpoint: its own epsilon, bit for bit
+        return dataclasses.replace(configs[0], norm_eps=kept[0][1])
+    return dataclasses.replace(configs[0], norm_eps=sum(w * e for w, e in kept))
 
 
 def _check_weights(weights: Sequence[float], circuits: Sequence[str]) -> None:
@@ -120,7 +141,7 @@ def interpolate(
     if all(isinstance(m, CanonicalTransformer) and m.config.form == "factored" for m in models):
         with torch.no_grad():
             merged = merge_params([m.params() for m in models], weights, circuits)
-        return CanonicalTransformer(models[0].config, merged)
+        return CanonicalTransformer(merge_configs([m.config for m in models], weights), merged)
     if circuits:
         raise ValueError("circuits= applies to factored canonical models (glmc.to_canonical)")
     merged_model = copy.deepcopy(models[0])

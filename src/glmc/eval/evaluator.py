@@ -21,7 +21,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from glmc.alignment import Alignment
-from glmc.interpolation import interpolate_state_dicts, merge_params
+from glmc.interpolation import interpolate_state_dicts, merge_configs, merge_params
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 
@@ -48,9 +48,10 @@ class _Functional:
             tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
         self.tensors = {k: v.detach().to(device) for k, v in tensors.items()}
 
-    def forward(self, params: dict[str, Tensor], inputs: Tensor) -> Tensor:
+    def forward(self, params: dict[str, Tensor], inputs: Tensor, config: Any = None) -> Tensor:
+        """`config`: a canonical model's config to run with instead of its own (a path's, merge_configs)."""
         if self.canonical:
-            return canonical_forward(self.config, params, inputs)
+            return canonical_forward(config or self.config, params, inputs)
         out = torch.func.functional_call(self.module, params, (inputs,))
         return out.logits if hasattr(out, "logits") else out
 
@@ -135,12 +136,14 @@ class Evaluator:
         for lam in tqdm(curve["lambdas"], desc=desc, disable=not self.progress, leave=False):
             if not 0.0 <= lam <= 1.0:
                 raise ValueError(f"lambda={lam} is outside [0, 1]")
+            config = None
             with torch.inference_mode():
                 if fa.canonical:
                     params = merge_params([fa.tensors, fb.tensors], [lam, 1.0 - lam], alignment.circuits)
+                    config = merge_configs([fa.config, fb.config], [lam, 1.0 - lam])  # B's own eps at lam = 0
                 else:
                     params = interpolate_state_dicts([fa.tensors, fb.tensors], [lam, 1.0 - lam])
-            loss, acc = self._metrics(functools.partial(fa.forward, params))
+            loss, acc = self._metrics(functools.partial(fa.forward, params, config=config))
             curve["loss"].append(loss)
             curve["accuracy"].append(acc)
         return curve

@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from glmc.interpolation import merge_params
+from glmc.interpolation import merge_configs, merge_params
 from glmc.matching.latent_apply import LatentApplier
 from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
 from glmc.matching.settings import LearnedTraining
@@ -76,14 +76,17 @@ def sample_lambda(scheme: str, generator: torch.Generator) -> float:
 
 
 @torch.no_grad()
-def worst_draw(config, task: str, circuits, members: list[dict[str, Tensor]], inputs, targets, candidates) -> int:
+def worst_draw(
+    config, task: str, circuits, members: list[dict[str, Tensor]], inputs, targets, candidates, configs=None
+) -> int:
     """Index of the merge coefficients (one list per candidate, one entry per member) whose loss on
     this batch lies furthest above the members' losses combined by those coefficients: Eq. 2's excess,
-    and a pair's barrier for two members. Costs one forward pass per member and per candidate."""
-
-    ends = [batch_loss(config, task, params, inputs, targets) for params in members]
+    and a pair's barrier for two members. Costs one forward pass per member and per candidate.
+    `configs`: one per member where they may differ in norm_eps (merge_configs); else `config` for all."""
+    configs = configs or [config] * len(members)
+    ends = [batch_loss(c, task, params, inputs, targets) for c, params in zip(configs, members)]
     excess = [
-        batch_loss(config, task, merge_params(members, c, circuits), inputs, targets)
+        batch_loss(merge_configs(configs, c), task, merge_params(members, c, circuits), inputs, targets)
         - sum(ci * li for ci, li in zip(c, ends))
         for c in candidates
     ]
@@ -200,6 +203,7 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         if bad:
             raise ValueError(f"unknown latent kinds {bad}; known: {KINDS}")
         self.config = model_a.config
+        self.config_b = model_b.config  # a narrower B embedded with its stream kept has its own norm_eps
         self.spec = SymmetrySpec.from_model(model_b)
         self.kinds = dict(kinds)
         self.settings = settings
@@ -298,8 +302,12 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
     ) -> tuple[Tensor, int]:
         aligned = self.aligned_params() if aligned is None else aligned
         params = merge_params([self.endpoint_params("a"), aligned], [lam, 1.0 - lam], self.circuits)
-        total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
+        total, _, count = loss_and_correct(canonical_forward(self.path_config(lam), params, inputs), targets, self.task)
         return total, count
+
+    def path_config(self, lam: float):
+        """The config of lam * A + (1 - lam) * B: A's, with the norm epsilon interpolated where B's differs."""
+        return merge_configs([self.config, self.config_b], [lam, 1.0 - lam])
 
     def worst_lambda(
         self, inputs: Tensor, targets: Tensor, candidates: list[float], aligned: dict[str, Tensor] | None = None
@@ -310,7 +318,9 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
             aligned = self.aligned_params() if aligned is None else {k: v.detach() for k, v in aligned.items()}
             members = [self.endpoint_params("a"), aligned]
         coefficients = [[lam, 1.0 - lam] for lam in candidates]
-        return candidates[worst_draw(self.config, self.task, self.circuits, members, inputs, targets, coefficients)]
+        configs = [self.config, self.config_b]
+        worst = worst_draw(self.config, self.task, self.circuits, members, inputs, targets, coefficients, configs)
+        return candidates[worst]
 
     def drawn_loss(self, inputs: Tensor, targets: Tensor, candidates: list[float]) -> tuple[Tensor, float]:
         """The loss at the worst of `candidates` (the only one when there is one, else as worst_lambda
@@ -321,7 +331,7 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
             return self.loss(inputs, targets, candidates[0], aligned), candidates[0]
         with torch.no_grad():  # the endpoints' losses, as worst_draw takes them
             members = (self.endpoint_params("a"), {k: v.detach() for k, v in aligned.items()})
-            ends = [batch_loss(self.config, self.task, params, inputs, targets) for params in members]
+            ends = [batch_loss(c, self.task, p, inputs, targets) for c, p in zip((self.config, self.config_b), members)]
         best, worst = -math.inf, None
         for lam in candidates:
             total, count = self._summed_loss(inputs, targets, lam, aligned)
@@ -367,7 +377,8 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
                 if i == n:
                     break
                 inputs, targets = inputs.to(self.device), targets.to(self.device)
-                loss, _, counted = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
+                logits = canonical_forward(self.path_config(0.5), params, inputs)
+                loss, _, counted = loss_and_correct(logits, targets, self.task)
                 total, count = total + float(loss), count + int(counted)
         if count:
             # every rank evaluates the same batches: nothing to reduce

@@ -8,13 +8,22 @@ interpolation; outside Hydra they resolve against the schema's defaults.
 
 Multi-model methods (`pairing=universe`, `multi.methods`) are registered here too, in MULTI_METHODS.
 
+What a `_target_` may name (`matcher_target_problem`, checked by the config check before any work and by
+`build_matcher`): one of the registry's own classes (REGISTERED_TARGETS), or a class that declares the
+matcher interface explicitly, by subclassing `glmc.matching.base.Matcher`, and defines its own
+`match(self, a, b, context)`; its constructor takes the node's other keys. Anything else (a function such
+as `builtins.print`, a class that is no matcher, a name that does not import) is refused by name before
+anything is called.
+
 This module imports no matcher and not glmc.config: the classes are loaded by `instantiate` when a
 method is built, and the settings groups they share with the schema live in glmc.matching.settings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import inspect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
@@ -153,6 +162,11 @@ METHODS: dict[str, Method] = {
     "learned_sinkhorn": _variant("learned", LearnedMatcherConfig, name="learned_sinkhorn", units=UnitLatent.sinkhorn),
 }
 
+# the classes the registry's methods build: a `_target_` may name these without further checks
+REGISTERED_TARGETS = frozenset(
+    f.default for method in METHODS.values() for f in fields(method.schema) if f.name == "_target_"
+)
+
 # The `matcher` group's schema: which methods a run evaluates (`methods`, in plot order) and one node
 # per registered method, `matcher.<name>`.
 MatcherConfig = make_dataclass(
@@ -222,11 +236,74 @@ def method_config(cfg: DictConfig, name: str) -> DictConfig:
     return cfg.matcher[name]
 
 
+def _locate(path: str) -> Any:
+    """The object a dotted path names, imported but not called; ImportError or AttributeError if none."""
+    parts = path.split(".")
+    for end in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:end]))
+        except ImportError:
+            continue
+        for attr in parts[end:]:
+            found = getattr(found, attr)
+        return found
+    raise ImportError(f"no module of {path!r} can be imported")
+
+
+def _target_reason(target: Any, keys: Iterable[str]) -> str | None:
+    """Why `target` cannot be a matcher class whose constructor takes `keys`; None when it can."""
+    from glmc.matching.base import Matcher
+
+    if target in REGISTERED_TARGETS:
+        return None
+    try:
+        found = _locate(str(target))
+    except (ImportError, AttributeError, ValueError) as err:
+        return f"names nothing that can be imported ({err})"
+    if not inspect.isclass(found):
+        return f"is a {type(found).__name__}, not a matcher class"
+    if Matcher not in found.__mro__[1:]:
+        return "is a class that does not subclass glmc.matching.base.Matcher, the matcher interface"
+    match = getattr(found, "match", None)
+    if match is Matcher.match or not callable(match):
+        return "subclasses glmc.matching.base.Matcher but defines no match(a, b, context) of its own"
+    try:
+        inspect.signature(match).bind(None, "a", "b", "context")
+        inspect.signature(found).bind(**dict.fromkeys(keys))
+    except TypeError as err:
+        return f"does not take the matcher's arguments: match(a, b, context) and the node's settings ({err})"
+    return None
+
+
+def default_target(name: str) -> str:
+    """The class registered method `name` builds."""
+    return next(f.default for f in fields(METHODS[name].schema) if f.name == "_target_")
+
+
+def matcher_target_problem(node: Any, where: str, default: str | None = None) -> str | None:
+    """A message naming `where`._target_, why its value is refused and what to set instead; None if it
+    names a matcher class (module docstring)."""
+    target = node.get("_target_")
+    reason = _target_reason(target, [k for k in node.keys() if k != "_target_"])
+    if reason is None:
+        return None
+    back = f"set it back to {default}, the registry's class, or " if default else ""
+    return (
+        f"{where}._target_={target}: {reason}; {back}name a class that subclasses glmc.matching.base.Matcher "
+        "and defines match(self, a, b, context)"
+    )
+
+
 def build_matcher(node: DictConfig) -> Any:
-    """Instantiate one method's config node (`_target_` + constructor arguments)."""
+    """Instantiate one method's config node (`_target_` + constructor arguments), after checking that
+    `_target_` names a matcher class (module docstring)."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
+    name = str(node.get("name", ""))
+    problem = matcher_target_problem(node, f"matcher.{name}", default_target(name) if name in METHODS else None)
+    if problem:
+        raise ValueError(problem)
     try:
         return instantiate(node, _convert_="all")
     except InstantiationException as err:  # a bad setting: the constructor's own message names the key

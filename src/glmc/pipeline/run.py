@@ -120,19 +120,21 @@ def evaluate_alignment(
     task: str,
     desc: str,
     end_losses: tuple[float, float] | None = None,
+    endpoint_models: bool = False,
 ) -> dict[str, Any]:
     """The path's curve, barriers and how far the aligned B is from B (relative logit deviation).
 
     `end_losses` (A's and B's own losses on the evaluator's batches): a function-preserving path must
-    start and end at them; a mismatch above float32 round-off is an error naming both values."""
+    start and end at them; a mismatch above float32 round-off is an error naming both values.
+    `endpoint_models`: whether the run sets endpoint_models, which the error then names as a suspect."""
     curve = evaluator.path(alignment, lambdas, desc=desc)
     if end_losses is not None and alignment.function_preserving:
         mismatches = path_end_mismatches(lambdas, curve["loss"], *end_losses)
         if mismatches:
+            suspect = " (a model setting of endpoint_models beyond the widths?)" if endpoint_models else ""
             raise ValueError(
                 f"{desc}: the path does not end at its endpoints ({'; '.join(mismatches)}): the interpolated "
-                "model computes another function than the endpoint, e.g. a model setting that differs between "
-                "the endpoints (model.layer_norm_eps in endpoint_models) and is taken from model A"
+                f"model computes another function than the endpoint: a setting of B's forward taken from A{suspect}"
             )
     return {
         "barrier": barrier(lambdas, curve["loss"]),
@@ -309,7 +311,9 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
                 # a resumed learned run: with the fit time of the attempts before its checkpoint
                 seconds = time.perf_counter() - start + (alignment.diagnostics or {}).get("seconds_before_resume", 0.0)
                 ends = None if own is None else (own[ia], own[ib])
-                result = evaluate_alignment(evaluator, alignment, b, lambdas, task, f"{name} {label}", ends)
+                result = evaluate_alignment(
+                    evaluator, alignment, b, lambdas, task, f"{name} {label}", ends, bool(cfg.endpoint_models)
+                )
                 for variant, other in alignment.variants.items():  # e.g. a Sinkhorn run's hard projection
                     result[variant] = evaluate_alignment(evaluator, other, b, lambdas, task, f"{name} {variant}")
                 if cfg.merge.kinds:

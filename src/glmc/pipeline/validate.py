@@ -31,9 +31,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from glmc.config import Config, TrainerConfig
-from glmc.matching.registry import METHODS, MULTI_METHODS
-from glmc.models.families import families_for_data, family_named, family_names
+from glmc.config import Config, ModelConfig, TrainerConfig
+from glmc.matching.registry import METHODS, MULTI_METHODS, default_target, matcher_target_problem
+from glmc.models.families import families_for_data, family_named
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,8 @@ SECTION_RULES = {
         **dict.fromkeys(("vocab_size", "max_positions"), "count"),
         "dropout": "fraction",
         "layer_norm_eps": "positive",
+        "type_vocab_size": "count",
+        "rope_theta": "positive",
     },
     "data": {
         "seq_len": "count",
@@ -186,7 +188,7 @@ def _problems(cfg: Config) -> list[str]:
     if patience is not None and patience < 0:
         problems.append(f"train.early_stopping_patience={patience}: use 0 or more, or null for no early stopping")
     for section, rules in SECTION_RULES.items():
-        if section != "multi" and not (pretrained and section == "model"):
+        if section not in ("multi", "model"):  # model: by its family (_model_key_problems)
             problems += _section_problems(section, cfg[section], rules)
     if not pretrained and cfg.model.num_heads >= 1 and cfg.model.hidden_size % cfg.model.num_heads:
         problems.append(
@@ -265,15 +267,16 @@ def _head_problems(cfg: Config) -> list[str]:
     heads = family.task_heads
     problems = []
     if cfg.data.task not in family.tasks:
-        others = [
-            n
-            for n in family_names()
-            if cfg.data.task in family_named(n).tasks and family_named(n).data_kind == family.data_kind
-        ]
-        problems.append(
-            f"data.task={cfg.data.task}: model.family={family.name} trains on {', '.join(family.tasks)}; "
-            f"choose a model of family {' or '.join(others) or 'none'}"
+        # the families for the data's kind: the model's own kind may be the wrong one (a ViT on text)
+        kind = "text" if cfg.data.name in TEXT_DATA else "images"
+        others = [n for n in families_for_data(kind) if cfg.data.task in family_named(n).tasks]
+        fix = (
+            f"choose a model of family {' or '.join(others)}"
+            if others
+            else f"no model family trains on {cfg.data.task} with {kind}; choose another data.task or data"
         )
+        trains = ", ".join(family.tasks)
+        problems.append(f"data.task={cfg.data.task}: model.family={family.name} trains on {trains}; {fix}")
     elif heads and cfg.model.head not in heads:
         problems.append(f"model.head={cfg.model.head}: model.family={family.name} has heads {', '.join(heads)}")
     elif heads and heads[cfg.model.head] != cfg.data.task:
@@ -390,7 +393,7 @@ def _fraction_problems(cfg: Config) -> list[str]:
 def _model_problems(cfg: Config) -> list[str]:
     """The shared model against the data, and the per-endpoint models (endpoint_models) against the
     first one, which every narrower endpoint is embedded into."""
-    problems = _fits_data(cfg, cfg.model, "model")
+    problems = _model_key_problems(cfg.model, "model") + _fits_data(cfg, cfg.model, "model")
     entries = list(cfg.endpoint_models or [])
     if not entries:
         return problems
@@ -423,6 +426,7 @@ def _model_problems(cfg: Config) -> list[str]:
     where = [f"endpoint_models[{i}] (seed {s})" for i, s in enumerate(cfg.seeds)]
     shared = cfg.model
     for index, model in enumerate(models):  # what the shared model's checks have not covered
+        problems += _model_key_problems(model, f"{where[index]}: model", set(entries[index]))
         if (model.family, model.max_positions) != (shared.family, shared.max_positions):
             problems += _fits_data(cfg, model, f"{where[index]}: model")
         own = (model.hidden_size, model.num_heads) != (shared.hidden_size, shared.num_heads)
@@ -457,6 +461,51 @@ def _model_problems(cfg: Config) -> list[str]:
                 "model first (pairing=first aligns every endpoint to the first)"
             )
     return problems
+
+
+def _model_key_problems(model: Any, prefix: str, keys: set[str] | None = None) -> list[str]:
+    """Keys of `model` that its family does not read, set away from their defaults (the model would
+    ignore them and the endpoint cache key would not tell the runs apart), and the ranges of the keys
+    it reads. `keys`: check only these (an endpoint_models entry's own; the rest are the shared model's)."""
+    family = family_named(str(model.family))
+    reads, defaults = family.reads_model_keys(), ModelConfig()
+    checked = [f.name for f in fields(ModelConfig) if keys is None or f.name in keys]
+    problems = []
+    for key in (k for k in checked if k not in reads and model[k] != getattr(defaults, k)):
+        problems.append(
+            f"{prefix}.{key}={model[key]}: model.family={family.name} does not read it (beyond the block sizes it "
+            f"reads {', '.join(family.model_keys) or 'nothing'}); remove the setting (default {getattr(defaults, key)})"
+        )
+    read = {k: model[k] for k in checked if k in reads}
+    problems += _section_problems(prefix, read, SECTION_RULES["model"])
+    kv, heads = model.num_kv_heads, model.num_heads
+    if "num_kv_heads" in reads and kv is not None and {"num_kv_heads", "num_heads"} & set(checked):
+        if not (_number(kv) and kv >= 1 and _number(heads) and heads % kv == 0):
+            problems.append(
+                f"{prefix}.num_kv_heads={kv}: key/value heads must be at least 1 and divide {prefix}.num_heads="
+                f"{heads}; choose a divisor of {heads} (null: one per query head)"
+            )
+    if "hidden_act" in read:
+        from glmc.models.canonical import canonical_activation
+
+        try:
+            canonical_activation(str(read["hidden_act"]))
+        except ValueError as err:  # it lists the known names
+            problems.append(f"{prefix}.hidden_act={read['hidden_act']}: {err}; set one of them")
+    return problems + _patch_problems(model, prefix, reads, checked)
+
+
+def _patch_problems(model: Any, prefix: str, reads: tuple[str, ...], checked: list[str]) -> list[str]:
+    """Patches must tile the image: a remainder would be cut off without a word."""
+    if "patch_size" not in reads or not {"patch_size", "image_size"} & set(checked):
+        return []
+    size, patch = model.image_size, model.patch_size
+    if _number(size) and _number(patch) and patch >= 1 and size % patch:
+        return [
+            f"{prefix}.patch_size={patch}: does not divide {prefix}.image_size={size}; choose a patch size that "
+            f"divides the image size (e.g. {next(p for p in range(patch, 0, -1) if size % p == 0)})"
+        ]
+    return []
 
 
 def _widths(model: Any) -> dict[str, int]:
@@ -496,6 +545,8 @@ def _method_problems(cfg: Config, family: Any = None, where: str = "") -> list[s
     problems = []
     for name in names:
         node = cfg.matcher[name]
+        target = matcher_target_problem(node, f"matcher.{name}", default_target(name))  # nothing is called
+        problems += [target] if target else []
         key = "residual_map" if "residual_map" in node else "residual"
         if family is not None and node.get(key) not in (None, "none", *family.residual_classes) and key in node:
             problems.append(

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# --tiny for a text model: one layer of width 32 on windows of 32 tokens (after the step's `model=...`,
-# since debug=fast swaps in the tiny ViT)
+# --tiny for a text model: one layer of width 32 on windows of 32 tokens (after debug=fast, which shrinks the
+# experiment's own model to width 16)
 TINY_TEXT_MODEL = (
     "model.num_layers=1",
     "model.hidden_size=32",

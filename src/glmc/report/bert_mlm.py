@@ -19,7 +19,7 @@ from glmc.report.tables import markdown, mean_pm, seconds, write_csv
 from glmc.safe_files import atomic_write_text
 
 TINY = (
-    "model=bert_tiny",  # debug=fast swaps in the tiny ViT
+    "model=bert_tiny",  # the experiment's own model, named for the reader (debug=fast keeps it)
     *TINY_TEXT_MODEL,
     "data.limit_train=64",
     "data.limit_test=16",

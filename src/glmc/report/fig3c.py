@@ -13,7 +13,7 @@ from glmc.report.results import barrier_stats, curve, run_results, second_metric
 from glmc.report.section import write_section
 from glmc.report.tables import markdown, mean_pm, seconds, write_csv
 
-# --tiny: widths 8 and 12 against the tiny ViT's 16; width 8 twice, so its lines get a band
+# --tiny: widths 8 and 12 against debug=fast's width 16; width 8 twice, so its lines get a band
 NARROW = "{hidden_size:8,num_heads:1,mlp_size:16}"
 STEP = Step(
     label="fig3c_hetero",

@@ -16,7 +16,7 @@ from glmc.report.tables import markdown, mean_pm, number, ratio, seconds, write_
 from glmc.safe_files import atomic_write_text
 
 TINY = (
-    "model=llama_text",  # debug=fast swaps in the tiny ViT
+    "model=llama_text",  # the experiment's own model, named for the reader (debug=fast keeps it)
     *TINY_TEXT_MODEL,
     "model.num_kv_heads=1",  # two query heads share one key/value head
     "data.limit_train=64",

@@ -41,7 +41,7 @@ from glmc.safe_files import atomic_write_text
 DATASETS = (0, 1, 2)
 # --tiny: a one-layer, width-32 RoBERTa, one epoch of pretraining and of fine-tuning on a few windows, two seeds
 TINY = (
-    "model=roberta_tiny",  # debug=fast swaps in the tiny ViT
+    "model=roberta_tiny",  # the experiment's own model, named for the reader (debug=fast keeps it)
     *TINY_TEXT_MODEL,
     "data.limit_train=64",
     "data.limit_test=32",

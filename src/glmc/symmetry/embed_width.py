@@ -38,6 +38,7 @@ from glmc.choices import EmbedStream
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.models.families.base import layer_sizes as family_layer_sizes
+from glmc.models.families.roles import HEAD_HIDDEN
 from glmc.symmetry.apply import apply_params
 from glmc.symmetry.groups import Orthogonal, random_orthogonal
 from glmc.symmetry.spec import SymmetrySpec
@@ -165,7 +166,7 @@ def embed_width(
 
     # padding goes at the end of every head, head-dimension and unit axis
     for space in spec:
-        if space.kind == "residual":
+        if space.kind in ("residual", HEAD_HIDDEN):  # the stream is mapped above; a task head's hidden state stays
             continue
         size = target[SIZE_NAMES[space.kind]][space.layer]
         for axis in space.acts_on:
@@ -193,7 +194,8 @@ def match_widths(
     for equal shapes can align it to `wide`.
 
     stream="keep": the stream keeps its size (|U x| = |x|) and the result's norm_eps is narrow's
-    rescaled, narrow.config.norm_eps * n / N, which in general differs from wide's. stream="rms":
+    rescaled, narrow.config.norm_eps * n / N, which in general differs from wide's: a path between the
+    two interpolates it with the weights (glmc.interpolation.merge_configs), so it ends at each. stream="rms":
     the writers are scaled by sqrt(N / n), so the stream keeps its root mean square and norm_eps
     stays narrow's own."""
     if stream not in STREAM_CHOICES:

@@ -17,6 +17,19 @@ from glmc.models.families.roles import LAYER_SPACES, Role, block_roles, role_key
 if TYPE_CHECKING:
     from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 
+# glmc.config.ModelConfig keys every family reads: the label, the family and the block sizes
+COMMON_MODEL_KEYS = (
+    "name",
+    "family",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "mlp_size",
+    "hidden_act",
+    "dropout",
+    "layer_norm_eps",
+)
+
 
 class Family:
     name: str
@@ -24,6 +37,9 @@ class Family:
     hf_classes: tuple[str, ...]  # the HF model classes it converts
     data_kind: str  # "images" | "text": the datasets it trains on
     tasks: tuple[str, ...] = ()  # the data tasks its models train on (data.task)
+    # ModelConfig keys its `build` reads beyond COMMON_MODEL_KEYS; the config check refuses any other key
+    # set away from its default, which the model would silently ignore (tests: build reads exactly these)
+    model_keys: tuple[str, ...] = ()
     # ModelConfig keys no other family reads: left out of the other families' endpoint cache keys
     own_model_keys: tuple[str, ...] = ()
     # ModelConfig keys that endpoints of different widths must share with the first (beyond the layers)
@@ -86,6 +102,10 @@ class Family:
         if config.pooling == "cls":
             x = x[:, 0]
         return F.linear(x, p["head.w"], p["head.b"])
+
+    def reads_model_keys(self) -> tuple[str, ...]:
+        """Every ModelConfig key a model of this family depends on."""
+        return (*COMMON_MODEL_KEYS, *self.model_keys)
 
     # ---- derived from the roles ----
     def blocks(self, form: str) -> tuple[Role, ...]:

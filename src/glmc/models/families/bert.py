@@ -32,7 +32,7 @@ from glmc.models.canonical import (
 from glmc.models.export import check_heads, check_model, fresh, set_param
 from glmc.models.families.base import Family
 from glmc.models.families.fold import common_eps
-from glmc.models.families.roles import Acts, Role
+from glmc.models.families.roles import HEAD_HIDDEN, Acts, Role
 
 # model.head -> the data task it trains on
 TASK_HEADS = {"mlm": "masked_lm", "classification": "classification"}
@@ -42,15 +42,21 @@ def _residual(name: str, axis: int, vocab_rows: bool = False) -> Role:
     return Role(name, "embed", (Acts("residual", axis, "out"),), vocab_rows)
 
 
-def _head(name: str, reads: str | None = None, bias: str | None = None, residual: bool = False) -> Role:
-    return Role(name, "head", (Acts("residual", 1, "in"),) if residual else (), reads=reads, bias=bias)
+def _head(name: str, *acts: Acts, reads: str | None = None, bias: str | None = None) -> Role:
+    return Role(name, "head", acts, reads=reads, bias=bias)
 
 
-# the head's first map reads the stream ("final"; position 0 for classification), its output map the
-# head's own hidden state, which no symmetry moves
-_DENSE = (_head("head.dense_w", "final", "head.dense_b", residual=True), _head("head.dense_b"))
-_OUT = (_head("head.w", "head.hidden", "head.b"), _head("head.b"))
-MLM_HEAD = (*_DENSE, _head("head.norm_w"), _head("head.norm_b"), *_OUT)
+# the head's first map reads the stream ("final"; position 0 for classification) and writes the head's
+# own hidden state; the activation (and the masked-LM head's LayerNorm) act elementwise or commute with
+# permutations, so a permutation of that state (HEAD_HIDDEN) is a symmetry, read by the output map. A
+# tied Hugging Face masked-LM decoder moves it with the stream: the canonical form unties the two.
+_DENSE = (
+    _head("head.dense_w", Acts("residual", 1, "in"), Acts(HEAD_HIDDEN, 0, "out"), reads="final", bias="head.dense_b"),
+    _head("head.dense_b", Acts(HEAD_HIDDEN, 0, "out")),
+)
+_OUT = (_head("head.w", Acts(HEAD_HIDDEN, 1, "in"), reads="head.hidden", bias="head.b"), _head("head.b"))
+_NORM = (_head("head.norm_w", Acts(HEAD_HIDDEN, 0, "out")), _head("head.norm_b", Acts(HEAD_HIDDEN, 0, "out")))
+MLM_HEAD = (*_DENSE, *_NORM, *_OUT)
 CLASSIFICATION_HEAD = (*_DENSE, *_OUT)
 
 
@@ -61,6 +67,7 @@ class BertFamily(Family):
     data_kind = "text"
     tasks = tuple(TASK_HEADS.values())
     shared_model_keys = ("vocab_size", "max_positions", "head", "num_labels", "type_vocab_size")
+    model_keys = ("vocab_size", "max_positions", "head", "num_labels", "type_vocab_size")
     residual_classes = ("permutation",)
     norm = "post"
     task_heads = TASK_HEADS

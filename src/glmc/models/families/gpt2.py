@@ -113,6 +113,7 @@ class GPT2Family(Family):
     data_kind = "text"
     tasks = ("causal_lm",)
     shared_model_keys = ("vocab_size", "max_positions")
+    model_keys = ("vocab_size", "max_positions")
     embed_roles = (_writer("embed.pos"), _writer("embed.tokens", vocab_rows=True))
     head_roles = (
         Role("head.w", "head", (Acts("residual", 1, "in"),), reads="final", bias="head.b", vocab_rows=True),

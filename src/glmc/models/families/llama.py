@@ -180,6 +180,7 @@ class LlamaFamily(Family):
     tasks = ("causal_lm",)
     shared_model_keys = ("vocab_size", "max_positions")
     own_model_keys = ("num_kv_heads", "tie_embeddings", "rope_theta")
+    model_keys = ("vocab_size", "max_positions", "num_kv_heads", "tie_embeddings", "rope_theta")
     attention_kind = "grouped"
     mlp_kind = "gated"
     mean_zero_stream = False

@@ -118,6 +118,7 @@ class ViTFamily(Family):
     data_kind = "images"
     tasks = ("classification",)
     shared_model_keys = ("qkv_bias", "image_size", "patch_size", "num_channels", "num_labels")
+    model_keys = ("image_size", "patch_size", "num_channels", "num_labels", "qkv_bias")
     embed_roles = (
         _writer("embed.pos", 1),
         _writer("embed.patch_w", 0),
