@@ -56,8 +56,16 @@ CASES = {
     "qk orthogonal_scale": ({"qk": "orthogonal_scale"}, 0),
     "vo orthogonal_scale": ({"vo": "orthogonal_scale"}, 0),
     "mlp permutation": ({"mlp": "permutation"}, 0),
+    "head_hidden permutation": ({"head_hidden": "permutation"}, 0),
     "all at once": (
-        dict(residual="permutation", heads="permutation", qk="invertible", vo="invertible", mlp="permutation"),
+        dict(
+            residual="permutation",
+            heads="permutation",
+            qk="invertible",
+            vo="invertible",
+            mlp="permutation",
+            head_hidden="permutation",
+        ),
         0,
     ),
 }

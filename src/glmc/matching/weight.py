@@ -7,7 +7,9 @@ Each iteration
      classifier/unembedding, later ones every block's attention and MLP weights too;
   2. assigns heads per layer on ||QK_A,i - QK_B,j|| + ||OV_A,j - OV_B,j|| (circuits with the bias
      column), computed from the factored weights without building any D x D circuit;
-  3. assigns MLP neurons per layer on the cosine of the rows [W_in | b_in | W_out^T].
+  3. assigns MLP neurons per layer on the cosine of the rows [W_in | b_in | W_out^T];
+  4. where the task head has a hidden state of its own (head_hidden: BERT's masked-LM transform or
+     pooler), assigns its units on the exact inner product at the current residual map (HiddenHead).
 It stops when the objective, the relative distance between the circuit-form parameters of A and of
 transformed B, stops improving, and returns the best transform seen.
 
@@ -46,6 +48,7 @@ from torch import Tensor
 
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.head_hidden import HiddenHead
 from glmc.matching.mlp_distance import MlpDistance, mlp_matrices
 from glmc.matching.projections import polar_factor
 from glmc.matching.rotary_pairs import as_complex, pair_distance, rotary_scales, solve_pairs
@@ -56,7 +59,7 @@ from glmc.models.canonical import CanonicalTransformer
 from glmc.models.export import uncentred_writer
 from glmc.models.families import family_named
 from glmc.models.families.base import residual_axis
-from glmc.models.families.roles import GATED_GROUPED, in_head_pair, layer_of, pair_factors, unit_rows
+from glmc.models.families.roles import GATED_GROUPED, HEAD_HIDDEN, in_head_pair, layer_of, pair_factors, unit_rows
 from glmc.symmetry import (
     Diagonal,
     Orthogonal,
@@ -333,13 +336,14 @@ def in_head_maps(pa: Params, pb: Params, layers: range) -> Transform:
 
 def _residual_only(model: CanonicalTransformer) -> dict[str, tuple[int, bool]]:
     """The tensors outside the blocks that only the residual map acts on (embeddings, classifier or
-    unembedding), in the model's order: name -> (their residual axis, whether their rows are tokens)."""
+    unembedding), in the model's order: name -> (their residual axis, whether their rows are tokens).
+    A head's first map that also writes the head's hidden state (HEAD_HIDDEN) is left to HiddenHead."""
     layout = family_named(model.config.family).layout(model.config)
     out = {}
     for name in model.params():
         axis = residual_axis(layout, name, "out")
         axis = residual_axis(layout, name, "in") if axis is None else axis
-        if layer_of(name) is None and axis is not None:
+        if layer_of(name) is None and axis is not None and all(a.space == "residual" for a in layout[name].acts):
             out[name] = (axis, layout[name].vocab_rows)
     return out
 
@@ -512,7 +516,10 @@ def weight_matching(
         c_emb_raw, c_emb = c_emb_raw + product, c_emb + product / a.shape[1]
         emb_aa, emb_bb = emb_aa + _sum_of_squares(a64), emb_bb + _sum_of_squares(b64)
         del a64, b64, product
-    fixed = [n for n in pa if layer_of(n) is None and n not in residual_only]  # head.b: no symmetry acts
+    # a task head's hidden state (BERT's masked-LM transform, pooler) has a permutation of its own
+    hidden = HiddenHead(spec, pa, pb) if HEAD_HIDDEN in spec.spaces else None
+    moving = residual_only.keys() | (hidden.axis.keys() if hidden is not None else set())
+    fixed = [n for n in pa if layer_of(n) is None and n not in moving]  # head.b: no symmetry acts
     fixed_diff = sum(float((pa[n] - pb[n]).pow(2).sum()) for n in fixed)
     fixed_norm = sum(float(pa[n].pow(2).sum()) for n in fixed)
     pa = {k: v for k, v in pa.items() if layer_of(k) is not None}
@@ -561,7 +568,10 @@ def weight_matching(
         else:
             diff = squared_difference(compared, pb_t, a_circuits, b_norms)
         diff += emb_aa + emb_bb - 2 * float((res_matrix(t).double() * c_emb_raw).sum()) + fixed_diff
-        return (max(diff + (mlp_d2 or 0.0), 0.0) / (norm + emb_aa + fixed_norm)) ** 0.5
+        if hidden is None:
+            return (max(diff + (mlp_d2 or 0.0), 0.0) / (norm + emb_aa + fixed_norm)) ** 0.5
+        diff += hidden.squared_difference(t.get("residual"), t[HEAD_HIDDEN])
+        return (max(diff + (mlp_d2 or 0.0), 0.0) / (norm + emb_aa + fixed_norm + hidden.norm)) ** 0.5
 
     # The residual map is the only dense contraction: it is applied once per iteration, and the
     # permutations (index gathers) on top of it.
@@ -620,7 +630,8 @@ def weight_matching(
                 crosses[l] = parts["in_w"] * pa[reader].shape[0] + parts["out_w"] * pa[writer].shape[1]
         return d2 + (mlp_distance.expanded_total(r, crosses) if crosses else 0.0)
 
-    best_t = Transform({**res, **perms})
+    head = {} if hidden is None else {HEAD_HIDDEN: Permutation.identity(hidden.size)}
+    best_t = Transform({**res, **perms, **head})
     # the search starts at the identity, which leaves every weight as it is (exactly: products with
     # ones and zeros): B's own weights, not a product over all of them
     pb_cur = dict(pb)
@@ -640,6 +651,8 @@ def weight_matching(
                     linear = partial(linear_share, pb_perm) if late else None
                     c = c + block_cross_covariance(pa, pb_perm, pb_cur, vectors, linear)
                 del pb_perm
+                if hidden is not None:  # the head's first map, its rows in the hidden order found so far
+                    c = c + hidden.residual_cross(head[HEAD_HIDDEN], width, raw=factored)
             # the polar factor in float64: its error grows with the conditioning of c
             if residual == "permutation":
                 res = {"residual": Permutation.project(c)}
@@ -700,7 +713,9 @@ def weight_matching(
             perms.update(in_head_maps(pa, moved, layers))
             del moved
             seconds["in_head"] += time.perf_counter() - tick
-        current = Transform({**res, **perms})
+        if hidden is not None:
+            head = {HEAD_HIDDEN: hidden.solve(res.get("residual"))}
+        current = Transform({**res, **perms, **head})
         tick = time.perf_counter()
         del pb_cur  # B's weights are held at most twice more at a time (1B-parameter models)
         pb_cur = apply_params(perms, spec_rest, pb_res)

@@ -12,6 +12,8 @@ Derived from the roles its family gives each tensor (glmc.models.families), neve
   mlp.{l}    the MLP neurons of layer l (size F)   permutation; semi_permutation for ReLU-like activations
                                                    (plain MLPs)
   mlp_scale.{l} a gated MLP's linear branch (F)    diagonal
+  head_hidden the hidden state of a task head's     permutation
+             own layer (BERT's masked-LM transform or pooler; size D)
 In circuit form the qk and vo symmetries are absorbed by the representation (QK and OV are
 invariant under them), so those spaces are not listed; `absorbed` names them.
 
@@ -28,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from glmc.models.canonical import RELU_FAMILY, CanonicalConfig, CanonicalTransformer, num_layers
 from glmc.models.families import family_named
-from glmc.models.families.roles import HEAD_PAIRS, LAYER_SPACES
+from glmc.models.families.roles import HEAD_HIDDEN, HEAD_PAIRS, LAYER_SPACES
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,12 @@ class SymmetrySpec:
         roles += [(r, None) for r in family.heads(config)]
         for role, layer in roles:
             for acts in role.acts:
-                # the residual stream is one space for the whole model; the others are per layer
-                name = "residual" if acts.space == "residual" else f"{acts.space}.{layer}"
-                kinds[name] = (acts.space, layer)
+                # the residual stream and the head's hidden state are one space for the whole model; the
+                # others are per layer
+                name = acts.space if acts.space in ("residual", HEAD_HIDDEN) else f"{acts.space}.{layer}"
+                kinds[name] = (acts.space, layer if name != acts.space else None)
                 axes[name].append(Axis(role.at(layer), acts.axis, acts.side, acts.head_axis, acts.extra))
-        order = ["residual"] + [f"{k}.{l}" for l in layers for k in LAYER_SPACES]
+        order = ["residual"] + [f"{k}.{l}" for l in layers for k in LAYER_SPACES] + [HEAD_HIDDEN]
         spaces = [_space(config, family, n, *kinds[n], tuple(axes[n]), params) for n in order if n in axes]
         absorbed = tuple(f"{k}.{l}" for l in layers for k in HEAD_PAIRS) if config.form == "circuit" else ()
         return cls({s.name: s for s in spaces}, absorbed)
@@ -110,6 +113,8 @@ def _space(config, family, name, kind, layer, axes, params) -> Space:
     size = params[first.param].shape[first.axis] - first.extra
     if kind == "residual":
         return Space(name, kind, None, size, family.residual_classes, axes)
+    if kind == HEAD_HIDDEN:  # a LayerNorm or tanh follows: neither homogeneous nor rotation-invariant
+        return Space(name, kind, None, size, ("permutation",), axes)
     if kind == "heads":
         # a head's output is linear in its output weights: copies split o_w (or ov) by their shares
         return Space(name, kind, layer, size, ("permutation", "semi_permutation"), axes, shares_on="in")

@@ -1,7 +1,7 @@
 """Roles of canonical tensors: where each symmetry space acts, as data.
 
 A `Role` names one canonical tensor (block tensors with `{l}` for the layer) and lists its `Acts`: for a
-space kind (residual, heads, qheads, qk, vo, mlp, mlp_scale), the tensor axis the group acts on and the
+space kind (residual, heads, qheads, qk, vo, mlp, mlp_scale, head_hidden), the tensor axis the group acts on and the
 side, "out" where the tensor writes into the space (it gets g) and "in" where it reads from it (it gets g's inverse
 transpose). `head_axis` marks per-head spaces (one group element per head), `extra` trailing entries the
 group leaves alone (the constant-1 coordinate of circuits). `stage` says where in the stream the tensor
@@ -26,6 +26,9 @@ from torch import Tensor
 LAYER_SPACES = ("heads", "qheads", "qk", "vo", "mlp", "mlp_scale")
 # per-head attention pairs that the circuit form absorbs
 HEAD_PAIRS = ("qk", "vo")
+# the hidden state of a task head with a layer of its own (BERT's masked-LM transform or pooler): one
+# space for the model, like the residual stream, listed after the layers' spaces
+HEAD_HIDDEN = "head_hidden"
 
 
 @dataclass(frozen=True)
