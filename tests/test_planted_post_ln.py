@@ -145,3 +145,25 @@ def test_weight_matching_objective_counts_the_head_it_assigns(family, head):
     unmatched = relative_distance(alignment.reference.params(), apply(without, b).params())
     print(f"  {family} {head}: the head's hidden state left as it is: {unmatched:.6f}")
     assert unmatched > measured * (1 + 1e-3)
+
+
+def test_learned_matching_keeps_weight_matchings_head_assignment():
+    """No latent covers the head's hidden state: learned matching carries weight matching's element along,
+    so after a few steps the planted BERT is still aligned there (and B's function is kept)."""
+    a = to_canonical(tiny_encoder("bert", head="mlm", seed=2))
+    spec = SymmetrySpec.from_model(a)
+    classes = {kind: "permutation" for kind in ("residual", "heads", "mlp", "head_hidden")}
+    b = apply(Transform.sample(spec, classes, torch.Generator().manual_seed(5)), a)
+    inputs = torch.randint(5, 53, (8, 11), generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, inputs), batch_size=4)
+    alignment = glmc.align(a, b, "learned_perm", data=loader, max_steps=2, lr=1e-4, checkpoint_every=10**6)
+    assert "head_hidden" in alignment.transform
+    aligned = alignment.model.params()
+    assert_params_close_rel(
+        {k: v for k, v in aligned.items() if k.startswith("head.")},
+        {k: v for k, v in a.params().items() if k.startswith("head.")},
+        FEW_OPS,
+        "the head of aligned B against A's",
+    )
+    with torch.no_grad():
+        assert_close_rel(alignment.model(inputs), b(inputs), FORWARD, "aligned B against B")

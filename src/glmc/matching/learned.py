@@ -43,6 +43,7 @@ from glmc.matching.base import MatchContext, circuit_pairs, require_factored, se
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.matching.weight import eigen_angles, used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
+from glmc.models.families.roles import HEAD_HIDDEN
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
 from glmc.symmetry.groups import Element
 
@@ -150,8 +151,10 @@ class LearnedMatcher:
 
         tick = time.perf_counter()
         start, wm = self.initial_transform(a, b, spec, used_tokens(b, context))
-        # spaces without latents (grouped rotary models): weight matching's elements, applied to B first
+        # spaces without latents (grouped rotary models; a post-LN head's own hidden state): weight
+        # matching's elements, applied to B first
         fixed = carried_along(start, start, inverse=True)
+        fixed.update({n: g for n, g in start.items() if n == HEAD_HIDDEN and n not in kinds})
         b_fixed = apply(fixed, b) if fixed else b
         seconds_init = time.perf_counter() - tick
         module = LearnedMatchingModule(
@@ -183,7 +186,8 @@ class LearnedMatcher:
             return self.keep_start(a, b, start, next(iter(loader))[0], diverged, diagnostics)
 
         learned = module.hard_transform()
-        hard = Transform({**learned, **carried_along(fixed, learned)})  # acts on B itself
+        kept = {n: g for n, g in fixed.items() if n == HEAD_HIDDEN}  # acts on axes no latent moves
+        hard = Transform({**learned, **carried_along(fixed, learned), **kept})  # acts on B itself
         aligned = apply(hard, b)
         inputs = next(iter(loader))[0]
         with torch.no_grad():
