@@ -12,6 +12,11 @@ and section.md into `<out>/<name>/`, next to times.json (seconds per step).
 --tiny adds `debug=fast` and each step's own shrinking overrides: every step takes seconds on a CPU
 and the numbers mean nothing; it defaults to separate folders (outputs/reproduce-tiny) so debug runs
 never mix with real ones.
+
+--paper-size makes Table 2 from paper 001's own five columns at the paper's size
+(`glmc.report.table2.PAPER_ARTEFACT`: experiment=cifar10_vit, cifar100_vit, tiny_imagenet_vit and
+shakespeare_gpt2 with trainer=gpu, bookcorpus_gpt2 with trainer=ddp_gpu), into outputs/reproduce-paper and
+report/paper_size; the data and the GPT-2 tokenizer come with --set (data.root=..., data.tokenizer_path=...).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -58,6 +64,7 @@ class Options:
     jobs: int = 2
     wandb: bool = False
     extra: tuple[str, ...] = ()  # --set: appended to every step (hardware, cache folder), not recorded
+    paper_size: bool = False  # table2's paper-size columns instead of the embedded tasks
 
 
 class StepFailed(RuntimeError):
@@ -68,13 +75,16 @@ def say(artefact: Artefact, message: str) -> None:
     print(f"[{artefact.name}] {message}", flush=True)
 
 
-def load_artefacts(names: Sequence[str]) -> list[Artefact]:
-    """Only the modules asked for are imported: another artefact's missing module breaks nothing."""
+def load_artefacts(names: Sequence[str], paper_size: bool = False) -> list[Artefact]:
+    """Only the modules asked for are imported: another artefact's missing module breaks nothing.
+    `paper_size`: Table 2 at the paper's size, the only artefact that has that variant."""
     chosen = list(NAMES) if "all" in names else list(dict.fromkeys(names))
+    if paper_size and chosen != ["table2"]:
+        raise SystemExit(f"--paper-size makes Table 2 only: name table2 (not {', '.join(chosen)})")
     artefacts = []
     for name in chosen:
         try:
-            artefacts.append(load(name))
+            artefacts.append(import_module("glmc.report.table2").PAPER_ARTEFACT if paper_size else load(name))
         except KeyError as err:
             raise SystemExit(err.args[0]) from err
         except ImportError as err:
@@ -234,6 +244,7 @@ names (all of them: `make reproduce`). The runs live in `outputs/reproduce/<step
 artefacts, and are reused when a command runs again; `--rerun` runs them anew. Every section says
 how long its runs took and on how many cores."""
 
+DEVICE_CHECK = "device_check.md"  # written by benchmarks/device_check.py --write-report
 LINK = re.compile(r"\]\((?!https?://|/|#)([^)]+)\)")
 
 
@@ -241,7 +252,8 @@ def write_report(out: Path) -> Path:
     """REPORT.md beside the output folder (the repository root for the default `report/`): the
     sections in NAMES order, their relative links rewritten to point into `<out>/<name>/`, after
     `<out>/conditions.md` where it exists (what else shared the machine while the times were taken:
-    a fact no run records)."""
+    a fact no run records), and `<out>/device_check.md` last where it exists (what
+    benchmarks/device_check.py measured on a GPU, or that it is pending)."""
     target = out.parent / "REPORT.md"
     parts, missing = [REPORT_INTRO], []
     conditions = out / "conditions.md"
@@ -257,6 +269,9 @@ def write_report(out: Path) -> Path:
         parts.append(LINK.sub(lambda m, p=prefix: f"]({p}/{m.group(1)})", section.read_text().strip()))
     if missing:
         parts.insert(head, "Not generated yet: " + ", ".join(f"`{n}`" for n in missing) + ".")
+    device = out / DEVICE_CHECK
+    if device.is_file():
+        parts.append(device.read_text().strip())
     return atomic_write_text(target, "\n\n".join(parts) + "\n")
 
 
@@ -264,6 +279,11 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Options]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help=f"artefacts ({', '.join(NAMES)}) or all")
     parser.add_argument("--tiny", action="store_true", help="debug-sized runs of seconds each (tests)")
+    parser.add_argument(
+        "--paper-size",
+        action="store_true",
+        help="table2 from paper 001's five columns at the paper's size, on GPUs (outputs/reproduce-paper)",
+    )
     parser.add_argument("--root", type=Path, help="step folders (outputs/reproduce, --tiny: outputs/reproduce-tiny)")
     parser.add_argument("--out", type=Path, help="artefact folders <out>/<name> (report, --tiny: <root>/report)")
     parser.add_argument("--rerun", action="store_true", help="run steps even when their folder holds results")
@@ -282,16 +302,23 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Options]:
         parser.error("name an artefact (or all), or pass --report")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: use at least 1")
-    root = args.root or ROOT / ("outputs/reproduce-tiny" if args.tiny else "outputs/reproduce")
-    out = args.out or (root / "report" if args.tiny else ROOT / "report")
+    if args.paper_size and args.tiny:
+        parser.error("--paper-size runs the paper's models and data on GPUs; --tiny checks the machinery on the CPU")
+    if args.paper_size and args.report:
+        parser.error("--report rebuilds REPORT.md from report/: run it without --paper-size")
+    default_root = "outputs/reproduce-paper" if args.paper_size else "outputs/reproduce"
+    root = args.root or ROOT / ("outputs/reproduce-tiny" if args.tiny else default_root)
+    out = args.out or (root / "report" if args.tiny else ROOT / ("report/paper_size" if args.paper_size else "report"))
     # absolute: the runs start from the repository root, wherever this command was started
-    opts = Options(root.resolve(), out.resolve(), args.tiny, args.rerun, args.jobs, args.wandb, tuple(args.set))
+    opts = Options(
+        root.resolve(), out.resolve(), args.tiny, args.rerun, args.jobs, args.wandb, tuple(args.set), args.paper_size
+    )
     return args, opts
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args, opts = parse(argv)
-    artefacts = load_artefacts(args.names) if args.names else []
+    artefacts = load_artefacts(args.names, opts.paper_size) if args.names else []
     for artefact in artefacts:
         start = time.perf_counter()
         try:

@@ -215,3 +215,15 @@ def test_report_puts_the_conditions_note_after_the_intro_and_names_missing_secti
     assert report.index("Conditions of the times") < report.index("Not generated yet") < report.index("## Fig. 7")
     assert "`table2`" in report and "`fig7`" not in report.split("## Fig. 7")[0]
     assert "](report/fig7/fig7.png)" in report
+
+
+def test_report_ends_with_the_device_check_note(tmp_path):
+    out = tmp_path / "report"
+    (out / "fig7").mkdir(parents=True)
+    (out / "fig7" / "section.md").write_text("## Fig. 7: iterations\n")
+    report = reproduce.write_report(out).read_text()
+    assert "Device check" not in report  # none written yet: nothing added
+    (out / reproduce.DEVICE_CHECK).write_text("## Device check\n\nPending.\n")
+    report = reproduce.write_report(out).read_text()
+    assert report.rstrip().endswith("## Device check\n\nPending.")
+    assert report.index("## Fig. 7") < report.index("## Device check")

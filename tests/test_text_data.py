@@ -219,6 +219,22 @@ def test_bookcorpus_limits_apply_before_tokenizing(book_root, tokenizer_dir, mon
     check_padded(dm.test_set, BOOK[54:56], dm.tokenizer, 16)
 
 
+def test_padded_rows_are_stored_unpadded_and_packed_rows_match_lists():
+    from glmc.data.text import PaddedSequences
+
+    rows = [[5, 6, 7], [], [8, 9, 10, 11, 12, 13], [4]]
+    plain = PaddedSequences(rows, 4, eos_id=0)
+    lengths = torch.tensor([3, 0, 4, 1])
+    packed = PaddedSequences.packed(torch.tensor([5, 6, 7, 8, 9, 10, 11, 4]), lengths, 4, eos_id=0)
+    assert plain.flat.dtype == torch.int32 and plain.flat.numel() == 8  # cut, never padded in memory
+    for i in range(len(rows)):
+        assert all(torch.equal(a, b) for a, b in zip(plain[i], packed[i]))
+    inputs, targets = plain[1]  # an empty row: EOS, then padding no loss counts
+    assert inputs.tolist() == [0, 0, 0, 0] and targets.tolist() == [0, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]
+    with pytest.raises(ValueError, match="at most 4"):
+        PaddedSequences.packed(torch.zeros(5, dtype=torch.int32), torch.tensor([5]), 4, eos_id=0)
+
+
 def test_bookcorpus_dataset_dict_with_train_split(tmp_path, tokenizer_dir):
     from datasets import Dataset, DatasetDict
 

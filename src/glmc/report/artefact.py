@@ -47,3 +47,4 @@ class Artefact:
     steps: tuple[Step, ...]
     # (root holding one folder per step label, output folder) -> the files written (tables, PNGs, section.md)
     make: Callable[[Path, Path], list[Path]] = field(compare=False)
+    flags: str = ""  # reproduce.py's switch that selects this variant of the artefact (e.g. "--paper-size")

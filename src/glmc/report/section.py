@@ -14,8 +14,8 @@ from glmc.safe_files import atomic_write_text
 TIMES = "times.json"  # written into the output folder by experiments/reproduce.py before `make`
 
 
-def command(name: str) -> str:
-    return f"python experiments/reproduce.py {name}"
+def command(name: str, flags: str = "") -> str:
+    return f"python experiments/reproduce.py {name}" + (f" {flags}" if flags else "")
 
 
 def _duration(seconds: float | None) -> str:
@@ -46,5 +46,7 @@ def cost_line(artefact: Artefact, out: Path) -> str:
 
 def write_section(artefact: Artefact, out: Path, body: str) -> Path:
     """section.md in `out`; `body` holds the tables and `![...](file.png)` links relative to `out`."""
-    text = "\n\n".join([f"## {artefact.title}", f"`{command(artefact.name)}`", body.strip(), cost_line(artefact, out)])
+    text = "\n\n".join(
+        [f"## {artefact.title}", f"`{command(artefact.name, artefact.flags)}`", body.strip(), cost_line(artefact, out)]
+    )
     return atomic_write_text(Path(out) / "section.md", text + "\n")
