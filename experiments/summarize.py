@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from glmc.eval.plots import plot_barrier_curves
+from glmc.eval.barrier_plot import plot_barrier_curves
 from glmc.report.results import collect, mean_se
 
 

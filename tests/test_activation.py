@@ -10,11 +10,11 @@ from glmc.matching.base import MatchContext
 from glmc.models import relative_deviation, to_canonical
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
+from families import FAMILIES
 from numeric import FEW_OPS, FORWARD, assert_close_rel, assert_params_close_rel
-from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
+from tiny_hf import inputs_for, tiny_vit
 
 pytestmark = pytest.mark.numeric
-FAMILIES = {"vit": tiny_vit, "gpt2": tiny_gpt2}
 
 
 def _batches(model, n=3):

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from glmc.pipeline import report
+from glmc.pipeline import outputs
+from glmc.pipeline.outputs import ResultsNotWritten, write_results
+from glmc.pipeline.pairing import seed_pairs
 from glmc.pipeline.refusals import is_refusal, unquoted_override_problem
-from glmc.pipeline.report import ResultsNotWritten, write_results
-from glmc.pipeline.run import seed_pairs
-from glmc.pipeline.validate import check_links
+from glmc.pipeline.run_folder import check_links
 from glmc.safe_files import atomic_write_text
 
 from conftest import run_script
@@ -119,7 +119,7 @@ def test_a_full_disk_says_what_was_written_and_what_was_not(tmp_path, monkeypatc
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(report, "plot_barrier_curves", full_disk)
+    monkeypatch.setattr(outputs, "plot_barrier_curves", full_disk)
     with pytest.raises(ResultsNotWritten) as err:
         write_results(_results(), tmp_path)
     message = str(err.value)

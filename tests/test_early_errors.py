@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from glmc import align, evaluate, evaluate_path
 from glmc.pipeline.run import run_pipeline
-from glmc.pipeline.validate import ConfigError, check_run_dir, validate_config
+from glmc.pipeline.run_folder import check_run_dir, config_differences
+from glmc.pipeline.validate import ConfigError, validate_config
 
 from conftest import compose_config
 from tiny_hf import tiny_gpt2, tiny_vit
@@ -240,3 +241,14 @@ def test_inputs_longer_than_the_positions_are_named():
         align(a, b, "activation", data=[(tokens, tokens)])
     with pytest.raises(ValueError, match="input token id 97 is outside the model's vocabulary of 97 ids"):
         evaluate(a, [(torch.full((2, 8), 97), torch.zeros(2, 8, dtype=torch.long))], "causal_lm")
+
+
+def test_a_matcher_class_that_moved_module_is_the_same_config():
+    """A results.json written before glmc.matching.canonical became glmc.matching.unaligned names its
+    class by the old path: a rerun with the same settings is the same config (it may resume there)."""
+    node = lambda target: {"endpoints": {"source": "trained"}, "matcher": {"canonical": {"_target_": target}}}
+    new = node("glmc.matching.unaligned.CanonicalMatcher")
+    assert config_differences(node("glmc.matching.canonical.CanonicalMatcher"), new) == []
+    assert config_differences(node("my.own.Matcher"), new) == [
+        'matcher.canonical._target_: "my.own.Matcher" -> "glmc.matching.unaligned.CanonicalMatcher"'
+    ]

@@ -10,11 +10,11 @@ from glmc.models import relative_deviation, to_canonical
 from glmc.symmetry.embed_width import embed_width, layer_sizes, match_widths
 from glmc.symmetry.groups import random_orthogonal
 
+from families import FAMILIES
 from numeric import FEW_OPS, FORWARD, assert_close_rel
-from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
+from tiny_hf import inputs_for, tiny_vit
 
 pytestmark = pytest.mark.numeric
-FAMILIES = {"vit": tiny_vit, "gpt2": tiny_gpt2}
 
 
 def narrow_model(fam, eps=None, seed=0, act=None):

@@ -21,7 +21,8 @@ from glmc.data.pydoc_corpus import pydoc_text
 from glmc.data.text import CharTokenizer, saved_tokenizer
 from glmc.models.build import build_model
 from glmc.models.export import EXPORT_FILE
-from glmc.pipeline.hf_folders import FolderError, check_tokenizer, load_endpoints, read_folder
+from glmc.pipeline.folder_fit import check_tokenizer
+from glmc.pipeline.hf_folders import FolderError, load_endpoints, read_folder
 from glmc.pipeline.merges import save_tokenizer
 from glmc.pipeline.run import run_pipeline
 from glmc.pipeline.validate import ConfigError, validate_config
@@ -144,7 +145,7 @@ def test_one_tokenizer_named_on_purpose_is_used_with_a_warning(folders, tmp_path
     _swap_ids(swapped, "a", "b")
     cfg = pretrained([a, swapped], *TEXT, f"data.tokenizer_path={a}")
     validate_config(cfg)  # no refusal: named on purpose
-    with caplog.at_level(logging.WARNING, logger="glmc.pipeline.hf_folders"):
+    with caplog.at_level(logging.WARNING, logger="glmc.pipeline.folder_fit"):
         check_tokenizer(cfg, len(char_tokenizer()))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1

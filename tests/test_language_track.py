@@ -10,7 +10,7 @@ import torch
 
 from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
-from glmc.pipeline.report import format_table, summary_line
+from glmc.pipeline.outputs import format_table, summary_line
 from glmc.pipeline.run import run_pipeline
 from glmc.report.artefact import TINY_TEXT_MODEL
 from glmc.symmetry import SymmetrySpec, Transform, apply

@@ -7,12 +7,13 @@ import math
 import pytest
 import torch
 
+from glmc.choices import LambdaScheme
 from glmc.data.module import DataModule
 from glmc.eval.evaluator import evaluate_path, path_losses
 from glmc.interpolation import merge_params
 from glmc.matching.base import MatchContext
 from glmc.matching.learned import LearnedMatcher
-from glmc.matching.learned_module import LAMBDA_SCHEMES, LearnedMatchingModule, LearnedSettings, sample_lambda
+from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings, sample_lambda
 from glmc.matching.projections import polar, polar_factor, sinkhorn, sinkhorn_latent, straight_through_permutation
 from glmc.matching.registry import build_matcher, method_config
 from glmc.models import canonical_forward, to_canonical
@@ -137,7 +138,7 @@ def test_lambda_schemes_sample_in_range():
         "gaussian": (0.0, 1.0),
         "arcsine": (0.0, 1.0),
     }
-    assert set(ranges) == set(LAMBDA_SCHEMES)
+    assert set(ranges) == set(LambdaScheme)
     for scheme, (lo, hi) in ranges.items():
         lams = torch.tensor([sample_lambda(scheme, g) for _ in range(2000)])
         assert lo <= lams.min() and lams.max() <= hi, scheme

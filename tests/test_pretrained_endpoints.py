@@ -238,7 +238,8 @@ def test_the_text_is_encoded_with_the_folders_tokenizer(folders, tmp_path):
     than the models' vocabulary is refused naming the folder."""
     from glmc.data.module import DataModule
     from glmc.data.text import saved_tokenizer
-    from glmc.pipeline.hf_folders import check_tokenizer, evaluation_config
+    from glmc.pipeline.folder_fit import check_tokenizer
+    from glmc.pipeline.hf_folders import evaluation_config
 
     a, b = folders("gpt2", "a"), folders("gpt2", "b", seed=1)
     text = ("data=pydoc", f"data.seq_len={SEQ_LEN}")

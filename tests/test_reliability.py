@@ -36,9 +36,10 @@ from glmc.models.canonical import CanonicalTransformer
 from glmc.pipeline import endpoints as endpoints_module
 from glmc.pipeline.cache import META, WEIGHTS, CorruptEntryError, EndpointCache, config_hash
 from glmc.pipeline.endpoints import cache_key, get_endpoints
-from glmc.pipeline.report import finite_or_none, write_results
+from glmc.pipeline.outputs import finite_or_none, write_results
 from glmc.pipeline.run import run_pipeline
-from glmc.pipeline.validate import ConfigError, RunFolderGuard, validate_config
+from glmc.pipeline.run_folder import RunFolderGuard
+from glmc.pipeline.validate import ConfigError, validate_config
 from glmc.train.divergence import DivergenceError
 from glmc.train.resume import resumable
 
@@ -196,7 +197,7 @@ def test_nonfinite_trained_weights_are_refused(tmp_path, tiny_overrides, monkeyp
         if seed == 5:
             with torch.no_grad():
                 next(model.parameters()).fill_(float("nan"))
-        return model
+        return model, None  # no early stopping: no epoch kept
 
     monkeypatch.setattr(endpoints_module, "train_endpoint", nan_for_seed_5)
     with pytest.raises(DivergenceError, match="seed 5: trained weights are not finite") as err:
@@ -238,12 +239,12 @@ def test_results_json_is_strict_with_nan_as_null(tmp_path):
 def test_result_files_are_replaced_atomically(tmp_path, monkeypatch):
     write_results(_results(0.25), tmp_path)
     before = {name: (tmp_path / name).read_bytes() for name in ("results.json", "barrier.csv")}
-    import glmc.pipeline.report as report
+    import glmc.pipeline.outputs as outputs
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report, "plot_barrier_curves", crash)
+    monkeypatch.setattr(outputs, "plot_barrier_curves", crash)
     with pytest.raises(KeyboardInterrupt):
         write_results(_results(0.5), tmp_path)
     png = (tmp_path / "barrier.png").read_bytes()
@@ -354,7 +355,7 @@ def test_pipeline_retrains_an_entry_holding_another_seeds_weights(tmp_path, tiny
     def fake_training(cfg, seed, run_dir, logger, checkpoint_dir=None, start_from=None):
         trained.append(seed)
         torch.manual_seed(seed)
-        return build_model(cfg.model)
+        return build_model(cfg.model), None
 
     monkeypatch.setattr(endpoints_module, "train_endpoint", fake_training)
     first = _endpoints(cfg, tmp_path)

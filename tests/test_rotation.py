@@ -17,12 +17,11 @@ from glmc.models import to_canonical
 from glmc.models.families.roles import pair_factors
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
+from families import FAMILIES
 from numeric import FEW_OPS, FORWARD, assert_close_rel, assert_params_close_rel
 from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
 
 pytestmark = pytest.mark.numeric
-
-FAMILIES = {"vit": tiny_vit, "gpt2": tiny_gpt2}
 
 
 def _double(model):

@@ -28,11 +28,11 @@ from glmc.matching.registry import (
     default_method_config,
     method_config,
 )
-from glmc.matching.settings import LearnedTraining, SymmetryConfig, UniverseTraining
 from glmc.matching.universe import universe_match
 from glmc.matching.universe_learned import UniverseLearnedSettings, UniverseLearningModule, sample_alpha
 from glmc.matching.weight import WeightMatcher
 from glmc.models import to_canonical
+from glmc.settings.groups import LearnedTraining, SymmetryConfig, UniverseTraining
 
 from conftest import CONF, ROOT, compose_config
 from tiny_hf import tiny_vit
@@ -196,7 +196,9 @@ def test_every_method_is_registered_once():
         assert f'"{name}"' not in source and f"'{name}'" not in source, name
 
 
-@pytest.mark.parametrize("path", ["src/glmc/matching/registry.py", "src/glmc/matching/settings.py"])
+@pytest.mark.parametrize(
+    "path", ["src/glmc/matching/registry.py", *(f"src/glmc/settings/{m}.py" for m in ("groups", "methods", "ranges"))]
+)
 def test_the_registry_does_not_import_the_config_schema(path):
     tree = ast.parse((ROOT / path).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

@@ -16,11 +16,11 @@ from glmc.symmetry import (
     apply_params,
 )
 
+from families import FAMILIES
 from numeric import FEW_OPS, FORWARD, assert_close_rel
-from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
+from tiny_hf import inputs_for, tiny_gpt2
 
 pytestmark = pytest.mark.numeric
-FAMILIES = {"vit": tiny_vit, "gpt2": tiny_gpt2}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

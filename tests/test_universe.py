@@ -20,10 +20,10 @@ from glmc.matching.weight import WeightMatcher, relative_distance
 from glmc.models import to_canonical
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
+from families import FAMILIES
 from numeric import FORWARD, assert_close_rel
-from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
+from tiny_hf import inputs_for, tiny_vit
 
-FAMILIES = {"vit": tiny_vit, "gpt2": tiny_gpt2}
 HIDDEN = {"residual": "orthogonal", "heads": "permutation", "mlp": "permutation"}
 
 

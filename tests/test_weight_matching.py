@@ -19,11 +19,11 @@ from glmc.models.canonical import canonical_forward
 from glmc.models.export import export_hf
 from glmc.symmetry import Orthogonal, SymmetrySpec, Transform, apply
 
+from families import FAMILIES
 from numeric import FEW_OPS, FORWARD, assert_close_rel
-from tiny_hf import inputs_for, tiny_gpt2, tiny_vit
+from tiny_hf import inputs_for, tiny_vit
 
 pytestmark = pytest.mark.numeric
-FAMILIES = {"vit": tiny_vit, "gpt2": tiny_gpt2}
 
 
 def _double(model):

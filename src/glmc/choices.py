@@ -11,6 +11,9 @@ Family = StrEnum("Family", [(name, name) for name in family_names()])
 
 
 class Dataset(StrEnum):
+    """data.name: the entries of glmc.data.registry (tests/test_dataset_registry.py keeps the two equal;
+    the schema cannot import the data package, which reads the schema)."""
+
     digits = "digits"
     cifar10 = "cifar10"
     cifar100 = "cifar100"

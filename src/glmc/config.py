@@ -26,8 +26,9 @@ from glmc.choices import (
     Task,
     TokenizerKind,
 )
-from glmc.matching.registry import MULTI_METHODS, MatcherConfig
-from glmc.matching.settings import SymmetryConfig, UniverseTraining
+from glmc.settings.groups import SymmetryConfig, UniverseTraining
+from glmc.settings.methods import MULTI_METHODS, MatcherConfig
+from glmc.settings.ranges import setting
 
 
 @dataclass
@@ -178,15 +179,16 @@ class MultiConfig(UniverseTraining):
     """Multi-model runs (`pairing=universe`, paper 001 §4.3): universe matching of every endpoint, the
     loss over the simplex they span (Eq. 2) and the pairwise barriers among the aligned models. The
     learned refinement's settings (every model's transform trained jointly at Dirichlet coefficients)
-    are UniverseTraining's, declared in glmc.matching.settings."""
+    are UniverseTraining's, declared in glmc.settings.groups; every range is declared here or there."""
 
-    # multi-model methods of glmc.matching.registry.MULTI_METHODS, in plot order
+    # multi-model methods of glmc.settings.methods.MULTI_METHODS, in plot order
     methods: list[str] = field(default_factory=lambda: list(MULTI_METHODS))
     pairwise: str = "weight"  # the registry method universe matching aligns each model with
-    max_rounds: int = 10
-    tol: float = 1e-4  # stop when the anchor's relative change falls below this
-    step: float = 0.1  # barycentric grid step for three models (0.1: 66 points)
-    samples: int = 32  # N > 3: Dirichlet samples besides vertices, edge midpoints and the centroid
+    max_rounds: int = setting(10, "count")
+    tol: float = setting(1e-4, "positive")  # stop when the anchor's relative change falls below this
+    step: float = setting(0.1, "grid_step")  # barycentric grid step for three models (0.1: 66 points)
+    # N > 3: Dirichlet samples besides vertices, edge midpoints and the centroid
+    samples: int = setting(32, "count0")
 
 
 @dataclass

@@ -6,13 +6,19 @@ On disk it is `<data.root>/bookcorpus`, a folder written by `save_to_disk` (a `D
 
 The rows are split by their order: the last `data.test_fraction` are the test split, the
 `data.val_fraction` before them validation, the rest training. Each example is tokenized with GPT-2's
-tokenizer and becomes one row of `data.seq_len` tokens padded with EOS (`PaddedSequences`).
+tokenizer and becomes one row of `data.seq_len` tokens padded with EOS (`PaddedSequences`, which keeps
+the ids unpadded and pads a row when it is fetched).
 `data.limit_train` / `data.limit_test` keep the first rows of each split before tokenizing.
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
 
 from glmc.config import DataConfig
 from glmc.data.download import fetching
@@ -94,12 +100,18 @@ def _unreadable_arrow(path: Path) -> str | None:
     return None
 
 
-def encode_rows(tokenizer: HFTokenizer, texts: list[str], seq_len: int) -> list[list[int]]:
-    ids: list[list[int]] = []
+def encode_rows(tokenizer: HFTokenizer, texts: list[str], seq_len: int) -> tuple[Tensor, Tensor]:
+    """The rows' ids, each cut to `seq_len`, end to end as one int32 tensor, and each row's length
+    (PaddedSequences.packed): chunk by chunk, so no list of Python ints for the whole corpus is built."""
+    flat, lengths = [], []
     for start in range(0, len(texts), CHUNK):
-        batch = tokenizer.hf(texts[start : start + CHUNK], add_special_tokens=False)["input_ids"]
-        ids.extend(row[:seq_len] for row in batch)  # PaddedSequences cuts there anyway
-    return ids
+        batch = [
+            row[:seq_len] for row in tokenizer.hf(texts[start : start + CHUNK], add_special_tokens=False)["input_ids"]
+        ]
+        lengths.append(np.fromiter((len(row) for row in batch), dtype=np.int64, count=len(batch)))
+        flat.append(np.fromiter(itertools.chain.from_iterable(batch), dtype=np.int32, count=int(lengths[-1].sum())))
+    join = lambda parts, dtype: torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype))
+    return join(flat, np.int32), join(lengths, np.int64)
 
 
 def bookcorpus_splits(cfg: DataConfig):
@@ -120,5 +132,5 @@ def bookcorpus_splits(cfg: DataConfig):
         if limit is not None:
             rows = rows[:limit]  # before tokenizing: small runs never touch the whole corpus
         texts = data[rows.start : rows.stop]["text"]
-        sets.append(PaddedSequences(encode_rows(tokenizer, texts, cfg.seq_len), cfg.seq_len, tokenizer.eos_id))
+        sets.append(PaddedSequences.packed(*encode_rows(tokenizer, texts, cfg.seq_len), cfg.seq_len, tokenizer.eos_id))
     return sets[0], sets[1], sets[2], tokenizer

@@ -19,9 +19,10 @@ from torchvision import transforms
 from glmc.config import DataConfig
 from glmc.data.download import fetching
 
+# data.name -> (folder under data.root, training and test batch files, label key, torchvision class)
 LAYOUT = {
-    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels"),
-    "cifar100": ("cifar-100-python", ["train"], ["test"], b"fine_labels"),
+    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels", "CIFAR10"),
+    "cifar100": ("cifar-100-python", ["train"], ["test"], b"fine_labels", "CIFAR100"),
 }
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
@@ -94,12 +95,12 @@ class ArrayImages(Dataset):
 
 
 def cifar_splits(cfg: DataConfig) -> tuple[Dataset, Dataset]:
-    folder_name, train_names, test_names, label_key = LAYOUT[cfg.name]
+    folder_name, train_names, test_names, label_key, release = LAYOUT[cfg.name]
     root = Path(cfg.root)
     if cfg.download and not (root / folder_name).exists():
         from torchvision import datasets
 
-        dataset = datasets.CIFAR10 if cfg.name == "cifar10" else datasets.CIFAR100
+        dataset = getattr(datasets, release)
         instead = (
             f"extract {dataset.filename} so that {root / folder_name} exists (data.root={cfg.root}) "
             "and set data.download=false"

@@ -68,3 +68,9 @@ def digits_splits(cfg: DataConfig) -> tuple[Dataset, TensorDataset, TensorDatase
         # one pixel at 8x8, as before; the same share of the image at larger sizes
         train = ShiftedDigits(*train.tensors, background=float(-mean / std), shift=size // 8)
     return train, test, (None if x_val is None else to_set(x_val, y_val))
+
+
+def digits_content() -> bytes:
+    """The images and labels as stored (what the endpoint cache key sums: glmc.data.fingerprint)."""
+    digits = load_digits()
+    return digits.data.astype("float64").tobytes() + digits.target.astype("int64").tobytes()

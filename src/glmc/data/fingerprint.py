@@ -12,22 +12,17 @@ minutes per run while any edit that changes the length or either end still chang
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from glmc.config import DataConfig
+if TYPE_CHECKING:
+    from glmc.config import DataConfig
 
 FULL_HASH_BYTES = 64 << 20
 EDGE_BYTES = 1 << 20
-
-# where each on-disk dataset lives under data.root (the loaders in glmc.data read the same places)
-ON_DISK = {
-    "tiny_shakespeare": "tiny_shakespeare/input.txt",
-    "bookcorpus": "bookcorpus",
-    "cifar10": "cifar-10-batches-py",
-    "cifar100": "cifar-100-python",
-    "tiny_imagenet": "tiny-imagenet-200",
-}
 
 
 def _file_digest(path: Path, size: int) -> str:
@@ -67,34 +62,51 @@ def tree_checksum(path: Path) -> str | None:
     return _tree_digest(str(path), listing)
 
 
-@lru_cache(maxsize=4)
-def _embedded_digest(name: str) -> str:
+@lru_cache(maxsize=8)
+def _embedded_digest(sources: tuple[Callable[[], str | bytes], ...]) -> str:
     h = hashlib.sha256()
-    if name in ("pydoc", "pydoc_topics"):
-        from glmc.data.pydoc_corpus import pydoc_text
-
-        h.update(pydoc_text().encode("utf-8"))
-        if name == "pydoc_topics":  # the labels and the rules that cut the examples are part of the data
-            from glmc.data.pydoc_topics import task_definition
-
-            h.update(task_definition().encode("utf-8"))
-    else:
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
-        h.update(digits.data.astype("float64").tobytes())
-        h.update(digits.target.astype("int64").tobytes())
+    for source in sources:
+        content = source()
+        h.update(content.encode("utf-8") if isinstance(content, str) else content)
     return h.hexdigest()
 
 
+@dataclass(frozen=True)
+class OnDisk:
+    """The checksum of a dataset's files: `relative` (a file or a folder) under data.root, where its
+    loader reads them; None while they are not there."""
+
+    relative: str
+
+    def __call__(self, cfg: DataConfig) -> str | None:
+        return tree_checksum(Path(cfg.root) / self.relative)
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """The checksum of data that ships with Python or a library: `sources` are functions of nothing
+    giving its text or bytes (in order), computed once per process."""
+
+    sources: tuple[Any, ...]
+
+    def __call__(self, cfg: DataConfig) -> str | None:
+        return _embedded_digest(self.sources)
+
+
+def on_disk(relative: str) -> OnDisk:
+    return OnDisk(relative)
+
+
+def embedded(*sources: Callable[[], str | bytes]) -> Embedded:
+    return Embedded(tuple(sources))
+
+
 def corpus_checksum(cfg: DataConfig) -> str | None:
-    """The checksum of the data `cfg` reads; None where its files are not (yet) on disk."""
-    name = str(cfg.name)
-    if name in ("digits", "pydoc", "pydoc_topics"):
-        return _embedded_digest(name)
-    if name not in ON_DISK:
-        raise ValueError(f"data.name={name!r}: no checksum rule for this dataset")
-    return tree_checksum(Path(cfg.root) / ON_DISK[name])
+    """The checksum of the data `cfg` reads (its registry entry's fingerprint, glmc.data.registry); None
+    where its files are not (yet) on disk."""
+    from glmc.data.registry import dataset
+
+    return dataset(cfg.name).fingerprint(cfg)
 
 
 def tokenizer_checksum(cfg: DataConfig) -> str | None:

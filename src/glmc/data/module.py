@@ -1,9 +1,8 @@
-"""One LightningDataModule for every dataset; the dataset name picks the loader."""
+"""One LightningDataModule for every dataset; the dataset registry (glmc.data.registry) gives the loader."""
 
 from __future__ import annotations
 
 import copy
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from glmc.config import DataConfig
+from glmc.data import registry
 from glmc.data.step_sampler import StepSampler
 
 
@@ -28,35 +28,15 @@ class Splits:
 
 
 def load_splits(cfg: DataConfig) -> Splits:
-    if cfg.name == "digits":
-        from glmc.data.digits import digits_splits
-
-        train, test, val = digits_splits(cfg)
-        return Splits(train, test, val)
-    if cfg.name in ("cifar10", "cifar100"):
-        from glmc.data.cifar import cifar_splits
-
-        return Splits(*cifar_splits(cfg))
-    if cfg.name == "tiny_imagenet":
-        from glmc.data.tiny_imagenet import tiny_imagenet_splits
-
-        return Splits(*tiny_imagenet_splits(cfg))
-    if cfg.name in TEXT_LOADERS:
-        module, function = TEXT_LOADERS[cfg.name]
-        train, val, test, tokenizer = getattr(importlib.import_module(module), function)(cfg)
+    """The splits of data.name, by the loader its registry entry names (glmc.data.registry): an image
+    loader gives (train, test) or (train, test, validation), a text loader (train, validation, test,
+    tokenizer)."""
+    info = registry.dataset(cfg.name)
+    loaded = info.loader(cfg)
+    if info.is_text:
+        train, val, test, tokenizer = loaded
         return Splits(train, test, val, tokenizer)
-    raise ValueError(
-        f"data.name={cfg.name!r} is not a known dataset (digits, cifar10, cifar100, tiny_imagenet, "
-        f"{', '.join(TEXT_LOADERS)})"
-    )
-
-
-TEXT_LOADERS = {
-    "pydoc": ("glmc.data.pydoc_corpus", "pydoc_splits"),
-    "pydoc_topics": ("glmc.data.pydoc_topics", "pydoc_topics_splits"),
-    "tiny_shakespeare": ("glmc.data.tiny_shakespeare", "tiny_shakespeare_splits"),
-    "bookcorpus": ("glmc.data.bookcorpus", "bookcorpus_splits"),
-}
+    return Splits(*loaded)
 
 
 def _limit(dataset: Dataset, n: int | None) -> Dataset:

@@ -204,24 +204,43 @@ class TokenWindows(Dataset):
 
 class PaddedSequences(Dataset):
     """One example per row, cut or padded to `seq_len` with EOS; targets ignore the padding after
-    the first EOS (the model learns to end a sequence, not to repeat padding)."""
+    the first EOS (the model learns to end a sequence, not to repeat padding).
+
+    The rows are kept unpadded, as one flat int32 tensor of ids and each row's length, and padded when a
+    row is fetched: BookCorpus's 74 million sentences of about 14 GPT-2 tokens take some 4 GB this way,
+    where padded int64 inputs and targets of 512 positions would take 600 GB."""
 
     def __init__(self, sequences: list[list[int]], seq_len: int, eos_id: int):
-        inputs = torch.full((len(sequences), seq_len), eos_id, dtype=torch.long)
-        targets = torch.full((len(sequences), seq_len), IGNORE, dtype=torch.long)
-        for row, ids in enumerate(sequences):
-            ids = ids[:seq_len]
-            inputs[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            targets[row, : len(ids)] = inputs[row, : len(ids)]
-            if len(ids) < seq_len:
-                targets[row, len(ids)] = eos_id
-        self.inputs, self.targets = inputs, targets
+        rows = [ids[:seq_len] for ids in sequences]
+        flat = torch.tensor([i for ids in rows for i in ids], dtype=torch.int32)
+        self._keep(flat, torch.tensor([len(ids) for ids in rows], dtype=torch.long), seq_len, eos_id)
+
+    @classmethod
+    def packed(cls, flat: Tensor, lengths: Tensor, seq_len: int, eos_id: int) -> PaddedSequences:
+        """Rows given as their ids end to end (`flat`) and each row's number of ids (`lengths`), every
+        row already cut to `seq_len` (glmc.data.bookcorpus.encode_rows)."""
+        if (lengths.numel() and int(lengths.max()) > seq_len) or int(lengths.sum()) != flat.numel():
+            raise ValueError(f"packed rows: lengths must be at most {seq_len} and add up to the {flat.numel()} ids")
+        rows = cls.__new__(cls)
+        rows._keep(flat.to(torch.int32), lengths.to(torch.long), seq_len, eos_id)
+        return rows
+
+    def _keep(self, flat: Tensor, lengths: Tensor, seq_len: int, eos_id: int) -> None:
+        self.flat, self.lengths, self.seq_len, self.eos_id = flat, lengths, seq_len, eos_id
+        self.starts = torch.cumsum(lengths, 0) - lengths
 
     def __len__(self) -> int:
-        return self.inputs.shape[0]
+        return self.lengths.shape[0]
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
-        return self.inputs[i], self.targets[i]
+        start, n = int(self.starts[i]), int(self.lengths[i])
+        inputs = torch.full((self.seq_len,), self.eos_id, dtype=torch.long)
+        inputs[:n] = self.flat[start : start + n]
+        targets = torch.full((self.seq_len,), IGNORE, dtype=torch.long)
+        targets[:n] = inputs[:n]
+        if n < self.seq_len:
+            targets[n] = self.eos_id
+        return inputs, targets
 
 
 SPLITS = ("train", "validation", "test")

@@ -53,10 +53,9 @@ from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.models.families import family_named
 from glmc.models.families.base import role_of
 from glmc.models.families.roles import layer_of
+from glmc.settings.methods import ActivationMatcherConfig
+from glmc.settings.ranges import check_settings
 from glmc.symmetry import Diagonal, Orthogonal, OrthogonalScale, Permutation, SymmetrySpec, Transform, apply
-
-STRATEGIES = ("identity", "first", "last", "all", "separate")
-HEAD_STRATEGIES = ("two_stage", "monotonic", "ignore", "none")
 
 
 class CrossMoments:
@@ -281,39 +280,20 @@ class ActivationMatcher:
         vo: str = "none",
         batches: int = 16,
     ):
-        checks = {
-            "residual": (residual, STRATEGIES),
-            "residual_map": (residual_map, ("permutation", "orthogonal")),
-            "heads": (heads, HEAD_STRATEGIES),
-            "mlp": (mlp, ("permutation", "none")),
-        }
-        for key, (value, allowed) in checks.items():
-            if value not in allowed:
-                raise ValueError(f"matcher.{name}.{key}={value!r} is not one of {', '.join(allowed)}")
+        check_settings(ActivationMatcherConfig, f"matcher.{name}", locals())  # the ranges glmc.settings declares
         if residual in ("separate", "identity") and residual_map == "orthogonal":
             raise ValueError(f"matcher.{name}.residual={residual} fits no orthogonal map: use residual_map=permutation")
-        if batches < 1:
-            raise ValueError(f"matcher.{name}.batches={batches}: record at least one batch")
         self.name, self.residual, self.residual_map = name, residual, residual_map
         self.heads, self.mlp, self.batches = heads, mlp, batches
         self.circuits = circuit_pairs(qk, vo)
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)
-        family = family_named(b.config.family)
-        if self.heads == "ignore" and family.attention_kind == "grouped":
-            raise ValueError(
-                f"matcher.{self.name}.heads=ignore: model.family={family.name} has grouped-query attention, whose "
-                "query heads share their group's keys and values, so features cannot be assigned across heads one "
-                "by one: use heads=two_stage, monotonic or none"
-            )
+        self.check_family(b)
         context = context or MatchContext()
         start = time.perf_counter()
-        layers = a.num_layers
-        states = residual_states(layers, self.residual)
-        names = set(states)
-        names |= {f"blocks.{l}.mlp_act" for l in range(layers)} if self.mlp != "none" else set()
-        names |= {f"blocks.{l}.heads" for l in range(layers)} if self.heads != "none" else set()
+        states = residual_states(a.num_layers, self.residual)
+        names = self.recorded_names(a.num_layers, states)
         batches = itertools.islice(iter(context.train_batches(self.name)), self.batches)
         moments = record_moments(a, b, batches, names, a.task, context.device) if names else {}
         recorded = time.perf_counter()
@@ -321,60 +301,23 @@ class ActivationMatcher:
         transform, correlation = Transform(), {}
         joint: dict[int, Tensor] = {}  # heads=ignore: per layer, one permutation of all heads' features
         spec = SymmetrySpec.from_model(a)
-        for l in range(layers):
+        for l in range(a.num_layers):
             if self.mlp != "none":
-                m = moments[f"blocks.{l}.mlp_act"]
-                corr = m.correlation()
-                if f"mlp_scale.{l}" in spec.spaces:  # gated: a unit's sign and scale are free
-                    perm = torch.as_tensor(assign(corr.abs())[0])
-                    transform[f"mlp.{l}"] = Permutation(perm)
-                    transform[f"mlp_scale.{l}"] = activation_scales(m, corr, perm)
-                    corr = corr.abs()  # matched with the better sign, in place or not
-                else:
-                    transform[f"mlp.{l}"] = Permutation(torch.as_tensor(assign(corr)[0]))
-                correlation[f"mlp.{l}"] = (mean_matched(corr), mean_matched(corr, transform[f"mlp.{l}"].perm))
+                self.match_mlp(moments[f"blocks.{l}.mlp_act"], spec, l, transform, correlation)
             if self.heads == "ignore":
                 corr = moments[f"blocks.{l}.heads"].correlation()
                 joint[l] = torch.as_tensor(assign(corr)[0])
                 correlation[f"heads.{l}"] = (mean_matched(corr), mean_matched(corr, joint[l]))
             elif self.heads != "none":
-                corr = moments[f"blocks.{l}.heads"].correlation()
-                groups = spec[f"vo.{l}"].heads  # key/value groups (every head its own without grouping)
-                size = spec[f"qheads.{l}"].size if f"qheads.{l}" in spec.spaces else 1
-                outer, qheads, inner, full = grouped_two_stage(corr, groups, size, self.heads == "monotonic")
-                transform[f"heads.{l}"] = outer
-                if size > 1:
-                    transform[f"qheads.{l}"] = qheads
-                transform[f"vo.{l}"] = OrthogonalScale(inner, torch.ones(groups))
-                qk = spec[f"qk.{l}"]
-                # same dims and a group that holds permutations: Q/K take V's permutation (not rotary Q/K)
-                if size == 1 and qk.size == inner.shape[-1] and "orthogonal_scale" in qk.classes:
-                    transform[f"qk.{l}"] = OrthogonalScale(inner, torch.ones(groups))
-                correlation[f"heads.{l}"] = (mean_matched(corr), mean_matched(corr, full))
-
-        function_preserving = True
-        separate = {}
-        if self.residual == "separate":
-            for state in states:
-                corr = moments[state].correlation()
-                separate[state] = torch.as_tensor(assign(corr)[0])
-                correlation[state] = (mean_matched(corr), mean_matched(corr, separate[state]))
-            function_preserving = False
-        elif self.residual == "identity":
-            pass
-        elif self.residual_map == "permutation":
-            corr = sum(moments[s].correlation() for s in states) / len(states)
-            transform["residual"] = Permutation(torch.as_tensor(assign(corr)[0]))
-            correlation["residual"] = (mean_matched(corr), mean_matched(corr, transform["residual"].perm))
-        else:
-            cross = sum(moments[s].normalised_cross() for s in states)
-            transform["residual"] = Orthogonal(Orthogonal.project(cross).matrix.float())
+                self.match_heads(moments[f"blocks.{l}.heads"].correlation(), spec, l, transform, correlation)
+        separate = self.match_residual(moments, states, transform, correlation)
+        # `separate` and heads=ignore are not symmetries of the model
+        function_preserving = self.residual != "separate" and not joint
         aligned = apply(transform, b)
         if separate:
             aligned = _permute_residual_separately(aligned, separate)
         if joint:
             aligned = _permute_heads_jointly(aligned, joint)
-            function_preserving = False
         diagnostics: dict[str, Any] = {
             "tokens": moments[min(names)].n if names else 0,
             "batches": self.batches,
@@ -391,3 +334,69 @@ class ActivationMatcher:
             diagnostics=diagnostics,
             function_preserving=function_preserving,
         )
+
+    def check_family(self, b: CanonicalTransformer) -> None:
+        family = family_named(b.config.family)
+        if self.heads == "ignore" and family.attention_kind == "grouped":
+            raise ValueError(
+                f"matcher.{self.name}.heads=ignore: model.family={family.name} has grouped-query attention, whose "
+                "query heads share their group's keys and values, so features cannot be assigned across heads one "
+                "by one: use heads=two_stage, monotonic or none"
+            )
+
+    def recorded_names(self, layers: int, states: list[str]) -> set[str]:
+        """The activations to record: the residual `states`, and per layer the MLP units and heads' outputs."""
+        names = set(states)
+        names |= {f"blocks.{l}.mlp_act" for l in range(layers)} if self.mlp != "none" else set()
+        names |= {f"blocks.{l}.heads" for l in range(layers)} if self.heads != "none" else set()
+        return names
+
+    @staticmethod
+    def match_mlp(m: CrossMoments, spec: SymmetrySpec, l: int, transform: Transform, correlation: dict) -> None:
+        """Layer l's MLP units (and, gated, their scales) into `transform`, their mean correlations into
+        `correlation`."""
+        corr = m.correlation()
+        if f"mlp_scale.{l}" in spec.spaces:  # gated: a unit's sign and scale are free
+            perm = torch.as_tensor(assign(corr.abs())[0])
+            transform[f"mlp.{l}"] = Permutation(perm)
+            transform[f"mlp_scale.{l}"] = activation_scales(m, corr, perm)
+            corr = corr.abs()  # matched with the better sign, in place or not
+        else:
+            transform[f"mlp.{l}"] = Permutation(torch.as_tensor(assign(corr)[0]))
+        correlation[f"mlp.{l}"] = (mean_matched(corr), mean_matched(corr, transform[f"mlp.{l}"].perm))
+
+    def match_heads(self, corr: Tensor, spec: SymmetrySpec, l: int, transform: Transform, correlation: dict) -> None:
+        """Layer l's heads by the two-stage assignment (groups, query heads, in-head permutations)."""
+        groups = spec[f"vo.{l}"].heads  # key/value groups (every head its own without grouping)
+        size = spec[f"qheads.{l}"].size if f"qheads.{l}" in spec.spaces else 1
+        outer, qheads, inner, full = grouped_two_stage(corr, groups, size, self.heads == "monotonic")
+        transform[f"heads.{l}"] = outer
+        if size > 1:
+            transform[f"qheads.{l}"] = qheads
+        transform[f"vo.{l}"] = OrthogonalScale(inner, torch.ones(groups))
+        qk = spec[f"qk.{l}"]
+        # same dims and a group that holds permutations: Q/K take V's permutation (not rotary Q/K)
+        if size == 1 and qk.size == inner.shape[-1] and "orthogonal_scale" in qk.classes:
+            transform[f"qk.{l}"] = OrthogonalScale(inner, torch.ones(groups))
+        correlation[f"heads.{l}"] = (mean_matched(corr), mean_matched(corr, full))
+
+    def match_residual(
+        self, moments: dict[str, CrossMoments], states: list[str], transform: Transform, correlation: dict
+    ) -> dict[str, Tensor]:
+        """The residual map into `transform`; for `separate`, returns each stream state's own permutation."""
+        separate = {}
+        if self.residual == "separate":
+            for state in states:
+                corr = moments[state].correlation()
+                separate[state] = torch.as_tensor(assign(corr)[0])
+                correlation[state] = (mean_matched(corr), mean_matched(corr, separate[state]))
+        elif self.residual == "identity":
+            pass
+        elif self.residual_map == "permutation":
+            corr = sum(moments[s].correlation() for s in states) / len(states)
+            transform["residual"] = Permutation(torch.as_tensor(assign(corr)[0]))
+            correlation["residual"] = (mean_matched(corr), mean_matched(corr, transform["residual"].perm))
+        else:
+            cross = sum(moments[s].normalised_cross() for s in states)
+            transform["residual"] = Orthogonal(Orthogonal.project(cross).matrix.float())
+        return separate

@@ -33,6 +33,8 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +46,8 @@ from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.matching.weight import eigen_angles, used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.models.families.roles import HEAD_HIDDEN
+from glmc.settings.methods import LearnedMatcherConfig
+from glmc.settings.ranges import check_settings
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
 from glmc.symmetry.groups import Element
 
@@ -83,6 +87,30 @@ def carried_along(transform: Transform, order: Transform, inverse: bool = False)
     return out
 
 
+@dataclasses.dataclass
+class _Begun:
+    """Where training starts: the start transform, weight matching's diagnostics, the elements applied to
+    B first (spaces no latent learns) and B with them applied, and the seconds this took."""
+
+    start: Transform
+    wm: dict
+    fixed: Transform
+    b_fixed: CanonicalTransformer
+    seconds: float
+
+
+@dataclasses.dataclass
+class _Fitted:
+    """What context.fit reports: training seconds, world size, the checkpoint resumed (if any), the fit
+    time of interrupted attempts; and the pair's last checkpoint."""
+
+    seconds: float
+    world_size: int
+    resume: Any
+    earlier: Any
+    last: Path
+
+
 class LearnedMatcher:
     """Latents per space kind: residual orthogonal | permutation | none; heads and MLP `units`
     (permutation: straight-through Hungarian; sinkhorn: soft) unless they are "none"."""
@@ -101,10 +129,7 @@ class LearnedMatcher:
         weight_tol: float = 1e-6,
         **settings,
     ):
-        if init not in ("weight", "identity"):
-            raise ValueError(f"matcher.{name}.init={init!r} is not one of weight, identity")
-        if units not in ("permutation", "sinkhorn"):
-            raise ValueError(f"matcher.{name}.units={units!r} is not one of permutation, sinkhorn")
+        check_settings(LearnedMatcherConfig, f"matcher.{name}", locals())  # the training settings: LearnedSettings
         self.name, self.init, self.circuits = name, init, circuit_pairs(qk, vo)
         self.kinds = {
             "residual": str(residual),
@@ -148,90 +173,42 @@ class LearnedMatcher:
         loader = context.train_batches(self.name)
         spec = SymmetrySpec.from_model(b)
         kinds = {s.name: self.kinds[s.kind] for s in spec if self.kinds.get(s.kind, "none") != "none"}
-
-        tick = time.perf_counter()
-        start, wm = self.initial_transform(a, b, spec, used_tokens(b, context))
-        # spaces without latents (grouped rotary models; a post-LN head's own hidden state): weight
-        # matching's elements, applied to B first
-        fixed = carried_along(start, start, inverse=True)
-        fixed.update({n: g for n, g in start.items() if n == HEAD_HIDDEN and n not in kinds})
-        b_fixed = apply(fixed, b) if fixed else b
-        seconds_init = time.perf_counter() - tick
+        begun = self.begin(a, b, spec, kinds, context)
         module = LearnedMatchingModule(
-            a, b_fixed, {n: _dense(start[n]) for n in kinds}, kinds, self.settings, b.task, self.circuits
+            a, begun.b_fixed, {n: _dense(begun.start[n]) for n in kinds}, kinds, self.settings, b.task, self.circuits
         )
-
-        pair_dir = context.run_dir / f"pair_{self.checkpoint_key(a, b)}"
-        last = pair_dir / "checkpoints" / "last.ckpt"
-        logger = context.logger(self.name) if context.logger else False
-        fit = context.require("fit", self.name)
-        seconds_train, world_size, resume, earlier = fit(module, context, pair_dir, self.settings, logger)
+        run = self.fit(module, a, b, context)
         module = module.cpu()
         diverged = module.divergence()
         if diverged is not None:
             ran = module.history[~module.history[:, 1].isnan()]  # a diverged step's loss may be NaN
-            diagnostics = {
-                "init": self.init,
-                "weight_matching": wm,
-                "steps": len(ran),
-                "world_size": world_size,
-                "resumed_from": str(resume) if resume else None,
-                "checkpoint": str(last),
-                "loss_history": finite_list(ran[:, 0]),
-                "lambda_history": finite_list(ran[:, 1]),
-                "seconds_init": seconds_init,
-                "seconds_train": seconds_train,
-                "seconds_before_resume": earlier,
-            }
-            return self.keep_start(a, b, start, next(iter(loader))[0], diverged, diagnostics)
+            diagnostics = self.run_diagnostics(begun, run, ran, finite_list, {})
+            return self.keep_start(a, b, begun.start, next(iter(loader))[0], diverged, diagnostics)
 
         learned = module.hard_transform()
-        kept = {n: g for n, g in fixed.items() if n == HEAD_HIDDEN}  # acts on axes no latent moves
-        hard = Transform({**learned, **carried_along(fixed, learned), **kept})  # acts on B itself
+        kept = {n: g for n, g in begun.fixed.items() if n == HEAD_HIDDEN}  # acts on axes no latent moves
+        hard = Transform({**learned, **carried_along(begun.fixed, learned), **kept})  # acts on B itself
         aligned = apply(hard, b)
         inputs = next(iter(loader))[0]
         with torch.no_grad():
             logits_b = b(inputs)
             deviation = relative_deviation(aligned(inputs), logits_b)
         history = module.history[~module.history[:, 0].isnan()]
-        diagnostics: dict[str, Any] = {
-            "init": self.init,
-            "weight_matching": wm,
-            "steps": len(history),
-            "world_size": world_size,
-            "resumed_from": str(resume) if resume else None,
-            "checkpoint": str(last),
-            "loss_history": [float(x) for x in history[:, 0]],
-            "lambda_history": [float(x) for x in history[:, 1]],
-            "changed_from_init": _changes(start, learned),
+        outcome = {
+            "changed_from_init": _changes(begun.start, learned),
             "endpoint_deviation": deviation,  # on one training batch; the pipeline reports the test split's
-            "seconds_init": seconds_init,
-            "seconds_train": seconds_train,
-            "seconds_before_resume": earlier,  # fit time of the interrupted attempts
         }
+        diagnostics = self.run_diagnostics(begun, run, history, lambda t: [float(x) for x in t], outcome)
         if self.init == "weight" and self.kinds["residual"] == "orthogonal":
             # paper 001 Fig. 5: what training changed in weight matching's residual map, as the angles of
             # the correction O_learned O_wm^T (of the trained latents, also where kept_start returns the start)
+            start = begun.start
             correction = _dense(hard["residual"]).cpu().double() @ _dense(start["residual"]).cpu().double().T
             diagnostics["correction_angles"] = eigen_angles(correction)
         hard_alignment = Alignment(reference=a, model=aligned, transform=hard, circuits=self.circuits)
         if "sinkhorn" not in kinds.values():
-            # never worse than the start: compare both paths on held-out batches, keep the better
-            path_loss, held_out = context.require("path_loss", self.name), context.validation_batches(self.name)
-            start_alignment = Alignment(reference=a, model=apply(start, b), transform=start, circuits=self.circuits)
-            paths = {"start": start_alignment, "learned": hard_alignment}
-            losses = path_loss(paths, GUARD_LAMBDAS, held_out, b.task, context.device)
-            worst = {name: max(loss) for name, loss in losses.items()}
-            diagnostics["validation_path_max_loss"] = worst
-            diagnostics["kept_start"] = worst["learned"] > worst["start"]
-            chosen = start_alignment if diagnostics["kept_start"] else hard_alignment
-            chosen.diagnostics = diagnostics
-            return chosen
-        with torch.no_grad():
-            soft = {n: m.double() for n, m in module.matrices().items()}
-            params = apply_dense(soft, spec, {k: v.double() for k, v in b_fixed.params().items()})
-            soft_b = CanonicalTransformer(dataclasses.replace(b.config), {k: v.float() for k, v in params.items()})
-            diagnostics["endpoint_deviation"] = relative_deviation(soft_b(inputs), logits_b)
+            return self.guarded(a, b, begun.start, hard_alignment, diagnostics, context)
+        soft_b, diagnostics["endpoint_deviation"] = soft_model(b, begun.b_fixed, module, spec, inputs, logits_b)
         return Alignment(
             reference=a,
             model=soft_b,
@@ -241,6 +218,72 @@ class LearnedMatcher:
             function_preserving=False,
             variants={"hard_projection": hard_alignment},
         )
+
+    def begin(
+        self, a: CanonicalTransformer, b: CanonicalTransformer, spec: SymmetrySpec, kinds: dict, context: MatchContext
+    ) -> _Begun:
+        """The start (weight matching or the identity) and B with the elements no latent learns applied."""
+        tick = time.perf_counter()
+        start, wm = self.initial_transform(a, b, spec, used_tokens(b, context))
+        # spaces without latents (grouped rotary models; a post-LN head's own hidden state): weight
+        # matching's elements, applied to B first
+        fixed = carried_along(start, start, inverse=True)
+        fixed.update({n: g for n, g in start.items() if n == HEAD_HIDDEN and n not in kinds})
+        b_fixed = apply(fixed, b) if fixed else b
+        return _Begun(start, wm, fixed, b_fixed, time.perf_counter() - tick)
+
+    def fit(
+        self, module: LearnedMatchingModule, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext
+    ) -> _Fitted:
+        """Trains the latents through context.fit, resuming this pair's checkpoint where there is one."""
+        pair_dir = context.run_dir / f"pair_{self.checkpoint_key(a, b)}"
+        last = pair_dir / "checkpoints" / "last.ckpt"
+        logger = context.logger(self.name) if context.logger else False
+        fit = context.require("fit", self.name)
+        seconds_train, world_size, resume, earlier = fit(module, context, pair_dir, self.settings, logger)
+        return _Fitted(seconds_train, world_size, resume, earlier, last)
+
+    def run_diagnostics(
+        self, begun: _Begun, run: _Fitted, history: Tensor, floats: Callable[[Tensor], list], outcome: dict
+    ) -> dict[str, Any]:
+        """What the run did: its start, steps, loss and lambda per step (as `floats` writes them), the
+        `outcome` entries and its seconds."""
+        return {
+            "init": self.init,
+            "weight_matching": begun.wm,
+            "steps": len(history),
+            "world_size": run.world_size,
+            "resumed_from": str(run.resume) if run.resume else None,
+            "checkpoint": str(run.last),
+            "loss_history": floats(history[:, 0]),
+            "lambda_history": floats(history[:, 1]),
+            **outcome,
+            "seconds_init": begun.seconds,
+            "seconds_train": run.seconds,
+            "seconds_before_resume": run.earlier,  # fit time of the interrupted attempts
+        }
+
+    def guarded(
+        self,
+        a: CanonicalTransformer,
+        b: CanonicalTransformer,
+        start: Transform,
+        learned: Alignment,
+        diagnostics: dict[str, Any],
+        context: MatchContext,
+    ) -> Alignment:
+        """Never worse than the start: both paths compared on held-out batches, the better one returned
+        with `diagnostics` and the comparison."""
+        path_loss, held_out = context.require("path_loss", self.name), context.validation_batches(self.name)
+        start_alignment = Alignment(reference=a, model=apply(start, b), transform=start, circuits=self.circuits)
+        paths = {"start": start_alignment, "learned": learned}
+        losses = path_loss(paths, GUARD_LAMBDAS, held_out, b.task, context.device)
+        worst = {name: max(loss) for name, loss in losses.items()}
+        diagnostics["validation_path_max_loss"] = worst
+        diagnostics["kept_start"] = worst["learned"] > worst["start"]
+        chosen = start_alignment if diagnostics["kept_start"] else learned
+        chosen.diagnostics = diagnostics
+        return chosen
 
     def keep_start(
         self, a, b, start: Transform, inputs: Tensor, diverged: tuple[int, str], diagnostics: dict[str, Any]
@@ -262,6 +305,23 @@ class LearnedMatcher:
             "kept_start": True,
         }
         return Alignment(reference=a, model=aligned, transform=start, circuits=self.circuits, diagnostics=diagnostics)
+
+
+def soft_model(
+    b: CanonicalTransformer,
+    b_fixed: CanonicalTransformer,
+    module: LearnedMatchingModule,
+    spec: SymmetrySpec,
+    inputs: Tensor,
+    logits_b: Tensor,
+) -> tuple[CanonicalTransformer, float]:
+    """The Sinkhorn matcher's soft-aligned B (the path it trained: its soft matrices applied to b_fixed),
+    and its deviation from B's logits on `inputs`."""
+    with torch.no_grad():
+        soft = {n: m.double() for n, m in module.matrices().items()}
+        params = apply_dense(soft, spec, {k: v.double() for k, v in b_fixed.params().items()})
+        soft_b = CanonicalTransformer(dataclasses.replace(b.config), {k: v.float() for k, v in params.items()})
+        return soft_b, relative_deviation(soft_b(inputs), logits_b)
 
 
 def finite_list(values: Tensor) -> list[float | None]:

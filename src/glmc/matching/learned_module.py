@@ -15,47 +15,33 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from glmc.choices import LambdaScheme
 from glmc.interpolation import merge_configs, merge_params
+from glmc.matching.assignment import assign_layers
 from glmc.matching.latent_apply import LatentApplier
 from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
-from glmc.matching.settings import LearnedTraining
 from glmc.matching.warm_assignment import WarmAssignments
-from glmc.matching.weight import assign_layers
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.schedule import warmup_cosine
+from glmc.settings.groups import LearnedTraining
+from glmc.settings.ranges import check_settings
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply_dense
 
-LAMBDA_SCHEMES = ("fixed", "uniform_mid", "uniform", "gaussian", "arcsine")
 KINDS = ("orthogonal", "permutation", "sinkhorn")
 
 
 @dataclass
 class LearnedSettings(LearnedTraining):
     """Training settings of learned matching (their defaults and meaning: LearnedTraining in
-    glmc.matching.settings, the registry's too), checked; `where` names the config node in errors."""
+    glmc.settings.groups, the registry's too), checked against their declared ranges; `where` names the
+    config node in errors."""
 
     where: str = "matcher.learned"
 
     def __post_init__(self):
+        check_settings(LearnedTraining, self.where, vars(self))
         self.lambda_scheme = str(self.lambda_scheme)
-        checks = [
-            ("max_steps", self.max_steps >= 1),
-            ("lambda_candidates", self.lambda_candidates >= 1),
-            ("lr", self.lr > 0),
-            ("weight_decay", self.weight_decay >= 0),
-            ("warmup_fraction", 0 <= self.warmup_fraction < 1),
-            ("init_noise", self.init_noise >= 0),
-            ("sinkhorn_iters", self.sinkhorn_iters >= 1),
-            ("sinkhorn_temperature", self.sinkhorn_temperature > 0),
-            ("sinkhorn_noise", self.sinkhorn_noise >= 0),
-            ("checkpoint_every", self.checkpoint_every >= 1),
-            ("epoch_test_batches", self.epoch_test_batches >= -1),
-            ("lambda_scheme", self.lambda_scheme in LAMBDA_SCHEMES),
-        ]
-        for key, ok in checks:
-            if not ok:
-                raise ValueError(f"{self.where}.{key}={getattr(self, key)!r} is out of range")
 
 
 def sample_lambda(scheme: str, generator: torch.Generator) -> float:
@@ -72,7 +58,7 @@ def sample_lambda(scheme: str, generator: torch.Generator) -> float:
         return min(1.0, max(0.0, 0.5 + 0.1 * torch.randn((), generator=generator, dtype=torch.float64).item()))
     if scheme == "arcsine":
         return math.sin(0.5 * math.pi * torch.rand((), generator=generator, dtype=torch.float64).item()) ** 2
-    raise ValueError(f"lambda_scheme={scheme!r} is not one of {LAMBDA_SCHEMES}")
+    raise ValueError(f"lambda_scheme={scheme!r} is not one of {', '.join(LambdaScheme)}")
 
 
 @torch.no_grad()

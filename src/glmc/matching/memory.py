@@ -157,6 +157,43 @@ def learned_matching_memory(
     none; units: permutation | sinkhorn for the heads and MLP latents (heads / mlp switch them off);
     circuits: the attention pairs interpolated as circuits (None: ("qk", "vo"), the learned matcher's
     default; rotary heads stack the same way)."""
+    circuits = _checked(model_a, batch, seq, bytes_per_float, residual, units, circuits)
+    params = model_a.params()
+    numel = {name: t.numel() for name, t in params.items()}
+    spec = SymmetrySpec.from_model(model_a)
+    latents = latent_spaces(spec, residual, heads, mlp)
+    contractions, transformed = _moves(spec, latents, model_a)
+    entries = {
+        "endpoints": 2 * sum(numel.values()),
+        "stacked": _stacked(spec, latents, residual, model_a),
+        "latents": 3 * sum(n * n for n in latents.values()),
+        "latent_grads": sum(n * n for n in latents.values()),
+        "projections": _projected(spec, latents, residual, units, sinkhorn_iters),
+        "transformed": transformed,
+        **_merged(model_a, contractions, tuple(circuits)),
+        "activations": sum(activation_entries(model_a, batch, seq, tuple(circuits))),
+    }
+    parts = {k: entries[k] * bytes_per_float for k in PARTS}
+    held = sum(parts[k] for k in ("endpoints", "stacked", "latents", "projections", "transformed"))
+    phases = (
+        parts["aligned"] + parts["interpolated"],
+        parts["interpolated"] + parts["forward_weights"] + parts["activations"],
+        parts["weight_grads"] + parts["latent_grads"] + parts["largest_aligned"],
+    )
+    parts["total"] = held + max(phases)
+    return parts
+
+
+def _checked(
+    model_a: CanonicalTransformer,
+    batch: int,
+    seq: int,
+    bytes_per_float: int,
+    residual: str,
+    units: str,
+    circuits: tuple[str, ...] | None,
+) -> tuple[str, ...]:
+    """learned_matching_memory's arguments checked; returns the circuit pairs (None: both)."""
     if model_a.config.form != "factored":
         raise ValueError("learned matching transforms factored heads: pass the model before .to_circuit()")
     if residual not in ("orthogonal", "permutation", "none"):
@@ -169,13 +206,11 @@ def learned_matching_memory(
     bad = set(circuits) - set(HEAD_PAIRS)
     if bad:
         raise ValueError(f"circuits={tuple(circuits)}: only qk and vo are interpolated as circuits")
-    params = model_a.params()
-    shapes = {name: tuple(t.shape) for name, t in params.items()}
-    numel = {name: t.numel() for name, t in params.items()}
-    spec = SymmetrySpec.from_model(model_a)
-    latents = latent_spaces(spec, residual, heads, mlp)
+    return circuits
 
-    # projections: the dense matrices every step builds from the latents
+
+def _projected(spec: SymmetrySpec, latents: dict[str, int], residual: str, units: str, sinkhorn_iters: int) -> int:
+    """projections: the dense matrices every step builds from the latents, and what they keep."""
     projected = 0
     for name, n in latents.items():
         projected += n * n
@@ -183,15 +218,25 @@ def learned_matching_memory(
             projected += 2 * n * n  # polar: the SVD's U and V^T, saved for its backward
         elif spec[name].kind != "residual" and units == "sinkhorn":
             projected += 2 * sinkhorn_iters * n * n
+    return projected
 
-    # stacked: the rows the residual product reads, built once (LatentApplier)
-    stacked = 0
-    if "residual" in latents and residual == "orthogonal":
-        for ax in spec["residual"].acts_on:
-            size = shapes[ax.param][ax.axis]
-            stacked += numel[ax.param] // size * (size - ax.extra)
 
-    # transformed: the moves of B's weights, in spec order, keep their inputs
+def _stacked(spec: SymmetrySpec, latents: dict[str, int], residual: str, model: CanonicalTransformer) -> int:
+    """stacked: the rows the residual product reads, built once (LatentApplier)."""
+    if "residual" not in latents or residual != "orthogonal":
+        return 0
+    params, stacked = model.params(), 0
+    for ax in spec["residual"].acts_on:
+        t = params[ax.param]
+        size = t.shape[ax.axis]
+        stacked += t.numel() // size * (size - ax.extra)
+    return stacked
+
+
+def _moves(spec: SymmetrySpec, latents: dict[str, int], model: CanonicalTransformer) -> tuple[dict[str, int], int]:
+    """The moves of B's weights by the latents, in spec order: per tensor how many (those it has), and
+    transformed, the entries they keep as inputs."""
+    params = model.params()
     contractions: dict[str, int] = {}
     transformed = 0
     for space in spec:
@@ -200,45 +245,27 @@ def learned_matching_memory(
         for ax in space.acts_on:
             done = contractions.get(ax.param, 0)
             contractions[ax.param] = done + 1
-            shape = shapes[ax.param]
+            shape = tuple(params[ax.param].shape)
             in_place = done == 0 and (len(shape) <= 2 or ax.axis == len(shape) - 1)
-            transformed += 0 if in_place else numel[ax.param]
+            transformed += 0 if in_place else params[ax.param].numel()
+    return contractions, transformed
 
-    # interpolated weights; circuit pairs stack both models' heads
-    pairs = _pair_tensors(model_a)
-    merged = {name: numel[name] * (2 if pairs.get(name) in circuits else 1) for name in params}
-    interpolated = sum(merged.values())
-    grouped = family_named(model_a.config.family).attention_kind == "grouped"
+
+def _merged(model: CanonicalTransformer, contractions: dict[str, int], circuits: tuple[str, ...]) -> dict[str, int]:
+    """The parts the merge and its backward hold: aligned, interpolated (circuit pairs stack both
+    models' heads), forward_weights, weight_grads and largest_aligned, in entries."""
+    numel = {name: t.numel() for name, t in model.params().items()}
+    pairs = _pair_tensors(model)
+    merged = {name: numel[name] * (2 if pairs.get(name) in circuits else 1) for name in numel}
+    grouped = family_named(model.config.family).attention_kind == "grouped"
     copied = {f"blocks.{{l}}.{w}" for w in (("o_w",) if grouped else ("q_w", "k_w", "v_w", "o_w"))}
-    forward_weights = sum(merged[name] for name in params if role_key(name) in copied)
-    weight_grads = sum(merged[name] for name in contractions)
-    aligned = sum(numel[name] for name in contractions)
-    largest_aligned = max((numel[name] for name in contractions), default=0)
-
-    activations = sum(activation_entries(model_a, batch, seq, tuple(circuits)))
-    b = bytes_per_float
-    parts = {
-        "endpoints": 2 * sum(numel.values()) * b,
-        "stacked": stacked * b,
-        "latents": 3 * sum(n * n for n in latents.values()) * b,
-        "latent_grads": sum(n * n for n in latents.values()) * b,
-        "projections": projected * b,
-        "transformed": transformed * b,
-        "aligned": aligned * b,
-        "interpolated": interpolated * b,
-        "forward_weights": forward_weights * b,
-        "weight_grads": weight_grads * b,
-        "largest_aligned": largest_aligned * b,
-        "activations": activations * b,
+    return {
+        "aligned": sum(numel[name] for name in contractions),
+        "interpolated": sum(merged.values()),
+        "forward_weights": sum(merged[name] for name in numel if role_key(name) in copied),
+        "weight_grads": sum(merged[name] for name in contractions),
+        "largest_aligned": max((numel[name] for name in contractions), default=0),
     }
-    held = sum(parts[k] for k in ("endpoints", "stacked", "latents", "projections", "transformed"))
-    phases = (
-        parts["aligned"] + parts["interpolated"],
-        parts["interpolated"] + parts["forward_weights"] + parts["activations"],
-        parts["weight_grads"] + parts["latent_grads"] + parts["largest_aligned"],
-    )
-    parts["total"] = held + max(phases)
-    return parts
 
 
 def model_shapes(model: CanonicalTransformer) -> list[dict[str, int]]:

@@ -1,12 +1,8 @@
-"""The one registry of alignment methods: a structured config per method, built by `instantiate`.
+"""The one registry of alignment methods, built from their settings by `instantiate`.
 
-Each entry is a dataclass whose `_target_` names the matcher class and whose other fields are that
-class's constructor arguments. `run.py` composes them under `matcher.<name>` (so every option is
-type-checked at composition and overridable, e.g. `matcher.weight.max_iter=5`), and `glmc.align`
-builds the same nodes from Python. Symmetry classes default to the run's `symmetry` group by
-interpolation; outside Hydra they resolve against the schema's defaults.
-
-Multi-model methods (`pairing=universe`, `multi.methods`) are registered here too, in MULTI_METHODS.
+The methods and their settings are declared in glmc.settings.methods (one config dataclass per method,
+METHODS and MULTI_METHODS, re-exported here); this module builds a matcher from its config node, for
+`run.py` and `glmc.align` alike, and checks what the node's `_target_` names.
 
 What a `_target_` may name (`matcher_target_problem`, checked by the config check before any work and by
 `build_matcher`): one of the registry's own classes (REGISTERED_TARGETS), or a class that declares the
@@ -16,7 +12,7 @@ as `builtins.print`, a class that is no matcher, a name that does not import) is
 anything is called.
 
 This module imports no matcher and not glmc.config: the classes are loaded by `instantiate` when a
-method is built, and the settings groups they share with the schema live in glmc.matching.settings.
+method is built.
 """
 
 from __future__ import annotations
@@ -24,182 +20,19 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from glmc.choices import (
-    ActivationResidual,
-    HeadAssignment,
-    HeadForm,
-    LearnedInit,
-    ResidualClass,
-    ResidualMap,
-    UnitClass,
-    UnitLatent,
+from glmc.settings.groups import SymmetryConfig
+from glmc.settings.methods import (
+    METHODS,
+    MULTI_METHODS,
+    REGISTERED_TARGETS,
+    MatcherConfig,
+    default_target,
 )
-from glmc.matching.settings import LearnedTraining, SymmetryConfig, UniverseTraining
-
-
-@dataclass
-class VanillaMatcherConfig:
-    """Plain averaging of the original (HF) parameters."""
-
-    _target_: str = "glmc.matching.vanilla.VanillaMatcher"
-    name: str = "vanilla"
-
-
-@dataclass
-class CanonicalMatcherConfig:
-    """The canonical form without alignment: what the reparameterisation alone does."""
-
-    _target_: str = "glmc.matching.canonical.CanonicalMatcher"
-    name: str = "canonical"
-    qk: HeadForm = "${symmetry.qk}"  # type: ignore[assignment]
-    vo: HeadForm = "${symmetry.vo}"  # type: ignore[assignment]
-
-
-@dataclass
-class WeightMatcherConfig:
-    """Paper 001 §4.1 weight matching."""
-
-    _target_: str = "glmc.matching.weight.WeightMatcher"
-    name: str = "weight"
-    residual: ResidualClass = "${symmetry.residual}"  # type: ignore[assignment]
-    heads: UnitClass = "${symmetry.heads}"  # type: ignore[assignment]
-    mlp: UnitClass = "${symmetry.mlp}"  # type: ignore[assignment]
-    qk: HeadForm = "${symmetry.qk}"  # type: ignore[assignment]
-    vo: HeadForm = "${symmetry.vo}"  # type: ignore[assignment]
-    max_iter: int = 15
-    tol: float = 1e-6
-    vocabulary: str = "train"  # language models: embedding rows of tokens in the training data (or "all")
-    # auto: the orthogonal residual map fixes the all-ones vector when both streams are mean-zero, so merges
-    # export to HF LayerNorm models; never (default): unrestricted Procrustes; always: restricted or an error
-    keep_mean: str = "never"
-
-
-@dataclass
-class LearnedMatcherConfig(LearnedTraining):
-    """Paper 001 §4.2 learned matching: the training settings of LearnedTraining (their defaults and
-    meaning are declared there) and which spaces are learned, from what start."""
-
-    _target_: str = "glmc.matching.learned.LearnedMatcher"
-    name: str = "learned"
-    residual: ResidualClass = "${symmetry.residual}"  # type: ignore[assignment]
-    heads: UnitClass = "${symmetry.heads}"  # type: ignore[assignment]
-    mlp: UnitClass = "${symmetry.mlp}"  # type: ignore[assignment]
-    units: UnitLatent = UnitLatent.permutation  # latents of heads and MLP: straight-through or Sinkhorn
-    qk: HeadForm = "${symmetry.qk}"  # type: ignore[assignment]
-    vo: HeadForm = "${symmetry.vo}"  # type: ignore[assignment]
-    init: LearnedInit = LearnedInit.weight
-    weight_max_iter: int = "${matcher.weight.max_iter}"  # type: ignore[assignment]
-    weight_tol: float = "${matcher.weight.tol}"  # type: ignore[assignment]
-
-
-@dataclass
-class ActivationMatcherConfig:
-    """Paper 003 activation matching; attention weights interpolated factored, as in that paper."""
-
-    _target_: str = "glmc.matching.activation.ActivationMatcher"
-    name: str = "activation"
-    residual: ActivationResidual = ActivationResidual.all
-    residual_map: ResidualMap = ResidualMap.permutation
-    heads: HeadAssignment = HeadAssignment.two_stage
-    mlp: UnitClass = UnitClass.permutation
-    qk: HeadForm = HeadForm.none
-    vo: HeadForm = HeadForm.none
-    batches: int = 16  # training batches whose activations are recorded
-
-
-@dataclass
-class RotationMatcherConfig:
-    """Paper 002: per-head closed-form rotation of Q/K and V/O with rescaling, MLP permutations by
-    weight matching, the residual stream not aligned (or `orthogonal`: ours); factored interpolation."""
-
-    _target_: str = "glmc.matching.rotation.RotationMatcher"
-    name: str = "rotation"
-    residual: ResidualClass = ResidualClass.none
-    heads: UnitClass = UnitClass.none  # paper 002 keeps heads in place
-    mlp: UnitClass = UnitClass.permutation
-    rescale: bool = True
-    qk: HeadForm = HeadForm.none
-    vo: HeadForm = HeadForm.none
-    max_iter: int = "${matcher.weight.max_iter}"  # type: ignore[assignment]
-    tol: float = "${matcher.weight.tol}"  # type: ignore[assignment]
-    vocabulary: str = "${matcher.weight.vocabulary}"
-
-
-@dataclass(frozen=True)
-class Method:
-    """A registered pairwise method: its config dataclass and the factory of its default node."""
-
-    schema: type
-    make: Callable[[], Any]
-
-
-def _variant(base: str, cls: type, **own) -> Method:
-    """A method that shares `matcher.<base>`'s settings (by interpolation) except `own`."""
-    skip = {"_target_", "residual", "heads", "mlp", "units", "qk", "vo", *own}
-    shared = {f.name: f"${{matcher.{base}.{f.name}}}" for f in fields(cls) if f.name not in skip}
-    return Method(cls, lambda: cls(**shared, **own))
-
-
-# name -> the method's config and defaults, registered here only (the `matcher` schema below is made
-# from it); the order is the plot order of `compare`.
-METHODS: dict[str, Method] = {
-    "vanilla": Method(VanillaMatcherConfig, VanillaMatcherConfig),
-    "canonical": Method(CanonicalMatcherConfig, CanonicalMatcherConfig),
-    "weight_perm": _variant("weight", WeightMatcherConfig, name="weight_perm", residual=ResidualClass.permutation),
-    "weight": Method(WeightMatcherConfig, WeightMatcherConfig),
-    "activation": Method(ActivationMatcherConfig, ActivationMatcherConfig),
-    "activation_orth": _variant(
-        "activation", ActivationMatcherConfig, name="activation_orth", residual_map=ResidualMap.orthogonal
-    ),
-    "rotation": Method(RotationMatcherConfig, RotationMatcherConfig),
-    "learned": Method(LearnedMatcherConfig, LearnedMatcherConfig),
-    "learned_perm": _variant("learned", LearnedMatcherConfig, name="learned_perm", residual=ResidualClass.permutation),
-    "learned_sinkhorn": _variant("learned", LearnedMatcherConfig, name="learned_sinkhorn", units=UnitLatent.sinkhorn),
-}
-
-# the classes the registry's methods build: a `_target_` may name these without further checks
-REGISTERED_TARGETS = frozenset(
-    f.default for method in METHODS.values() for f in fields(method.schema) if f.name == "_target_"
-)
-
-# The `matcher` group's schema: which methods a run evaluates (`methods`, in plot order) and one node
-# per registered method, `matcher.<name>`.
-MatcherConfig = make_dataclass(
-    "MatcherConfig",
-    [
-        ("name", str, field(default="compare")),
-        ("methods", list[str], field(default_factory=lambda: ["vanilla"])),
-        *((name, method.schema, field(default_factory=method.make)) for name, method in METHODS.items()),
-    ],
-    namespace={"__module__": __name__, "__doc__": "Which methods a run evaluates and every method's settings."},
-)
-
-
-@dataclass(frozen=True)
-class MultiMethod:
-    """A multi-model method (`multi.methods`, pairing=universe): how the endpoints are aligned before
-    the simplex they span is evaluated."""
-
-    universe: bool  # aligned to a shared universe by the pairwise method `multi.pairwise`; else as trained
-    # then refined by this function (a dotted path, like `_target_`) with every setting of `settings`,
-    # read from `multi.*`: refine(universe_alignment, context, where="multi", **settings)
-    refine: str | None = None
-    settings: type | None = None
-
-
-# name -> how that multi-model method aligns; the order is the default `multi.methods`.
-MULTI_METHODS: dict[str, MultiMethod] = {
-    "vanilla": MultiMethod(universe=False),  # the original parameters, averaged
-    "weight": MultiMethod(universe=True),
-    "learned": MultiMethod(
-        universe=True, refine="glmc.matching.universe_learned.learned_universe", settings=UniverseTraining
-    ),
-}
 
 
 def check_multi_methods(names: list[str]) -> None:
@@ -273,11 +106,6 @@ def _target_reason(target: Any, keys: Iterable[str]) -> str | None:
     except TypeError as err:
         return f"does not take the matcher's arguments: match(a, b, context) and the node's settings ({err})"
     return None
-
-
-def default_target(name: str) -> str:
-    """The class registered method `name` builds."""
-    return next(f.default for f in fields(METHODS[name].schema) if f.name == "_target_")
 
 
 def matcher_target_problem(node: Any, where: str, default: str | None = None) -> str | None:

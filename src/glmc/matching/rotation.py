@@ -50,6 +50,8 @@ from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.models.families.roles import PRE_NORM_FACTORED, Role, pair_factors
+from glmc.settings.methods import RotationMatcherConfig
+from glmc.settings.ranges import check_settings
 from glmc.symmetry import OrthogonalScale, Permutation, RotaryScale, SymmetrySpec, Transform, apply, apply_params
 
 Params = dict[str, Tensor]
@@ -143,13 +145,6 @@ def element_scales(g) -> Tensor:
     return g.scales.double()
 
 
-def _choice(name: str, key: str, value: Any, allowed: tuple[str, ...]) -> str:
-    value = str(value)
-    if value not in allowed:
-        raise ValueError(f"matcher.{name}.{key}={value} is not one of {', '.join(allowed)}")
-    return value
-
-
 class RotationMatcher:
     """`rotation`: paper 002's matching, MLP permutations then closed-form per-head rotations and
     (rescale=True) per-head scales. residual: none (paper 002) | orthogonal | permutation; heads,
@@ -168,21 +163,10 @@ class RotationMatcher:
         tol: float = 1e-6,
         vocabulary: str = "train",
     ):
-        self.name = name
-        self.residual = _choice(name, "residual", residual, ("none", "orthogonal", "permutation"))
-        self.heads = _choice(name, "heads", heads, ("permutation", "none"))
-        self.mlp = _choice(name, "mlp", mlp, ("permutation", "none"))
-        qk = _choice(name, "qk", qk, ("circuit", "none"))
-        vo = _choice(name, "vo", vo, ("circuit", "none"))
-        self.vocabulary = _choice(name, "vocabulary", vocabulary, ("train", "all"))
-        if not isinstance(rescale, bool):
-            raise ValueError(f"matcher.{name}.rescale={rescale} is not one of true, false")
-        if max_iter < 1:
-            raise ValueError(f"matcher.{name}.max_iter={max_iter}: at least one iteration")
-        if tol < 0:
-            raise ValueError(f"matcher.{name}.tol={tol}: must be >= 0")
-        self.rescale, self.max_iter, self.tol = rescale, max_iter, tol
-        self.circuits = circuit_pairs(qk, vo)
+        check_settings(RotationMatcherConfig, f"matcher.{name}", locals())  # the ranges glmc.settings declares
+        self.name, self.residual, self.heads, self.mlp = name, str(residual), str(heads), str(mlp)
+        self.vocabulary, self.rescale, self.max_iter, self.tol = str(vocabulary), rescale, max_iter, tol
+        self.circuits = circuit_pairs(str(qk), str(vo))
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)

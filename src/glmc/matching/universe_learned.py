@@ -33,10 +33,11 @@ from glmc.matching.base import MatchContext, require_factored, settings_hash
 from glmc.matching.learned import _changes, finite_list
 from glmc.matching.learned_module import DivergenceStop, LearnedMatchingModule, _key, worst_draw
 from glmc.matching.projections import polar, straight_through_permutation
-from glmc.matching.settings import EDGE_LAMBDAS, UniverseTraining
 from glmc.matching.universe import UniverseAlignment
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
+from glmc.settings.groups import UniverseTraining
+from glmc.settings.ranges import check_settings
 from glmc.symmetry import Orthogonal, Permutation, SemiPermutation, SymmetrySpec, Transform, apply, apply_dense
 
 log = logging.getLogger(__name__)
@@ -45,26 +46,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class UniverseLearnedSettings(UniverseTraining):
     """The refinement's training settings (their defaults and meaning: UniverseTraining in
-    glmc.matching.settings, the `multi` schema's too), checked; `where` names the config node in errors."""
+    glmc.settings.groups, the `multi` schema's too), checked against their declared ranges; `where` names
+    the config node in errors."""
 
     where: str = "universe.learned"
 
     def __post_init__(self):
-        checks = [
-            ("max_steps", self.max_steps >= 1),
-            ("lr", self.lr > 0),
-            ("weight_decay", self.weight_decay >= 0),
-            ("warmup_fraction", 0 <= self.warmup_fraction < 1),
-            ("concentration", math.isfinite(self.concentration) and self.concentration > 0),
-            ("edge_share", 0 <= self.edge_share <= 1),
-            ("edge_lambda", self.edge_lambda in EDGE_LAMBDAS),
-            ("candidates", self.candidates >= 1),
-            ("init_noise", self.init_noise >= 0),
-            ("checkpoint_every", self.checkpoint_every >= 1),
-        ]
-        for key, ok in checks:
-            if not ok:
-                raise ValueError(f"{self.where}.{key}={getattr(self, key)!r} is out of range")
+        check_settings(UniverseTraining, self.where, vars(self))
 
 
 def sample_alpha(
@@ -222,14 +210,7 @@ def learned_universe(
     if len(aligned.transforms) != len(models):
         raise ValueError(f"{len(models)} models but {len(aligned.transforms)} transforms")
     spec = SymmetrySpec.from_model(models[0])
-    kinds = []
-    for i, transform in enumerate(aligned.transforms[1:], 1):
-        if not isinstance(transform, dict):
-            raise ValueError(f"model {i}: the universe transform is {type(transform).__name__}, not a Transform")
-        missing = set(transform) - set(spec.spaces)
-        if missing:
-            raise ValueError(f"model {i}: the universe transform names spaces the model lacks: {sorted(missing)}")
-        kinds.append({space: latent_kind(g, space) for space, g in transform.items()})
+    kinds = _latent_kinds(aligned.transforms, spec)
     circuits = tuple(aligned.circuits)
     module = UniverseLearningModule(models, kinds, settings, models[0].task, circuits)
 
@@ -243,17 +224,7 @@ def learned_universe(
     module = module.cpu()
 
     start = [Transform(), *(Transform({n: Permutation.identity(spec.spaces[n].size) for n in k}) for k in kinds)]
-    diverged, flags = module.divergence(), {}
-    if diverged is None:
-        refinements = [Transform(), *module.hard_transforms()]
-    else:  # the universe alignment itself, as the refinement started there
-        step, what = diverged
-        log.warning(
-            f"{settings.where} diverged at step {step} (lr={settings.lr:g}; {what}): kept the universe "
-            f"alignment; lower {settings.where}.lr"
-        )
-        refinements = start
-        flags = {"diverged": True, "diverged_at": step, "divergence": what, "kept_start": True}
+    refinements, flags = _refinements(module, start, settings)
     refined = [models[0]] + [apply(t, m) for t, m in zip(refinements[1:], models[1:])]
     history = module.history[~module.history[:, 1].isnan()]  # the steps that ran
     diagnostics: dict[str, Any] = {
@@ -280,3 +251,34 @@ def learned_universe(
         function_preserving=aligned.function_preserving,
         anchor=interpolate(refined, [1.0 / len(refined)] * len(refined), circuits=()),
     )
+
+
+def _latent_kinds(transforms: list, spec: SymmetrySpec) -> list[dict[str, str]]:
+    """Per model 1..N-1, the latent kind of each space its universe transform acts on (checked to be a
+    Transform over the model's spaces)."""
+    kinds = []
+    for i, transform in enumerate(transforms[1:], 1):
+        if not isinstance(transform, dict):
+            raise ValueError(f"model {i}: the universe transform is {type(transform).__name__}, not a Transform")
+        missing = set(transform) - set(spec.spaces)
+        if missing:
+            raise ValueError(f"model {i}: the universe transform names spaces the model lacks: {sorted(missing)}")
+        kinds.append({space: latent_kind(g, space) for space, g in transform.items()})
+    return kinds
+
+
+def _refinements(
+    module: UniverseLearningModule, start: list[Transform], settings: UniverseLearnedSettings
+) -> tuple[list[Transform], dict[str, Any]]:
+    """The trained refinements' hard projections, or `start` with a warning and flags saying so where
+    training diverged."""
+    diverged = module.divergence()
+    if diverged is None:
+        return [Transform(), *module.hard_transforms()], {}
+    # the universe alignment itself, as the refinement started there
+    step, what = diverged
+    log.warning(
+        f"{settings.where} diverged at step {step} (lr={settings.lr:g}; {what}): kept the universe "
+        f"alignment; lower {settings.where}.lr"
+    )
+    return start, {"diverged": True, "diverged_at": step, "divergence": what, "kept_start": True}

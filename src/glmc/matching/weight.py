@@ -32,14 +32,20 @@ Models converted from Hugging Face have a mean-zero residual stream (every write
 the width). With `keep_mean` the orthogonal residual map is restricted to those that fix the
 all-ones vector 1, so the aligned model keeps the stream in the hyperplane orthogonal to 1 and its
 merges still export to a LayerNorm model (glmc.models.export).
+
+In code, weight_matching is a short driver: a MatchingProblem (what is compared, computed once), a
+SearchState, one Reuse object (what late iterations carry over), and one iteration's steps chosen once
+for the models at hand (ResidualStep, ApplyResidual, CircuitHeads or GroupedHeads, PlainMlp or GatedMlp,
+InHeadMaps for factored heads, HiddenUnits where the head has a hidden state); the assignment solvers
+live in glmc.matching.assignment.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -47,6 +53,7 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
+from glmc.matching.assignment import PARALLEL_UNITS, assign_layers, group_assignment, projected, warm_layers
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.matching.head_hidden import HiddenHead
 from glmc.matching.mlp_distance import MlpDistance, mlp_matrices
@@ -60,6 +67,8 @@ from glmc.models.export import uncentred_writer
 from glmc.models.families import family_named
 from glmc.models.families.base import residual_axis
 from glmc.models.families.roles import GATED_GROUPED, HEAD_HIDDEN, in_head_pair, layer_of, pair_factors, unit_rows
+from glmc.settings.methods import WeightMatcherConfig
+from glmc.settings.ranges import check_settings
 from glmc.symmetry import (
     Diagonal,
     Orthogonal,
@@ -70,6 +79,20 @@ from glmc.symmetry import (
     apply,
     apply_params,
 )
+from glmc.symmetry.groups import Element
+
+# assign_layers, group_assignment, projected, PARALLEL_UNITS: imported from here elsewhere too
+__all__ = [
+    "PARALLEL_UNITS",
+    "WeightMatcher",
+    "assign_layers",
+    "eigen_angles",
+    "group_assignment",
+    "projected",
+    "relative_distance",
+    "used_tokens",
+    "weight_matching",
+]
 
 Params = dict[str, Tensor]
 
@@ -189,30 +212,6 @@ def relative_distance(pa: Params, pb: Params) -> float:
     return (diff / norm) ** 0.5
 
 
-def projected(similarity: Callable[[int], Tensor], layer: int) -> Permutation:
-    """The assignment maximising similarity(layer) (Permutation.project)."""
-    return Permutation.project(similarity(layer))
-
-
-# the smallest MLP whose layers' assignments are solved side by side (measured in matching_speed.py: at
-# 512 units a thread pool costs what it saves, at 2,048 it saves a fifth of the MLP step)
-PARALLEL_UNITS = 1024
-
-
-def assign_layers(
-    solve: Callable[[int], Permutation], layers: Sequence[int], threads: int | None = None
-) -> list[Permutation]:
-    """Per layer, solve(layer) (an assignment, typically Permutation.project of a similarity). The
-    layers' problems are independent and SciPy's Hungarian solver releases the GIL, so `threads`
-    layers (None: torch's thread count) are built and solved at once; only that many similarity
-    matrices are held at a time."""
-    threads = torch.get_num_threads() if threads is None else threads
-    if threads <= 1 or len(layers) < 2:
-        return [solve(layer) for layer in layers]
-    with ThreadPoolExecutor(min(threads, len(layers))) as pool:
-        return list(pool.map(solve, layers))
-
-
 def rotary_head_cost(pa: Params, pb: Params, layer: int) -> Tensor:
     """(H_A, H_B) factored distance between query heads of grouped rotary blocks, each with its group's
     keys and values, left after the best in-head maps for that pair: per frequency pair the rotary
@@ -269,21 +268,6 @@ def squared_plain_norm(pa: Params) -> float:
 def squared_plain_difference(pa: Params, pb: Params) -> float:
     """||theta_A - theta_B||^2 over the tensors as they are."""
     return sum(float((a.double() - pb[n].double()).pow(2).sum()) for n, a in pa.items())
-
-
-def group_assignment(cost: Tensor, groups: int) -> tuple[Permutation, Permutation]:
-    """Key/value groups and, within each matched pair of groups, their query heads, from a (H, H) cost
-    between query heads (H = groups * G, head k * G + g in group k): a pair of groups costs the best
-    assignment of their query heads (Hungarian on G x G), and groups are assigned on those costs.
-    Returns (heads: groups, qheads: one permutation per new group)."""
-    size = cost.shape[0] // groups
-    blocks = cost.reshape(groups, size, groups, size).permute(0, 2, 1, 3)  # (K_A, K_B, G, G)
-    inner = [[Permutation.project(-blocks[i, j]).perm for j in range(groups)] for i in range(groups)]
-    pair_cost = torch.tensor(
-        [[float(blocks[i, j][torch.arange(size), inner[i][j]].sum()) for j in range(groups)] for i in range(groups)]
-    )
-    outer = Permutation.project(-pair_cost).perm
-    return Permutation(outer), Permutation(torch.stack([inner[i][int(outer[i])] for i in range(groups)]))
 
 
 def _gated_rows(p: Params, layer: int, branch: str) -> Tensor:
@@ -469,6 +453,500 @@ def mean_keeping_projection(c: Tensor, basis: Tensor) -> Tensor:
     return basis @ inner @ basis.T + torch.full((width, width), 1.0 / width, dtype=torch.float64)
 
 
+# The search: a problem computed once (MatchingProblem), where the search stands (SearchState), what late
+# iterations carry over (Reuse), and the steps of one iteration, each chosen once for the models at hand.
+
+
+@dataclass
+class Outside:
+    """The tensors outside the layers, computed once: the embeddings' and the classifier's share of the
+    residual step's cross-covariance (`c_raw`: each block's as it is, for the factored distance; `c`:
+    divided by its number of columns) and their squared norms, in float64, and the squared distance
+    and norm of the tensors no symmetry acts on (head.b)."""
+
+    c_raw: Tensor | float
+    c: Tensor | float
+    aa: float
+    bb: float
+    fixed_diff: float
+    fixed_norm: float
+
+
+def _outside(
+    pa: Params, pb: Params, residual_only: dict[str, tuple[int, bool]], hidden: HiddenHead | None, tokens: Tensor | None
+) -> Outside:
+    """Outside's terms from every tensor of A and B (`residual_only`: _residual_only; `hidden`: the head's
+    hidden state, whose tensors HiddenHead compares)."""
+    c_raw, c, aa, bb = 0.0, 0.0, 0.0, 0.0
+    for a, b in _embedding_blocks(pa, pb, residual_only, tokens):  # float64, each block converted once
+        a64, b64 = a.double(), b.double()
+        product = a64 @ b64.T
+        c_raw, c = c_raw + product, c + product / a.shape[1]
+        aa, bb = aa + _sum_of_squares(a64), bb + _sum_of_squares(b64)
+        del a64, b64, product
+    moving = residual_only.keys() | (hidden.axis.keys() if hidden is not None else set())
+    fixed = [n for n in pa if layer_of(n) is None and n not in moving]  # head.b: no symmetry acts
+    fixed_diff = sum(float((pa[n] - pb[n]).pow(2).sum()) for n in fixed)
+    fixed_norm = sum(float(pa[n].pow(2).sum()) for n in fixed)
+    return Outside(c_raw, c, aa, bb, fixed_diff, fixed_norm)
+
+
+@dataclass
+class MatchingProblem:
+    """What the search compares, fixed for its whole run: A's and B's layer weights in the search's
+    dtype, B's symmetry spaces, the family's kind of heads and what lies outside the layers."""
+
+    pa: Params  # A's layer weights
+    pb: Params  # B's layer weights
+    spec: SymmetrySpec
+    spec_blocks: SymmetrySpec  # restricted to the layer weights
+    layers: range
+    width: int
+    dtype: torch.dtype
+    factored: bool  # no circuit form (grouped rotary heads): the factored distance itself is matched
+    grouped: bool  # grouped-query attention: key/value groups, query heads within them
+    layout: dict
+    vectors: tuple[str, ...]  # residual_vectors
+    outside: Outside
+    hidden: HiddenHead | None  # a task head's hidden state (BERT's masked-LM transform, pooler)
+
+    @classmethod
+    def build(
+        cls, model_a: CanonicalTransformer, model_b: CanonicalTransformer, dtype: torch.dtype, tokens: Tensor | None
+    ) -> MatchingProblem:
+        spec = SymmetrySpec.from_model(model_b)
+        pa = {k: v.detach().to(dtype) for k, v in model_a.params().items()}
+        pb = {k: v.detach().to(dtype) for k, v in model_b.params().items()}
+        hidden = HiddenHead(spec, pa, pb) if HEAD_HIDDEN in spec.spaces else None
+        # Embeddings and the classifier only see the residual map: their share of the Procrustes
+        # matrix and of the objective is computed once (a GPT-2 vocabulary makes them the costliest part).
+        outside = _outside(pa, pb, _residual_only(model_b), hidden, tokens)
+        pa = {k: v for k, v in pa.items() if layer_of(k) is not None}
+        pb = {k: v for k, v in pb.items() if layer_of(k) is not None}
+        family = family_named(model_b.config.family)
+        return cls(
+            pa=pa,
+            pb=pb,
+            spec=spec,
+            spec_blocks=spec.restricted_to(set(pb)),
+            layers=range(model_a.num_layers),
+            width=model_a.width,
+            dtype=dtype,
+            factored=not family.circuit_form,
+            grouped=family.attention_kind == "grouped",
+            layout=family.layout(model_b.config),
+            vectors=residual_vectors(model_b),
+            outside=outside,
+            hidden=hidden,
+        )
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLPs are gated: their units carry an up/down scale."""
+        return f"mlp_scale.{self.layers[0]}" in self.spec.spaces
+
+    def residual_matrix(self, t: dict[str, Element]) -> Tensor:
+        """The residual map of t as a dense matrix (the identity without one)."""
+        g = t.get("residual")
+        if g is None:
+            return torch.eye(self.width, dtype=self.dtype)
+        return g.dense(self.dtype) if isinstance(g, Permutation) else g.matrix.to(self.dtype)
+
+
+@dataclass
+class SearchState:
+    """Where the search stands: the group elements found so far, and B's layer weights under them."""
+
+    res: dict[str, Element]  # the residual map ({} without one)
+    perms: Transform  # head, MLP and in-head elements
+    head: dict[str, Permutation]  # the head's hidden permutation, where that space exists
+    pb_cur: Params | None  # B's layer weights under the last iteration's transform
+    pb_res: Params | None = None  # within an iteration: under the new residual map only
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def transform(self) -> Transform:
+        return Transform({**self.res, **self.perms, **self.head})
+
+
+def _start(problem: MatchingProblem, residual: str, heads: bool, mlp: bool) -> SearchState:
+    """The identity of every space searched over."""
+    spec, layers = problem.spec, problem.layers
+    perms = Transform()
+    if heads:
+        perms.update({f"heads.{l}": Permutation.identity(spec[f"heads.{l}"].size) for l in layers})
+        if problem.grouped:
+            query_heads = [spec[f"qheads.{l}"] for l in layers]
+            perms.update({q.name: Permutation.identity(q.size, q.heads) for q in query_heads})
+    if mlp:
+        perms.update({f"mlp.{l}": Permutation.identity(spec[f"mlp.{l}"].size) for l in layers})
+        if problem.gated:
+            perms.update({f"mlp_scale.{l}": Diagonal.identity(spec[f"mlp_scale.{l}"].size) for l in layers})
+    res = {}
+    if residual == "orthogonal":
+        res = {"residual": Orthogonal(torch.eye(problem.width, dtype=problem.dtype))}
+    elif residual == "permutation":
+        res = {"residual": Permutation.identity(problem.width)}
+    hidden = problem.hidden
+    head = {} if hidden is None else {HEAD_HIDDEN: Permutation.identity(hidden.size)}
+    # the identity leaves every weight as it is (exactly: products with ones and zeros): B's own
+    # weights, not a product over all of them
+    return SearchState(res, perms, head, dict(problem.pb))
+
+
+@dataclass
+class Reuse:
+    """What late iterations keep from one iteration to the next (weight_matching's `reuse`).
+
+    Head and MLP assignments carry over while a certificate says they are still optimal (`heads`,
+    `mlp`: glmc.matching.warm_assignment). On the `late` path (large circuit-form MLPs with certified
+    assignments) B's MLP matrices are rotated only for the layers whose similarity is computed
+    (`rotated`, per iteration), their distance is expanded in the map's move (`mlp_distance`), the
+    residual step keeps each layer's linear share while its MLP permutation stays (`linear_shares`)
+    and takes the polar factor from the Gram matrix (until that failed twice in a row: `gram_misses`).
+    Smaller models keep the plain arithmetic (the same floats, so learned matching, which starts from
+    them, retraces its runs), where these would save little."""
+
+    problem: MatchingProblem
+    mlp: WarmAssignments | None
+    heads: WarmAssignments | None
+    head_norms: list[float]  # per layer, B's largest circuit norm (circuit_move)
+    late: bool
+    spec_rest: SymmetrySpec  # what each iteration's maps are applied to (late: all but the MLP matrices)
+    spec_mlp: dict[int, SymmetrySpec]  # late: per layer, its MLP matrices
+    pa_rest: Params  # late: A's layer weights but the MLP matrices
+    b_norms: dict[int, list[Tensor]] | None  # late: B's circuit norms (the maps leave them as they are)
+    mlp_distance: MlpDistance
+    linear_shares: dict[int, tuple[Tensor, dict[str, Tensor]]] = field(default_factory=dict)
+    rotated: dict[int, Params] = field(default_factory=dict)
+    gram_misses: int = 0
+
+    @classmethod
+    def build(cls, problem: MatchingProblem, residual: str, heads: bool, mlp: bool, reuse: bool) -> Reuse:
+        spec, layers, pa, pb = problem.spec, problem.layers, problem.pa, problem.pb
+        # MLP cosines move by at most the residual map's move: their assignments carry over (not for the
+        # gated MLPs' cost, nor without a residual map to measure the move by); below PARALLEL_UNITS
+        # units the solver is as cheap as the certificates
+        big = mlp and spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS
+        warm = WarmAssignments() if reuse and big and not problem.gated and residual != "none" else None
+        # head costs move by at most circuit_move: theirs carry over too (not in grouped rotary models)
+        head_warm = WarmAssignments() if reuse and heads and not problem.grouped and residual != "none" else None
+        head_norms = [float(circuit_norms(pb, l).max()) for l in layers] if head_warm is not None else []
+        late = warm is not None and not problem.factored
+        mlp_names = {n for l in layers for n in mlp_matrices(l)} if late else set()
+        spec_blocks = problem.spec_blocks
+        return cls(
+            problem=problem,
+            mlp=warm,
+            heads=head_warm,
+            head_norms=head_norms,
+            late=late,
+            spec_rest=spec_blocks.restricted_to(set(pb) - mlp_names) if late else spec_blocks,
+            spec_mlp={l: spec_blocks.restricted_to(set(mlp_matrices(l))) for l in layers} if late else {},
+            pa_rest={k: v for k, v in pa.items() if k not in mlp_names},
+            b_norms=circuit_square_norms(pb) if late else None,
+            mlp_distance=MlpDistance(pa, pb),
+        )
+
+    def linear_share(self, perms: Transform, pb_perm: Params, layer: int) -> Tensor:
+        """A layer's linear_cross_covariance, recomputed only when its MLP permutation moved (pb_perm
+        leaves B's MLP matrices as they are: this layer's are permuted here)."""
+        pa, pb = self.problem.pa, self.problem.pb
+        perm = perms[f"mlp.{layer}"].perm
+        kept = self.linear_shares.get(layer)
+        if kept is None or not torch.equal(kept[0], perm):
+            moved = Transform({f"mlp.{layer}": perms[f"mlp.{layer}"]})
+            rows = {**pb_perm, **apply_params(moved, self.spec_mlp[layer], {n: pb[n] for n in mlp_matrices(layer)})}
+            kept = self.linear_shares[layer] = (perm.clone(), linear_parts(pa, rows, layer, self.problem.vectors))
+        return sum(kept[1].values())
+
+    def rotated_similarity(self, res: dict[str, Element], pb_res: Params, layer: int) -> Tensor:
+        """mlp_similarity at the current map, rotating the layer's MLP matrices (kept in `rotated`)."""
+        pa, pb = self.problem.pa, self.problem.pb
+        mlp_b = {n: pb[n] for n in mlp_matrices(layer)}
+        self.rotated[layer] = apply_params(Transform(res), self.spec_mlp[layer], mlp_b)
+        return mlp_similarity(pa, {**pb_res, **self.rotated[layer]}, layer)
+
+    def mlp_share(self, res: dict[str, Element], perms: Transform) -> float:
+        """The MLP matrices' squared distance at the current map and permutations."""
+        pa = self.problem.pa
+        r, d2, crosses = self.problem.residual_matrix(Transform(res)), 0.0, {}
+        for l in self.problem.layers:
+            if l in self.rotated:
+                moved = Transform({f"mlp.{l}": perms[f"mlp.{l}"]})
+                d2 += self.mlp_distance.direct(l, r, apply_params(moved, self.spec_mlp[l], self.rotated[l]))
+            else:  # unchanged permutation: its cross-covariances are the residual step's
+                parts = self.linear_shares[l][1]
+                reader, writer = mlp_matrices(l)
+                crosses[l] = parts["in_w"] * pa[reader].shape[0] + parts["out_w"] * pa[writer].shape[1]
+        return d2 + (self.mlp_distance.expanded_total(r, crosses) if crosses else 0.0)
+
+
+class Objective:
+    """The relative distance ||theta_A - T(theta_B)|| / ||theta_A|| over circuit-form parameters (over
+    the factored weights where the family has no circuit form), the parts outside the layers included."""
+
+    def __init__(self, problem: MatchingProblem, reuse: Reuse):
+        self.problem, self.reuse = problem, reuse
+        self.norm = (squared_plain_norm if problem.factored else squared_norm)(problem.pa)  # A's side does not move
+        self.a_circuits = None if problem.factored else a_circuit_terms(problem.pa)
+
+    def __call__(self, pb_t: Params, t: Transform, mlp_d2: float | None = None) -> float:
+        """Objective of transform t, given B's layer weights already transformed by it; with `mlp_d2`,
+        the MLP matrices' share (left out of pb_t's comparison)."""
+        p, out, hidden = self.problem, self.problem.outside, self.problem.hidden
+        compared = p.pa if mlp_d2 is None else self.reuse.pa_rest
+        if p.factored:
+            diff = squared_plain_difference(compared, pb_t)
+        else:
+            diff = squared_difference(compared, pb_t, self.a_circuits, self.reuse.b_norms)
+        diff += out.aa + out.bb - 2 * float((p.residual_matrix(t).double() * out.c_raw).sum()) + out.fixed_diff
+        if hidden is None:
+            return (max(diff + (mlp_d2 or 0.0), 0.0) / (self.norm + out.aa + out.fixed_norm)) ** 0.5
+        diff += hidden.squared_difference(t.get("residual"), t[HEAD_HIDDEN])
+        return (max(diff + (mlp_d2 or 0.0), 0.0) / (self.norm + out.aa + out.fixed_norm + hidden.norm)) ** 0.5
+
+
+class Step:
+    """One part of an iteration, updating the search state; `name` keys its time in the diagnostics
+    (None: not timed)."""
+
+    name: str | None = None
+
+    def __init__(self, problem: MatchingProblem, reuse: Reuse):
+        self.problem, self.reuse = problem, reuse
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        raise NotImplementedError
+
+
+class ResidualStep(Step):
+    """The residual map by Procrustes (or an assignment, for `residual="permutation"`) on the
+    cross-covariance of A's and B's residual-side weights; the first iteration sees only the
+    embeddings and the classifier."""
+
+    name = "residual"
+
+    def __init__(self, problem: MatchingProblem, reuse: Reuse, residual: str, keep_mean: bool):
+        super().__init__(problem, reuse)
+        self.residual = residual
+        self.basis = ones_complement(problem.width) if keep_mean and residual == "orthogonal" else None
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        p = self.problem
+        c = p.outside.c_raw if p.factored else p.outside.c
+        if it > 0:  # the first iteration sees only the embeddings and the classifier
+            c = c + self.block_share(state)
+            if p.hidden is not None:  # the head's first map, its rows in the hidden order found so far
+                c = c + p.hidden.residual_cross(state.head[HEAD_HIDDEN], p.width, raw=p.factored)
+        state.res = {"residual": self.project(c)}
+
+    def block_share(self, state: SearchState) -> Tensor:
+        """The layers' share of the cross-covariance at the current permutations."""
+        p, reuse = self.problem, self.reuse
+        pb_perm = apply_params(state.perms, reuse.spec_rest, p.pb)  # late: B's MLP matrices as they are
+        if p.factored:
+            return factored_cross_covariance(p.pa, pb_perm, p.layout, p.width)
+        linear = partial(reuse.linear_share, state.perms, pb_perm) if reuse.late else None
+        return block_cross_covariance(p.pa, pb_perm, state.pb_cur, p.vectors, linear)
+
+    def project(self, c: Tensor) -> Element:
+        """The residual map maximising <map, c>; the polar factor in float64: its error grows with the
+        conditioning of c."""
+        if self.residual == "permutation":
+            return Permutation.project(c)
+        if self.basis is not None:
+            return Orthogonal(mean_keeping_projection(c, self.basis).to(self.problem.dtype))
+        reuse = self.reuse
+        matrix, served = polar_factor(c.double(), reuse.late and reuse.gram_misses < 2)
+        reuse.gram_misses = 0 if served else reuse.gram_misses + 1
+        return Orthogonal(matrix.to(self.problem.dtype))
+
+
+class ApplyResidual(Step):
+    """B's layer weights under the new residual map: the only dense contraction of an iteration (the
+    permutations on top of it are index gathers)."""
+
+    name = "apply"
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        state.pb_res = apply_params(Transform(state.res), self.reuse.spec_rest, self.problem.pb)
+        self.reuse.rotated = {}  # late: the layers whose MLP matrices are rotated this iteration
+
+
+class CircuitHeads(Step):
+    """Heads per layer on paper 001's circuit cost, the assignments certified ones carry over where
+    reuse keeps them."""
+
+    name = "heads"
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        p, warm = self.problem, self.reuse.heads
+        similarity = partial(head_similarity, p.pa, state.pb_res)
+        if warm is None:
+            solved = assign_layers(partial(projected, similarity), p.layers, 1)
+            state.perms.update(zip((f"heads.{l}" for l in p.layers), solved))
+            return
+        r = p.residual_matrix(Transform(state.res))
+        for l in p.layers:
+            within = partial(circuit_move, self.reuse.head_norms[l])
+            state.perms[f"heads.{l}"] = warm.solve(r, similarity, l, within)
+
+
+class GroupedHeads(Step):
+    """Key/value groups and their query heads per layer (group_assignment), on the factored distance
+    left after the best in-head maps (rotary_head_cost) or, with a circuit form, the circuit cost."""
+
+    name = "heads"
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        p = self.problem
+        head_cost = rotary_head_cost if p.factored else circuit_cost
+        for l in p.layers:
+            cost = head_cost(p.pa, state.pb_res, l)
+            state.perms[f"heads.{l}"], state.perms[f"qheads.{l}"] = group_assignment(cost, p.spec[f"heads.{l}"].size)
+
+
+class PlainMlp(Step):
+    """MLP units per layer on the cosine of the rows [W_in | b_in | W_out^T]; the layers' problems are
+    independent, so their Hungarian solves run side by side (`threads`) from PARALLEL_UNITS units."""
+
+    name = "mlp"
+
+    def __init__(self, problem: MatchingProblem, reuse: Reuse, threads: int | None):
+        super().__init__(problem, reuse)
+        # a pool pays for itself from about a thousand units (a GPT-2's MLP), not on small models
+        self.pool = threads if problem.spec[f"mlp.{problem.layers[0]}"].size >= PARALLEL_UNITS else 1
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        p, warm = self.problem, self.reuse.mlp
+        similarity = self.similarity(state)
+        if warm is None:
+            solved = assign_layers(partial(projected, similarity), p.layers, self.pool)
+        else:  # the layers' last assignments while certified; the map is what the similarities depend on
+            solved = warm_layers(warm, p.residual_matrix(Transform(state.res)), similarity, p.layers, self.pool)
+        state.perms.update(zip((f"mlp.{l}" for l in p.layers), solved))
+
+    def similarity(self, state: SearchState) -> Callable[[int], Tensor]:
+        if self.reuse.late:  # B's MLP matrices rotated only for the layers it is asked for
+            return partial(self.reuse.rotated_similarity, state.res, state.pb_res)
+        return partial(mlp_similarity, self.problem.pa, state.pb_res)
+
+
+class GatedMlp(PlainMlp):
+    """Gated MLP units on the gate rows and a cost their up/down scale leaves unchanged, then that scale
+    (no certificates: that cost is not a cosine the residual map rotates)."""
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        p = self.problem
+        super().__call__(state, it)
+        units = Transform({f"mlp.{l}": state.perms[f"mlp.{l}"] for l in p.layers})
+        moved = apply_params(units, p.spec_blocks, state.pb_res)
+        state.perms.update({f"mlp_scale.{l}": unit_scales(p.pa, moved, l) for l in p.layers})
+
+    def similarity(self, state: SearchState) -> Callable[[int], Tensor]:
+        return partial(gated_mlp_similarity, self.problem.pa, state.pb_res)
+
+
+class InHeadMaps(Step):
+    """Factored heads: the in-head maps of the groups just matched decide which factored weights compare."""
+
+    name = "in_head"
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        p = self.problem
+        matched = Transform({k: g for k, g in state.perms.items() if k.startswith(("heads.", "qheads."))})
+        moved = apply_params(matched, p.spec_blocks, state.pb_res)
+        state.perms.update(in_head_maps(p.pa, moved, p.layers))
+
+
+class HiddenUnits(Step):
+    """The head's hidden units on the exact inner product at the current residual map (HiddenHead);
+    not timed (one small assignment per iteration)."""
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        state.head = {HEAD_HIDDEN: self.problem.hidden.solve(state.res.get("residual"))}
+
+
+def _steps(
+    problem: MatchingProblem, reuse: Reuse, residual: str, keep_mean: bool, heads: bool, mlp: bool, threads: int | None
+) -> list[Step]:
+    """One iteration's steps, in order, each chosen once for the models at hand."""
+    steps: list[Step] = [] if residual == "none" else [ResidualStep(problem, reuse, residual, keep_mean)]
+    steps.append(ApplyResidual(problem, reuse))
+    if heads:
+        steps.append((GroupedHeads if problem.grouped else CircuitHeads)(problem, reuse))
+    if mlp:
+        steps.append((GatedMlp if problem.gated else PlainMlp)(problem, reuse, threads))
+    if problem.factored:
+        steps.append(InHeadMaps(problem, reuse))
+    if problem.hidden is not None:
+        steps.append(HiddenUnits(problem, reuse))
+    return steps
+
+
+def _iteration(steps: list[Step], objective: Objective, state: SearchState, it: int) -> tuple[float, Transform]:
+    """Runs one iteration's steps, then B's weights under the new transform; returns its objective and
+    the transform."""
+    for step in steps:
+        tick = time.perf_counter()
+        step(state, it)
+        if step.name is not None:
+            state.seconds[step.name] += time.perf_counter() - tick
+    current = state.transform()
+    tick = time.perf_counter()
+    reuse = objective.reuse
+    state.pb_cur = None  # B's weights are held at most twice more at a time (1B-parameter models)
+    state.pb_cur = apply_params(state.perms, reuse.spec_rest, state.pb_res)
+    state.pb_res = None
+    value = objective(state.pb_cur, current, reuse.mlp_share(state.res, state.perms) if reuse.late else None)
+    reuse.rotated = {}
+    state.seconds["objective"] += time.perf_counter() - tick
+    return value, current
+
+
+def _search(
+    steps: list[Step], objective: Objective, state: SearchState, max_iter: int, tol: float
+) -> tuple[Transform, float, list[float], list[float]]:
+    """Iterates from the state until the objective stops improving; returns the best transform seen, its
+    objective, the objective at the start and after each iteration, and each iteration's seconds."""
+    best_t = state.transform()
+    best = objective(state.pb_cur, best_t)
+    values: list[float] = [best]
+    per_iteration: list[float] = []
+    for it in range(max_iter):
+        started = time.perf_counter()
+        value, current = _iteration(steps, objective, state, it)
+        values.append(value)
+        per_iteration.append(time.perf_counter() - started)
+        improved = best - value
+        if value < best:
+            best, best_t = value, Transform(current)
+        # the first iteration saw only the embeddings: always let the full objective run once
+        if it > 0 and improved <= tol * max(best, 1e-12):
+            break
+    return best_t, best, values, per_iteration
+
+
+def _diagnostics(
+    best_t: Transform, best: float, values: list[float], per_iteration: list[float], state: SearchState, reuse: Reuse
+) -> dict[str, Any]:
+    diagnostics: dict[str, Any] = {
+        "objective": values,
+        "iterations": len(values) - 1,
+        "seconds_by_step": dict(state.seconds),
+        "seconds_by_iteration": per_iteration,
+        "final_distance": best,
+    }
+    # how many layer-iterations of MLP and head assignment were skipped, certified, solved
+    if reuse.mlp is not None:
+        diagnostics["mlp_assignments"] = dict(reuse.mlp.counts)
+    if reuse.heads is not None:
+        diagnostics["head_assignments"] = dict(reuse.heads.counts)
+    if isinstance(best_t.get("residual"), Orthogonal):  # paper 001 Fig. 5: how far from the identity
+        diagnostics["residual_angles"] = eigen_angles(best_t["residual"].matrix)
+    return diagnostics
+
+
 def weight_matching(
     model_a: CanonicalTransformer,
     model_b: CanonicalTransformer,
@@ -501,252 +979,13 @@ def weight_matching(
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
         raise ValueError("weight matching reads factored heads: pass models before .to_circuit()")
-    spec = SymmetrySpec.from_model(model_b)
-    pa = {k: v.detach().to(dtype) for k, v in model_a.params().items()}
-    pb = {k: v.detach().to(dtype) for k, v in model_b.params().items()}
-    # Embeddings and the classifier only see the residual map: their share of the Procrustes
-    # matrix and of the objective is computed once (a GPT-2 vocabulary makes them the costliest part).
-    residual_only = _residual_only(model_b)
-    vectors = residual_vectors(model_b)
-    emb = _embedding_blocks(pa, pb, residual_only, tokens)
-    c_emb_raw, c_emb, emb_aa, emb_bb = 0.0, 0.0, 0.0, 0.0
-    for a, b in emb:  # float64, each block converted once: the objective cancels
-        a64, b64 = a.double(), b.double()
-        product = a64 @ b64.T
-        c_emb_raw, c_emb = c_emb_raw + product, c_emb + product / a.shape[1]
-        emb_aa, emb_bb = emb_aa + _sum_of_squares(a64), emb_bb + _sum_of_squares(b64)
-        del a64, b64, product
-    # a task head's hidden state (BERT's masked-LM transform, pooler) has a permutation of its own
-    hidden = HiddenHead(spec, pa, pb) if HEAD_HIDDEN in spec.spaces else None
-    moving = residual_only.keys() | (hidden.axis.keys() if hidden is not None else set())
-    fixed = [n for n in pa if layer_of(n) is None and n not in moving]  # head.b: no symmetry acts
-    fixed_diff = sum(float((pa[n] - pb[n]).pow(2).sum()) for n in fixed)
-    fixed_norm = sum(float(pa[n].pow(2).sum()) for n in fixed)
-    pa = {k: v for k, v in pa.items() if layer_of(k) is not None}
-    pb = {k: v for k, v in pb.items() if layer_of(k) is not None}
-    spec_blocks = spec.restricted_to(set(pb))
-    # families without a circuit form (grouped rotary heads) are matched on the factored distance itself
-    family = family_named(model_b.config.family)
-    factored = not family.circuit_form
-    grouped = family.attention_kind == "grouped"
-    layout = family.layout(model_b.config)
-
-    layers = range(model_a.num_layers)
-    perms = Transform()
-    if heads:
-        perms.update({f"heads.{l}": Permutation.identity(spec[f"heads.{l}"].size) for l in layers})
-        if grouped:
-            query_heads = [spec[f"qheads.{l}"] for l in layers]
-            perms.update({q.name: Permutation.identity(q.size, q.heads) for q in query_heads})
-    if mlp:
-        perms.update({f"mlp.{l}": Permutation.identity(spec[f"mlp.{l}"].size) for l in layers})
-        if f"mlp_scale.{layers[0]}" in spec.spaces:
-            perms.update({f"mlp_scale.{l}": Diagonal.identity(spec[f"mlp_scale.{l}"].size) for l in layers})
-    width = model_a.width
-    basis = ones_complement(width) if keep_mean and residual == "orthogonal" else None
-    res = {}
-    if residual == "orthogonal":
-        res = {"residual": Orthogonal(torch.eye(width, dtype=dtype))}
-    elif residual == "permutation":
-        res = {"residual": Permutation.identity(width)}
-
-    def res_matrix(t: Transform) -> Tensor:
-        g = t.get("residual")
-        if g is None:
-            return torch.eye(width, dtype=dtype)
-        return g.dense(dtype) if isinstance(g, Permutation) else g.matrix.to(dtype)
-
-    norm = (squared_plain_norm if factored else squared_norm)(pa)  # A's side does not move
-    a_circuits = None if factored else a_circuit_terms(pa)
-
-    def distance(pb_t: Params, t: Transform, mlp_d2: float | None = None) -> float:
-        """Objective of transform t, given B's layer weights already transformed by it; with `mlp_d2`,
-        the MLP matrices' share (left out of pb_t's comparison)."""
-        compared = pa if mlp_d2 is None else pa_rest
-        if factored:
-            diff = squared_plain_difference(compared, pb_t)
-        else:
-            diff = squared_difference(compared, pb_t, a_circuits, b_norms)
-        diff += emb_aa + emb_bb - 2 * float((res_matrix(t).double() * c_emb_raw).sum()) + fixed_diff
-        if hidden is None:
-            return (max(diff + (mlp_d2 or 0.0), 0.0) / (norm + emb_aa + fixed_norm)) ** 0.5
-        diff += hidden.squared_difference(t.get("residual"), t[HEAD_HIDDEN])
-        return (max(diff + (mlp_d2 or 0.0), 0.0) / (norm + emb_aa + fixed_norm + hidden.norm)) ** 0.5
-
-    # The residual map is the only dense contraction: it is applied once per iteration, and the
-    # permutations (index gathers) on top of it.
-    seconds: dict[str, float] = defaultdict(float)
-    gram_misses = 0  # the residual's polar factor from its Gram matrix, until that failed twice in a row
-    linear_shares: dict[int, tuple[Tensor, dict[str, Tensor]]] = {}  # late: per layer, (MLP permutation, parts)
-
-    def linear_share(pb_perm: Params, layer: int) -> Tensor:
-        """Late path: a layer's linear_cross_covariance, recomputed only when its MLP permutation moved
-        (pb_perm leaves B's MLP matrices as they are: this layer's are permuted here)."""
-        perm = perms[f"mlp.{layer}"].perm
-        kept = linear_shares.get(layer)
-        if kept is None or not torch.equal(kept[0], perm):
-            moved = Transform({f"mlp.{layer}": perms[f"mlp.{layer}"]})
-            rows = {**pb_perm, **apply_params(moved, spec_mlp[layer], {n: pb[n] for n in mlp_matrices(layer)})}
-            kept = linear_shares[layer] = (perm.clone(), linear_parts(pa, rows, layer, vectors))
-        return sum(kept[1].values())
-
-    gated = f"mlp_scale.{layers[0]}" in perms
-    # MLP cosines move by at most the residual map's move: their assignments carry over (not for the
-    # gated MLPs' cost, nor without a residual map to measure the move by); below PARALLEL_UNITS
-    # units the solver is as cheap as the certificates
-    big = mlp and spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS
-    warm = WarmAssignments() if reuse and big and not gated and residual != "none" else None
-    # head costs move by at most circuit_move: theirs carry over too (not in grouped rotary models)
-    head_warm = WarmAssignments() if reuse and heads and not grouped and residual != "none" else None
-    head_norms = [float(circuit_norms(pb, l).max()) for l in layers] if head_warm is not None else []
-    # While MLP assignments carry over, B's MLP matrices are rotated only for the layers whose
-    # similarity is computed, and their distance is expanded in the map's move (MlpDistance); the
-    # residual step keeps its linear shares and takes the polar factor from the Gram matrix. Smaller
-    # models keep the earlier arithmetic (the same floats, so learned matching, which starts from
-    # them, retraces its runs), where these would save little.
-    late = warm is not None and not factored
-    mlp_names = {n for l in layers for n in mlp_matrices(l)} if late else set()
-    spec_rest = spec_blocks.restricted_to(set(pb) - mlp_names) if late else spec_blocks
-    spec_mlp = {l: spec_blocks.restricted_to(set(mlp_matrices(l))) for l in layers} if late else {}
-    pa_rest = {k: v for k, v in pa.items() if k not in mlp_names}
-    b_norms = circuit_square_norms(pb) if late else None  # late: B's circuit norms stay as they are
-    mlp_distance = MlpDistance(pa, pb)
-
-    def rotated_similarity(pb_res: Params, rotated: dict[int, Params], layer: int) -> Tensor:
-        """mlp_similarity at the current map, rotating the layer's MLP matrices (kept in `rotated`)."""
-        rotated[layer] = apply_params(Transform(res), spec_mlp[layer], {n: pb[n] for n in mlp_matrices(layer)})
-        return mlp_similarity(pa, {**pb_res, **rotated[layer]}, layer)
-
-    def mlp_share(rotated: dict[int, Params]) -> float:
-        """The MLP matrices' squared distance at the current map and permutations."""
-        r, d2, crosses = res_matrix(Transform(res)), 0.0, {}
-        for l in layers:
-            if l in rotated:
-                moved = Transform({f"mlp.{l}": perms[f"mlp.{l}"]})
-                d2 += mlp_distance.direct(l, r, apply_params(moved, spec_mlp[l], rotated[l]))
-            else:  # unchanged permutation: its cross-covariances are the residual step's
-                parts = linear_shares[l][1]
-                reader, writer = mlp_matrices(l)
-                crosses[l] = parts["in_w"] * pa[reader].shape[0] + parts["out_w"] * pa[writer].shape[1]
-        return d2 + (mlp_distance.expanded_total(r, crosses) if crosses else 0.0)
-
-    head = {} if hidden is None else {HEAD_HIDDEN: Permutation.identity(hidden.size)}
-    best_t = Transform({**res, **perms, **head})
-    # the search starts at the identity, which leaves every weight as it is (exactly: products with
-    # ones and zeros): B's own weights, not a product over all of them
-    pb_cur = dict(pb)
-    best = distance(pb_cur, best_t)
-    objective = [best]
-    per_iteration: list[float] = []
-    for it in range(max_iter):
-        started = time.perf_counter()
-        if residual != "none":
-            tick = time.perf_counter()
-            c = c_emb_raw if factored else c_emb
-            if it > 0:  # the first iteration sees only the embeddings and the classifier
-                pb_perm = apply_params(perms, spec_rest, pb)  # late: B's MLP matrices as they are
-                if factored:
-                    c = c + factored_cross_covariance(pa, pb_perm, layout, width)
-                else:
-                    linear = partial(linear_share, pb_perm) if late else None
-                    c = c + block_cross_covariance(pa, pb_perm, pb_cur, vectors, linear)
-                del pb_perm
-                if hidden is not None:  # the head's first map, its rows in the hidden order found so far
-                    c = c + hidden.residual_cross(head[HEAD_HIDDEN], width, raw=factored)
-            # the polar factor in float64: its error grows with the conditioning of c
-            if residual == "permutation":
-                res = {"residual": Permutation.project(c)}
-            elif basis is not None:
-                res = {"residual": Orthogonal(mean_keeping_projection(c, basis).to(dtype))}
-            else:
-                matrix, served = polar_factor(c.double(), late and gram_misses < 2)
-                gram_misses = 0 if served else gram_misses + 1
-                res = {"residual": Orthogonal(matrix.to(dtype))}
-            seconds["residual"] += time.perf_counter() - tick
-        tick = time.perf_counter()
-        pb_res = apply_params(Transform(res), spec_rest, pb)  # late: B's MLP matrices as they are
-        rotated: dict[int, Params] = {}  # late: the layers whose MLP matrices were rotated
-        seconds["apply"] += time.perf_counter() - tick
-        # the layers' assignment problems are independent: their Hungarian solves run side by side
-        if heads:
-            tick = time.perf_counter()
-            if grouped:
-                for l in layers:
-                    cost = rotary_head_cost(pa, pb_res, l) if factored else circuit_cost(pa, pb_res, l)
-                    perms[f"heads.{l}"], perms[f"qheads.{l}"] = group_assignment(cost, spec[f"heads.{l}"].size)
-            elif head_warm is not None:
-                r = res_matrix(Transform(res))
-                similarity = partial(head_similarity, pa, pb_res)
-                for l in layers:
-                    within = partial(circuit_move, head_norms[l])
-                    perms[f"heads.{l}"] = head_warm.solve(r, similarity, l, within)
-            else:
-                solved = assign_layers(partial(projected, partial(head_similarity, pa, pb_res)), layers, 1)
-                perms.update(zip((f"heads.{l}" for l in layers), solved))
-            seconds["heads"] += time.perf_counter() - tick
-        if mlp:
-            tick = time.perf_counter()
-            similarity = partial(gated_mlp_similarity if gated else mlp_similarity, pa, pb_res)
-            if late:
-                similarity = partial(rotated_similarity, pb_res, rotated)
-            # a pool pays for itself from about a thousand units (a GPT-2's MLP), not on small models
-            pool = threads if spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS else 1
-            if warm is None:
-                solved = assign_layers(partial(projected, similarity), layers, pool)
-            else:  # the layers still inside their certified radius first: no threads for those
-                r = res_matrix(Transform(res))  # what the similarities depend on
-                kept = {l: warm.kept(r, l) for l in layers}
-                rest = [l for l in layers if kept[l] is None]
-                fresh = dict(zip(rest, assign_layers(partial(warm.solve, r, similarity), rest, pool)))
-                solved = [fresh[l] if kept[l] is None else kept[l] for l in layers]
-            perms.update(zip((f"mlp.{l}" for l in layers), solved))
-            if gated:
-                moved = apply_params(Transform({f"mlp.{l}": perms[f"mlp.{l}"] for l in layers}), spec_blocks, pb_res)
-                perms.update({f"mlp_scale.{l}": unit_scales(pa, moved, l) for l in layers})
-                del moved
-            seconds["mlp"] += time.perf_counter() - tick
-        if factored:  # the in-head maps of the groups just matched decide which factored weights compare
-            tick = time.perf_counter()
-            moved = apply_params(
-                Transform({k: g for k, g in perms.items() if k.startswith(("heads.", "qheads."))}), spec_blocks, pb_res
-            )
-            perms.update(in_head_maps(pa, moved, layers))
-            del moved
-            seconds["in_head"] += time.perf_counter() - tick
-        if hidden is not None:
-            head = {HEAD_HIDDEN: hidden.solve(res.get("residual"))}
-        current = Transform({**res, **perms, **head})
-        tick = time.perf_counter()
-        del pb_cur  # B's weights are held at most twice more at a time (1B-parameter models)
-        pb_cur = apply_params(perms, spec_rest, pb_res)
-        del pb_res
-        value = distance(pb_cur, current, mlp_share(rotated) if late else None)
-        del rotated
-        seconds["objective"] += time.perf_counter() - tick
-        objective.append(value)
-        per_iteration.append(time.perf_counter() - started)
-        improved = best - value
-        if value < best:
-            best, best_t = value, Transform(current)
-        # the first iteration saw only the embeddings: always let the full objective run once
-        if it > 0 and improved <= tol * max(best, 1e-12):
-            break
+    problem = MatchingProblem.build(model_a, model_b, dtype, tokens)
+    state = _start(problem, residual, heads, mlp)
+    carried = Reuse.build(problem, residual, heads, mlp, reuse)
+    steps = _steps(problem, carried, residual, keep_mean, heads, mlp, threads)
+    best_t, best, values, per_iteration = _search(steps, Objective(problem, carried), state, max_iter, tol)
     best_t = best_t.to(dtype=torch.float32)
-    diagnostics: dict[str, Any] = {
-        "objective": objective,
-        "iterations": len(objective) - 1,
-        "seconds_by_step": dict(seconds),
-        "seconds_by_iteration": per_iteration,
-        "final_distance": best,
-    }
-    # how many layer-iterations of MLP and head assignment were skipped, certified, solved
-    if warm is not None:
-        diagnostics["mlp_assignments"] = dict(warm.counts)
-    if head_warm is not None:
-        diagnostics["head_assignments"] = dict(head_warm.counts)
-    if isinstance(best_t.get("residual"), Orthogonal):  # paper 001 Fig. 5: how far from the identity
-        diagnostics["residual_angles"] = eigen_angles(best_t["residual"].matrix)
-    return best_t, diagnostics
+    return best_t, _diagnostics(best_t, best, values, per_iteration, state, carried)
 
 
 def eigen_angles(matrix: Tensor) -> list[float]:
@@ -783,12 +1022,7 @@ class WeightMatcher:
         vocabulary: str = "train",
         keep_mean: str = "never",
     ):
-        if max_iter < 1:
-            raise ValueError(f"matcher.{name}.max_iter={max_iter}: at least one iteration")
-        if vocabulary not in ("train", "all"):
-            raise ValueError(f"matcher.{name}.vocabulary={vocabulary!r} is not one of train, all")
-        if keep_mean not in ("auto", "always", "never"):
-            raise ValueError(f"matcher.{name}.keep_mean={keep_mean!r} is not one of auto, always, never")
+        check_settings(WeightMatcherConfig, f"matcher.{name}", locals())  # the ranges glmc.settings declares
         self.keep_mean = keep_mean
         self.name, self.residual, self.heads, self.mlp = name, residual, heads != "none", mlp != "none"
         self.circuits, self.max_iter, self.tol, self.vocabulary = circuit_pairs(qk, vo), max_iter, tol, vocabulary

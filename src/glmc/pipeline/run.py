@@ -13,6 +13,8 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,36 +35,21 @@ from glmc.models.canonical import relative_deviation
 from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.cache import config_hash
 from glmc.pipeline.endpoints import Endpoint, cache_key, endpoint_ids, get_endpoints
-from glmc.pipeline.hf_folders import check_tokenizer, evaluation_config, is_pretrained
+from glmc.pipeline.folder_fit import check_tokenizer
+from glmc.pipeline.hf_folders import evaluation_config, is_pretrained
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
 from glmc.pipeline.multi import format_multi, model_name, run_multi
-from glmc.pipeline.report import format_table, write_results
+from glmc.pipeline.outputs import format_table, write_results
+from glmc.pipeline.pairing import seed_pairs
+from glmc.pipeline.run_folder import check_run_dir, remove_previous_outputs
 from glmc.pipeline.tracking import Tracker
-from glmc.pipeline.validate import check_run_dir, remove_previous_outputs, validate_config
+from glmc.pipeline.validate import validate_config
 from glmc.safe_files import atomic_write_text
 from glmc.symmetry.embed_width import match_widths, same_shapes
 from glmc.train.latent_fit import fit_latents
 from glmc.train.trainer import resolve_device, trainer_factory
 
 log = logging.getLogger(__name__)
-
-
-def seed_pairs(seeds: list[int], pairing: str) -> list[tuple[int, int]]:
-    """Index pairs (A, B). `disjoint` gives independent pairs (0,1),(2,3)... for a standard error."""
-    n = len(seeds)
-    if n < 2:
-        raise ValueError(f"seeds={seeds}: at least two endpoints are needed")
-    if pairing == "disjoint":
-        if n % 2:
-            raise ValueError(f"seeds={seeds}: pairing=disjoint needs an even number of seeds")
-        return [(i, i + 1) for i in range(0, n, 2)]
-    if pairing == "all":
-        return [(i, j) for i in range(n) for j in range(i + 1, n)]
-    if pairing == "first":
-        return [(0, j) for j in range(1, n)]
-    if pairing == "universe":  # no pairs: every endpoint at once (glmc.pipeline.multi)
-        return []
-    raise ValueError(f"pairing={pairing!r} is not one of disjoint, all, first, universe")
 
 
 def summarise(pairs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -254,10 +241,158 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
             signal.signal(signal.SIGTERM, sigterm or signal.SIG_DFL)
 
 
+@dataclass
+class PairRun:
+    """What aligning one pair of endpoints needs from its run: the config and folder, the data, the
+    evaluator of the paths, the endpoints and their own losses on its batches, and the tracker."""
+
+    cfg: Config
+    run_dir: Path
+    data: DataModule
+    evaluator: Evaluator
+    endpoints: list[Endpoint]
+    own: list[float] | None  # each endpoint's loss on the path's batches (None: not checked)
+    lambdas: list[float]
+    tracker: Tracker
+    device: torch.device
+    make_trainer: Callable[..., Any]
+
+    def context(self, folder: Path, logger: Any) -> MatchContext:
+        """A matcher's context: the training data, the trainer, its folder, its logger."""
+        return MatchContext(
+            data=self.data,
+            trainer=self.make_trainer,
+            run_dir=folder,
+            device=self.device,
+            logger=logger,
+            fit=fit_latents,
+            path_loss=path_losses,
+        )
+
+
+def align_pair(
+    run: PairRun, name: str, matcher: Any, ia: int, ib: int, stage: dict[str, str], export: bool = False
+) -> dict[str, Any]:
+    """Aligns endpoint ib to endpoint ia by one method, evaluates its paths (`export`: and exports its
+    midpoint, where merge.export asks) and writes its diagnostics; returns the pair's record."""
+    cfg, tracker = run.cfg, run.tracker
+    a, b = run.endpoints[ia], run.endpoints[ib]
+    label = f"{a.label}-{b.label}"
+    stage.update(name="matching", method=name, pair=label)
+    logger = lambda method, label=label: tracker.lightning_logger(f"{method}_{label}", "match")  # noqa: E731
+    context = run.context(run.run_dir / name, logger)
+    start = time.perf_counter()
+    # a narrower B is embedded exactly into A's shapes first (width-heterogeneous runs)
+    b_canonical = b.canonical
+    if not same_shapes(a.canonical, b.canonical):  # the embedding's residual map is seeded
+        seeded = torch.Generator().manual_seed(b.seed)
+        b_canonical = match_widths(a.canonical, b.canonical, seeded, str(cfg.embed_stream))
+    alignment = matcher.match(a.canonical, b_canonical, context)
+    # a resumed learned run: with the fit time of the attempts before its checkpoint
+    seconds = time.perf_counter() - start + (alignment.diagnostics or {}).get("seconds_before_resume", 0.0)
+    ends = None if run.own is None else (run.own[ia], run.own[ib])
+    result = pair_paths(run, name, label, alignment, (a, b), ends, context, export)
+    if alignment.diagnostics:  # e.g. weight matching's objective per iteration
+        diag_file = run.run_dir / name / f"diagnostics_{label}.json"
+        atomic_write_text(diag_file, json.dumps(alignment.diagnostics, indent=2))
+    names = {"endpoints": [a.name, b.name]} if a.name is not None else {}
+    return {"seeds": [a.seed, b.seed], **names, **result, "seconds": seconds, "diagnostics": alignment.diagnostics}
+
+
+def pair_paths(
+    run: PairRun,
+    name: str,
+    label: str,
+    alignment: Alignment,
+    pair: tuple[Endpoint, Endpoint],
+    ends: tuple[float, float] | None,
+    context: MatchContext,
+    export: bool,
+) -> dict[str, Any]:
+    """The aligned pair's paths (its own, its variants', the merges') and, with `export`, its midpoint
+    exported as a Hugging Face folder."""
+    cfg, evaluator, lambdas, task = run.cfg, run.evaluator, run.lambdas, run.cfg.data.task
+    a, b = pair
+    result = evaluate_alignment(
+        evaluator, alignment, b, lambdas, task, f"{name} {label}", ends, bool(cfg.endpoint_models)
+    )
+    for variant, other in alignment.variants.items():  # e.g. a Sinkhorn run's hard projection
+        result[variant] = evaluate_alignment(evaluator, other, b, lambdas, task, f"{name} {variant}")
+    if cfg.merge.kinds:
+        result["merges"] = evaluate_merges(
+            list(cfg.merge.kinds),
+            alignment,
+            a.canonical,
+            b.canonical,
+            evaluator,
+            context.train_batches("merging"),
+            cfg.merge.batches,
+            cfg.merge.regmean_alpha,
+        )
+    if cfg.merge.export and export:
+        inputs = next(iter(run.data.test_dataloader()))[0][:8]
+        folder, source = run.run_dir / name / f"hf_{label}", evaluation_config(cfg).data.tokenizer_path
+        result["export"] = export_midpoint(alignment, a.model, folder, inputs, run.data.tokenizer, source)
+    return result
+
+
+def _evaluators(cfg: Config, data: DataModule, device: torch.device) -> tuple[Evaluator, Evaluator]:
+    """The test split's evaluator and the one the paths are evaluated with (the same unless eval.split
+    names another split)."""
+    options = dict(
+        task=cfg.data.task,
+        device=device,
+        precision=cfg.eval.precision,
+        cache_mb=cfg.eval.cache_batches_mb,
+        progress=cfg.trainer.enable_progress_bar,
+    )
+    test = Evaluator(data.test_dataloader(), **options)
+    evaluator = test if cfg.eval.split == "test" else Evaluator(data.eval_dataloader(cfg.eval.split), **options)
+    return test, evaluator
+
+
+def _results(
+    cfg: Config, endpoints: list[Endpoint], device: torch.device, methods: dict[str, Any], multi: dict | None
+) -> dict[str, Any]:
+    """The run's results.json record."""
+    task = cfg.data.task
+    return {
+        "experiment": cfg.experiment,
+        "model": model_name(cfg, endpoints),  # endpoints=pretrained: the family and the folders' names
+        "dataset": cfg.data.name,
+        "task": task,
+        "split": cfg.eval.split,
+        "device": str(device),
+        "endpoints": [
+            {
+                "seed": e.seed,
+                **({"name": e.name, "path": e.path} if e.name is not None else {}),
+                "width": e.canonical.width,
+                "test_loss": e.test_loss,
+                "test_accuracy": e.test_accuracy if task == "classification" else None,
+                "cached": e.cached,
+                **({"kept": e.kept} if e.kept else {}),  # early stopping: the best epoch and its val_loss
+            }
+            for e in endpoints
+        ],
+        "methods": methods,
+        **({"multi": multi} if multi is not None else {}),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+
+
+def _print_summary(results: dict[str, Any], multi: dict | None, run_dir: Path, endpoints: list[Endpoint]) -> None:
+    if multi:
+        print(format_table(results).split("\n\n")[0] + format_multi(multi))
+        print(f"\nwrote {run_dir / 'results.json'}" + (", simplex.png" if len(endpoints) == 3 else ""))
+    else:
+        print(format_table(results) + format_merges(results))
+        print(f"\nwrote {run_dir / 'results.json'}, barrier.csv, barrier.png")
+
+
 def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
     quiet_lightning()
     run_dir.mkdir(parents=True, exist_ok=True)
-    task = cfg.data.task
     # a method's own checks of its settings fail here, before any training
     pairs = seed_pairs(endpoint_ids(cfg), cfg.pairing)
     lambdas = lambda_grid(cfg.eval.num_lambdas)
@@ -268,15 +403,7 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
         data = DataModule(evaluation_config(cfg).data, seed=0)  # pretrained text: the folders' tokenizer
         data.setup()
         check_vocabulary(cfg, data)
-        options = dict(
-            task=task,
-            device=device,
-            precision=cfg.eval.precision,
-            cache_mb=cfg.eval.cache_batches_mb,
-            progress=cfg.trainer.enable_progress_bar,
-        )
-        test = Evaluator(data.test_dataloader(), **options)
-        evaluator = test if cfg.eval.split == "test" else Evaluator(data.eval_dataloader(cfg.eval.split), **options)
+        test, evaluator = _evaluators(cfg, data, device)
         stage["name"] = "endpoints"
         endpoints = get_endpoints(cfg, run_dir, tracker, test)
         # every endpoint's own loss on the path's batches, where each function-preserving path must end
@@ -285,113 +412,23 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
         if cfg.eval.precision == EvalPrecision.full:
             own = [e.test_loss if evaluator is test else evaluator.evaluate(e.model)[0] for e in endpoints]
         make_trainer = trainer_factory(cfg.trainer)
+        run = PairRun(cfg, run_dir, data, evaluator, endpoints, own, lambdas, tracker, device, make_trainer)
         methods: dict[str, Any] = {}
         for name, matcher in matchers.items():
-            pair_results = []
-            for ia, ib in pairs:
-                a, b = endpoints[ia], endpoints[ib]
-                label = f"{a.label}-{b.label}"
-                stage.update(name="matching", method=name, pair=label)
-                context = MatchContext(
-                    data=data,
-                    trainer=make_trainer,
-                    run_dir=run_dir / name,
-                    device=device,
-                    logger=lambda method, label=label: tracker.lightning_logger(f"{method}_{label}", "match"),
-                    fit=fit_latents,
-                    path_loss=path_losses,
-                )
-                start = time.perf_counter()
-                # a narrower B is embedded exactly into A's shapes first (width-heterogeneous runs)
-                b_canonical = b.canonical
-                if not same_shapes(a.canonical, b.canonical):  # the embedding's residual map is seeded
-                    seeded = torch.Generator().manual_seed(b.seed)
-                    b_canonical = match_widths(a.canonical, b.canonical, seeded, str(cfg.embed_stream))
-                alignment = matcher.match(a.canonical, b_canonical, context)
-                # a resumed learned run: with the fit time of the attempts before its checkpoint
-                seconds = time.perf_counter() - start + (alignment.diagnostics or {}).get("seconds_before_resume", 0.0)
-                ends = None if own is None else (own[ia], own[ib])
-                result = evaluate_alignment(
-                    evaluator, alignment, b, lambdas, task, f"{name} {label}", ends, bool(cfg.endpoint_models)
-                )
-                for variant, other in alignment.variants.items():  # e.g. a Sinkhorn run's hard projection
-                    result[variant] = evaluate_alignment(evaluator, other, b, lambdas, task, f"{name} {variant}")
-                if cfg.merge.kinds:
-                    result["merges"] = evaluate_merges(
-                        list(cfg.merge.kinds),
-                        alignment,
-                        a.canonical,
-                        b.canonical,
-                        evaluator,
-                        context.train_batches("merging"),
-                        cfg.merge.batches,
-                        cfg.merge.regmean_alpha,
-                    )
-                if cfg.merge.export and (ia, ib) == pairs[0]:
-                    inputs = next(iter(data.test_dataloader()))[0][:8]
-                    folder, source = run_dir / name / f"hf_{label}", evaluation_config(cfg).data.tokenizer_path
-                    result["export"] = export_midpoint(alignment, a.model, folder, inputs, data.tokenizer, source)
-                if alignment.diagnostics:  # e.g. weight matching's objective per iteration
-                    diag_file = run_dir / name / f"diagnostics_{label}.json"
-                    atomic_write_text(diag_file, json.dumps(alignment.diagnostics, indent=2))
-                names = {"endpoints": [a.name, b.name]} if a.name is not None else {}
-                pair_results.append(
-                    {
-                        "seeds": [a.seed, b.seed],
-                        **names,
-                        **result,
-                        "seconds": seconds,
-                        "diagnostics": alignment.diagnostics,
-                    }
-                )
+            pair_results = [align_pair(run, name, matcher, ia, ib, stage, (ia, ib) == pairs[0]) for ia, ib in pairs]
             stage.clear()
             methods[name] = summarise(pair_results)
             log.info("%s: barrier %.4f", name, methods[name]["barrier"])
         multi = None
         if universe:
             stage.update(name="matching", method="universe", pair="all")
-            context = MatchContext(
-                data=data,
-                trainer=make_trainer,
-                run_dir=run_dir / "universe",
-                device=device,
-                logger=lambda method: tracker.lightning_logger(f"{method}_universe", "match"),
-                fit=fit_latents,
-                path_loss=path_losses,
-            )
-            multi = run_multi(cfg, run_dir, endpoints, evaluator, context)
+            logger = lambda method: tracker.lightning_logger(f"{method}_universe", "match")  # noqa: E731
+            multi = run_multi(cfg, run_dir, endpoints, evaluator, run.context(run_dir / "universe", logger))
             stage.clear()
-        results = {
-            "experiment": cfg.experiment,
-            "model": model_name(cfg, endpoints),  # endpoints=pretrained: the family and the folders' names
-            "dataset": cfg.data.name,
-            "task": task,
-            "split": cfg.eval.split,
-            "device": str(device),
-            "endpoints": [
-                {
-                    "seed": e.seed,
-                    **({"name": e.name, "path": e.path} if e.name is not None else {}),
-                    "width": e.canonical.width,
-                    "test_loss": e.test_loss,
-                    "test_accuracy": e.test_accuracy if task == "classification" else None,
-                    "cached": e.cached,
-                    **({"kept": e.kept} if e.kept else {}),  # early stopping: the best epoch and its val_loss
-                }
-                for e in endpoints
-            ],
-            "methods": methods,
-            **({"multi": multi} if multi is not None else {}),
-            "config": OmegaConf.to_container(cfg, resolve=True),
-        }
+        results = _results(cfg, endpoints, device, methods, multi)
         if is_global_zero():
             write_results(results, run_dir)
             tracker.log_results(results)
     if is_global_zero():
-        if multi:
-            print(format_table(results).split("\n\n")[0] + format_multi(multi))
-            print(f"\nwrote {run_dir / 'results.json'}" + (", simplex.png" if len(endpoints) == 3 else ""))
-        else:
-            print(format_table(results) + format_merges(results))
-            print(f"\nwrote {run_dir / 'results.json'}, barrier.csv, barrier.png")
+        _print_summary(results, multi, run_dir, endpoints)
     return results

@@ -5,55 +5,31 @@ barrier without an interior point, empty data slices, learning rates that are no
 finite, out-of-range settings of every method and of multi-model runs, endpoints of different
 widths that cannot be embedded into the first, keys the schema does not know; with
 endpoints=pretrained, model folders that cannot be read or do not fit the data or each other, through
-glmc.pipeline.hf_folders). `check_run_dir`
-refuses a run folder that cannot be written, or that already holds the results of a different
-config unless `overwrite=true`; `RunFolderGuard` (a Hydra callback, conf/config.yaml) runs the same
-check before Hydra writes the run's .hydra/ files into that folder.
+glmc.pipeline.folder_fit). What a dataset allows comes from its entry in glmc.data.registry. The run
+folder is checked by glmc.pipeline.run_folder.
 """
 
 from __future__ import annotations
 
-import copy
 import inspect
-import json
 import logging
-import math
-import os
-import shutil
-import tempfile
 import typing
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import fields, is_dataclass
-from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig
 
-from glmc.config import Config, ModelConfig, TrainerConfig
-from glmc.matching.registry import METHODS, MULTI_METHODS, default_target, matcher_target_problem
+from glmc.config import Config, ModelConfig, MultiConfig, TrainerConfig
+from glmc.data.registry import IMAGES, MASKED_LM, TEXT, dataset, datasets_for, example_option
+from glmc.matching.registry import matcher_target_problem
 from glmc.models.families import families_for_data, family_named
+from glmc.pipeline.pairing import seed_pairs  # the pipeline's own pairing: its errors name the seeds
+from glmc.settings.methods import METHODS, MULTI_METHODS, default_target
+from glmc.settings.ranges import RULES, SEED_LIMIT, finite_number, setting_problems
 
 log = logging.getLogger(__name__)
 
-# Keys that do not change any number in results.json: a rerun may differ in them.
-NOT_RESULTS = (
-    "overwrite",
-    "logger",
-    "cache_dir",
-    "data.root",
-    "data.download",
-    "trainer.enable_progress_bar",
-    "trainer.log_every_n_steps",
-    "threads",  # how fast, not what: numbers may differ in the last bits only
-)
-
-SEED_LIMIT = 2**32  # numpy, sklearn and Lightning take seeds in [0, 2^32)
-# what a run with data=<name> loads: the text datasets need a GPT-2 model, the others a ViT
-TEXT_DATA = ("pydoc", "pydoc_topics", "tiny_shakespeare", "bookcorpus")
-# the text datasets of fixed windows, which data.task=masked_lm can mask (bookcorpus pads GPT-2 rows)
-MASKABLE_DATA = ("pydoc", "tiny_shakespeare")
 # endpoints of different widths (endpoint_models) share these with the first, and the keys their
 # family names (and the family, which every endpoint's data fixes): only the widths differ. A canonical
 # path takes its norm eps from the first model, so eps is shared too
@@ -66,40 +42,8 @@ class ConfigError(ValueError):
     """A setting that cannot work; the message names the key, its value and what to do."""
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-# rule -> (holds for a value, what to use instead)
-RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "positive": (lambda v: _number(v) and v > 0, "use a finite number > 0"),
-    "nonnegative": (lambda v: _number(v) and v >= 0, "use a finite number >= 0 (0: none)"),
-    "fraction": (lambda v: _number(v) and 0 <= v < 1, "use a value in [0, 1)"),
-    "share": (lambda v: _number(v) and 0 <= v <= 1, "use a value in [0, 1]"),
-    "count": (lambda v: _number(v) and v >= 1, "use at least 1"),
-    "count0": (lambda v: _number(v) and v >= 0, "use 0 or more"),
-    "seed": (lambda v: _number(v) and 0 <= v < SEED_LIMIT, f"use a seed in [0, 2^32) (0 to {SEED_LIMIT - 1})"),
-}
-
-# settings of the same name mean the same thing in every method (matcher.<name>.*) and in multi.*
-SHARED_RULES = {
-    "weight_decay": "nonnegative",
-    "warmup_fraction": "fraction",
-    "max_steps": "count",
-    "checkpoint_every": "count",
-    "init_noise": "nonnegative",
-    "seed": "seed",
-    "candidates": "count",
-    "lambda_candidates": "count",
-    "max_iter": "count",
-    "weight_max_iter": "count",
-    "tol": "nonnegative",
-    "weight_tol": "nonnegative",
-    "batches": "count",
-    "sinkhorn_iters": "count",
-    "sinkhorn_temperature": "positive",
-    "sinkhorn_noise": "nonnegative",
-}
+# the config's other sections, by key: a rule of glmc.settings.ranges.RULES each. The methods' settings
+# (matcher.<name>.*, multi.*) declare their ranges where they are declared (glmc.settings, MultiConfig)
 SECTION_RULES = {
     "model": {
         **dict.fromkeys(("hidden_size", "num_layers", "num_heads", "mlp_size"), "count"),
@@ -125,20 +69,12 @@ SECTION_RULES = {
         "accumulate_grad_batches": "count",
     },
     "merge": {"batches": "count", "regmean_alpha": "share"},  # RegMean's alpha G + (1 - alpha) diag(G)
-    "multi": {
-        **SHARED_RULES,
-        "max_rounds": "count",
-        "tol": "positive",
-        "samples": "count0",
-        "concentration": "positive",
-        "edge_share": "share",
-    },
 }
 
 
 def _range_problems(key: str, value: Any, rule: str) -> list[str]:
-    holds, fix = RULES[rule]
-    return [] if holds(value) else [f"{key}={value}: {fix}"]
+    found = RULES[rule]
+    return [] if found.holds(value) else [f"{key}={value}: {found.fix.format(key=key)}"]
 
 
 def _section_problems(prefix: str, node: Any, rules: dict[str, str]) -> list[str]:
@@ -148,7 +84,7 @@ def _section_problems(prefix: str, node: Any, rules: dict[str, str]) -> list[str
 
 
 def _lr_problems(key: str, value: Any, example: str) -> list[str]:
-    if RULES["positive"][0](value):
+    if RULES["positive"].holds(value):
         return []
     return [f"{key}={value}: the learning rate must be positive and finite (e.g. {key}={example})"]
 
@@ -156,7 +92,8 @@ def _lr_problems(key: str, value: Any, example: str) -> list[str]:
 def _problems(cfg: Config) -> list[str]:
     pretrained = str(cfg.endpoints.source) == "pretrained"
     if pretrained:  # the folders bring the models: model.*, seeds and training are not read
-        from glmc.pipeline.hf_folders import evaluation_config, folder_problems
+        from glmc.pipeline.folder_fit import folder_problems
+        from glmc.pipeline.hf_folders import evaluation_config
 
         folders, problems = folder_problems(cfg)
         family = folders[0].family if folders else None
@@ -188,7 +125,7 @@ def _problems(cfg: Config) -> list[str]:
     if patience is not None and patience < 0:
         problems.append(f"train.early_stopping_patience={patience}: use 0 or more, or null for no early stopping")
     for section, rules in SECTION_RULES.items():
-        if section not in ("multi", "model"):  # model: by its family (_model_key_problems)
+        if section != "model":  # model: by its family (_model_key_problems)
             problems += _section_problems(section, cfg[section], rules)
     if not pretrained and cfg.model.num_heads >= 1 and cfg.model.hidden_size % cfg.model.num_heads:
         problems.append(
@@ -249,8 +186,6 @@ def _seed_problems(cfg: Config) -> list[str]:
 
 
 def _pairing_problems(cfg: Config) -> list[str]:
-    from glmc.pipeline.run import seed_pairs  # the pipeline's own pairing: its errors name the seeds
-
     try:
         seed_pairs(list(cfg.seeds), str(cfg.pairing))
     except ValueError as err:
@@ -268,7 +203,7 @@ def _head_problems(cfg: Config) -> list[str]:
     problems = []
     if cfg.data.task not in family.tasks:
         # the families for the data's kind: the model's own kind may be the wrong one (a ViT on text)
-        kind = "text" if cfg.data.name in TEXT_DATA else "images"
+        kind = dataset(cfg.data.name).modality
         others = [n for n in families_for_data(kind) if cfg.data.task in family_named(n).tasks]
         fix = (
             f"choose a model of family {' or '.join(others)}"
@@ -317,50 +252,52 @@ def _task_problems(cfg: Config, pretrained: bool = False) -> list[str]:
             "data.tokenizer=pretrained: reads the tokenizer saved in data.tokenizer_path; set data.tokenizer_path="
             "<folder written by save_pretrained> (endpoints=pretrained reads its first folder's)"
         )
-    if data.task == "masked_lm":
-        if data.name not in MASKABLE_DATA:
-            problems.append(
-                f"data.task=masked_lm: data={data.name} has no masked-LM windows; use data=pydoc_mlm (or "
-                f"data.name={' or '.join(MASKABLE_DATA)})"
-            )
+    info = dataset(data.name)
+    if data.task not in info.tasks:
+        problems.append(_task_refusal(data.task, info))
+    if data.task == MASKED_LM:
         if data.tokenizer not in ("wordpiece", "pretrained"):
             problems.append(
                 f"data.tokenizer={data.tokenizer}: data.task=masked_lm needs [CLS] and [MASK] tokens; use "
                 "data.tokenizer=wordpiece"
             )
-        if not (_number(data.mask_prob) and 0 < data.mask_prob < 1):
+        if not (finite_number(data.mask_prob) and 0 < data.mask_prob < 1):
             problems.append(f"data.mask_prob={data.mask_prob}: use a share in (0, 1) (BERT: 0.15)")
-        if _number(data.seq_len) and data.seq_len < 2:
+        if finite_number(data.seq_len) and data.seq_len < 2:
             problems.append(f"data.seq_len={data.seq_len}: a masked-LM window needs [CLS] and at least one token")
-    if data.name == "pydoc_topics":
-        if data.task != "classification":
-            problems.append(f"data.task={data.task}: data=pydoc_topics is a classification task")
-        if data.tokenizer not in ("wordpiece", "pretrained"):
-            problems.append(
-                f"data.tokenizer={data.tokenizer}: data=pydoc_topics reads WordPiece ids; use data.tokenizer=wordpiece"
-            )
-        from glmc.data.pydoc_topics import LABELS
-
-        if not pretrained and cfg.model.num_labels != len(LABELS):
-            problems.append(
-                f"model.num_labels={cfg.model.num_labels}: data=pydoc_topics has {len(LABELS)} labels "
-                f"({', '.join(LABELS)}); set model.num_labels={len(LABELS)}"
-            )
+    if info.wordpiece and data.tokenizer not in ("wordpiece", "pretrained"):
+        problems.append(
+            f"data.tokenizer={data.tokenizer}: data={data.name} reads WordPiece ids; use data.tokenizer=wordpiece"
+        )
+    if info.labels is not None and not pretrained and cfg.model.num_labels != info.num_classes():
+        labels = info.labels.get()
+        problems.append(
+            f"model.num_labels={cfg.model.num_labels}: data={data.name} has {len(labels)} labels "
+            f"({', '.join(labels)}); set model.num_labels={len(labels)}"
+        )
     return problems + _subset_problems(data)
+
+
+def _task_refusal(task: str, info) -> str:
+    """data.task=`task` on a dataset that does not serve it: what serves it instead."""
+    if task == MASKED_LM:
+        maskable = [d.name for d in datasets_for(MASKED_LM, TEXT)]
+        return (
+            f"data.task=masked_lm: data={info.name} has no masked-LM windows; use data="
+            f"{example_option(MASKED_LM, TEXT)} (or data.name={' or '.join(maskable)})"
+        )
+    return f"data.task={task}: data={info.name} is a {' or '.join(info.tasks)} task"
 
 
 def _subset_problems(data: Any) -> list[str]:
     """data.num_subsets and data.subset: read by data=pydoc_topics only, checked in every run (the
     topics are counted only where they are read)."""
-    most = None
-    if data.name == "pydoc_topics":
-        from glmc.data.pydoc_topics import max_subsets
-
-        most = max_subsets()
-    if not (_number(data.num_subsets) and 1 <= data.num_subsets <= (most or data.num_subsets)):
+    subsets = dataset(data.name).subsets
+    most = None if subsets is None else subsets()
+    if not (finite_number(data.num_subsets) and 1 <= data.num_subsets <= (most or data.num_subsets)):
         upto = f"1 to {most} (every dataset must hold topics of every label)" if most else "at least 1"
         return [f"data.num_subsets={data.num_subsets}: use {upto}"]
-    if not (_number(data.subset) and 0 <= data.subset < data.num_subsets):
+    if not (finite_number(data.subset) and 0 <= data.subset < data.num_subsets):
         return [
             f"data.subset={data.subset}: pick one of the data.num_subsets={data.num_subsets} datasets "
             f"(0 to {data.num_subsets - 1})"
@@ -369,20 +306,20 @@ def _subset_problems(data: Any) -> list[str]:
 
 
 def _fraction_problems(cfg: Config) -> list[str]:
-    """The held-out shares: digits holds out no validation images with val_fraction 0, while the
+    """The held-out shares: an image dataset holds out no validation images with val_fraction 0, while the
     text datasets cut their corpus into train, validation and test blocks and need all three."""
     val, test = cfg.data.val_fraction, cfg.data.test_fraction
     problems = []
-    if cfg.data.name in TEXT_DATA and not (_number(val) and 0 < val < 1):
+    if dataset(cfg.data.name).is_text and not (finite_number(val) and 0 < val < 1):
         problems.append(
             f"data.val_fraction={val}: data={cfg.data.name} cuts a validation block from its text; use a value "
             "in (0, 1) (e.g. data.val_fraction=0.05)"
         )
-    elif not (_number(val) and 0 <= val < 1):
+    elif not (finite_number(val) and 0 <= val < 1):
         problems.append(f"data.val_fraction={val}: use a value in [0, 1) (0: no validation split)")
-    if not (_number(test) and 0 < test < 1):
+    if not (finite_number(test) and 0 < test < 1):
         problems.append(f"data.test_fraction={test}: use a value in (0, 1) (e.g. data.test_fraction=0.2)")
-    elif _number(val) and 0 <= val < 1 and val + test >= 1:
+    elif finite_number(val) and 0 <= val < 1 and val + test >= 1:
         problems.append(
             f"data.val_fraction={val} and data.test_fraction={test}: together they leave no training data; "
             "keep their sum below 1"
@@ -444,8 +381,6 @@ def _model_problems(cfg: Config) -> list[str]:
                     f"different widths differ in their widths only (set {key}: {first[key]} in endpoint_models"
                     f"[{index}] or leave it out there)"
                 )
-    from glmc.pipeline.run import seed_pairs
-
     try:
         pairs = seed_pairs(list(cfg.seeds), str(cfg.pairing))
     except ValueError:  # _pairing_problems names it
@@ -480,7 +415,7 @@ def _model_key_problems(model: Any, prefix: str, keys: set[str] | None = None) -
     problems += _section_problems(prefix, read, SECTION_RULES["model"])
     kv, heads = model.num_kv_heads, model.num_heads
     if "num_kv_heads" in reads and kv is not None and {"num_kv_heads", "num_heads"} & set(checked):
-        if not (_number(kv) and kv >= 1 and _number(heads) and heads % kv == 0):
+        if not (finite_number(kv) and kv >= 1 and finite_number(heads) and heads % kv == 0):
             problems.append(
                 f"{prefix}.num_kv_heads={kv}: key/value heads must be at least 1 and divide {prefix}.num_heads="
                 f"{heads}; choose a divisor of {heads} (null: one per query head)"
@@ -500,7 +435,7 @@ def _patch_problems(model: Any, prefix: str, reads: tuple[str, ...], checked: li
     if "patch_size" not in reads or not {"patch_size", "image_size"} & set(checked):
         return []
     size, patch = model.image_size, model.patch_size
-    if _number(size) and _number(patch) and patch >= 1 and size % patch:
+    if finite_number(size) and finite_number(patch) and patch >= 1 and size % patch:
         return [
             f"{prefix}.patch_size={patch}: does not divide {prefix}.image_size={size}; choose a patch size that "
             f"divides the image size (e.g. {next(p for p in range(patch, 0, -1) if size % p == 0)})"
@@ -515,13 +450,13 @@ def _widths(model: Any) -> dict[str, int]:
 
 def _fits_data(cfg: Config, model: Any, key: str) -> list[str]:
     """A text dataset needs a language model whose positions hold a window; images an image model."""
-    text = cfg.data.name in TEXT_DATA
-    family, kind = str(model.family), "text" if text else "images"
+    kind = dataset(cfg.data.name).modality
+    family, text = str(model.family), kind == TEXT
     if family_named(family).data_kind != kind:
         choices = " or ".join(f"model.family={name}" for name in families_for_data(kind))
         return [f"{key}.family={family}: data={cfg.data.name} is {kind}; choose a model for {kind} ({choices})"]
     seq_len = cfg.data.seq_len
-    if text and _number(seq_len) and seq_len > model.max_positions:
+    if text and finite_number(seq_len) and seq_len > model.max_positions:
         return [
             f"data.seq_len={seq_len}: longer than the {model.max_positions} positions of the model "
             f"({key}.max_positions={model.max_positions}); set data.seq_len<={model.max_positions} or "
@@ -531,7 +466,7 @@ def _fits_data(cfg: Config, model: Any, key: str) -> list[str]:
 
 
 def _method_problems(cfg: Config, family: Any = None, where: str = "") -> list[str]:
-    """Every method the run builds: the names, and each one's settings (its lr and the SHARED_RULES).
+    """Every method the run builds: the names, and each one's settings (the ranges its config declares).
     `family`: the endpoints' model family, whose residual classes the methods must keep to (None: not
     known, not checked); `where` names it in the message (model.family=..., or the folders)."""
     names = list(cfg.matcher.methods)
@@ -555,36 +490,26 @@ def _method_problems(cfg: Config, family: Any = None, where: str = "") -> list[s
                 f"no rotation commutes with its mean and gain); use symmetry=permutation or "
                 f"matcher.{name}.{key}=permutation"
             )
-        if "lr" in node:
-            problems += _lr_problems(f"matcher.{name}.lr", node.lr, "0.3")
-        problems += _section_problems(f"matcher.{name}", node, SHARED_RULES)
-        if "epoch_test_batches" in node and not node.epoch_test_batches >= -1:
-            problems.append(
-                f"matcher.{name}.epoch_test_batches={node.epoch_test_batches}: use -1 (all), 0 (off) or more"
-            )
+        problems += setting_problems(METHODS[name].schema, node, f"matcher.{name}")  # the declared ranges
     return problems
 
 
 def _multi_problems(cfg: Config) -> list[str]:
     """multi.*: read by pairing=universe runs only, checked in every run (a setting nothing reads
     may as well be right)."""
-    from glmc.matching.universe_learned import EDGE_LAMBDAS
     from glmc.pipeline.endpoints import endpoint_ids
 
     m = cfg.multi
-    problems = _lr_problems("multi.lr", m.lr, "0.3") + _section_problems("multi", m, SECTION_RULES["multi"])
+    problems = setting_problems(MultiConfig, m, "multi")  # the ranges MultiConfig and UniverseTraining declare
     methods = list(m.methods)
     unknown = [x for x in methods if x not in MULTI_METHODS]
     if unknown or not methods:
         problems.append(f"multi.methods={methods}: choose one or more of {', '.join(MULTI_METHODS)}")
     if m.pairwise not in METHODS:
         problems.append(f"multi.pairwise={m.pairwise}: not a method; choose from {', '.join(METHODS)}")
-    if m.edge_lambda not in EDGE_LAMBDAS:
-        problems.append(f"multi.edge_lambda={m.edge_lambda}: choose one of {', '.join(EDGE_LAMBDAS)}")
     step = m.step
-    if not (_number(step) and 0 < step <= 1):
-        problems.append(f"multi.step={step}: use a grid step in (0, 1] (e.g. multi.step=0.1)")
-    elif cfg.pairing == "universe" and len(endpoint_ids(cfg)) <= 3 and abs(round(1 / step) * step - 1) > 1e-9:
+    three = cfg.pairing == "universe" and len(endpoint_ids(cfg)) <= 3  # a barycentric grid
+    if RULES["grid_step"].holds(step) and three and abs(round(1 / step) * step - 1) > 1e-9:
         problems.append(
             f"multi.step={step}: the barycentric grid of up to three models needs 1 / step to be an integer "
             "(e.g. multi.step=0.1, 0.2, 0.25 or 0.5)"
@@ -631,24 +556,29 @@ def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
 
 
 def _image_size_problems(cfg: Config, pretrained: bool = False) -> list[str]:
-    """data.image_size resizes the digits only, never below their native 8x8, and must be the size
-    the ViT expects: the endpoint cache key holds model.image_size, so this also keeps resized
-    endpoints apart from 8x8 ones."""
-    size = cfg.data.image_size
-    if size is not None and cfg.data.name != "digits":
+    """data.image_size resizes the datasets the registry marks resizable (the digits) only, never below
+    their native size, and must be the size the ViT expects: the endpoint cache key holds
+    model.image_size, so this also keeps resized endpoints apart from native-size ones."""
+    size, info = cfg.data.image_size, dataset(cfg.data.name)
+    if size is not None and not info.resizable:
+        resizable = " or ".join(f"data={d.name}" for d in datasets_for() if d.resizable)
         return [
-            f"data.image_size={size}: only the digits are resized (data={cfg.data.name} loads its images at "
+            f"data.image_size={size}: only {resizable} is resized (data={cfg.data.name} loads its images at "
             "their own size); remove the setting"
         ]
-    if size is not None and size < 8:
-        return [f"data.image_size={size}: the digits are 8x8; use 8 or more (e.g. data.image_size=32), or null"]
-    if pretrained:  # the folders' image sizes: glmc.pipeline.hf_folders
-        return []
-    loaded = 8 if size is None else size
-    images = family_named(str(cfg.model.family)).data_kind == "images"
-    if cfg.data.name == "digits" and images and cfg.model.image_size != loaded:
+    native = info.image_size
+    if size is not None and size < native:
         return [
-            f"data.image_size={size}: the digits would load at {loaded}x{loaded} but model.image_size="
+            f"data.image_size={size}: data={info.name}'s images are {native}x{native}; use {native} or more "
+            "(e.g. data.image_size=32), or null"
+        ]
+    if pretrained:  # the folders' image sizes: glmc.pipeline.folder_fit
+        return []
+    loaded = native if size is None else size
+    images = family_named(str(cfg.model.family)).data_kind == IMAGES
+    if info.resizable and images and cfg.model.image_size != loaded:
+        return [
+            f"data.image_size={size}: data={info.name} would load at {loaded}x{loaded} but model.image_size="
             f"{cfg.model.image_size}; set data.image_size={cfg.model.image_size} (or choose a model for "
             f"{loaded}x{loaded} images)"
         ]
@@ -660,175 +590,3 @@ def validate_config(cfg: Config) -> None:
     problems = _problems(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
-
-
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out if out or not prefix else {prefix[:-1]: {}}
-    return {prefix[:-1]: node}
-
-
-def _ignored(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in NOT_RESULTS)
-
-
-def config_as_saved(cfg: Config) -> dict[str, Any]:
-    """The resolved config as results.json stores it (plain JSON values)."""
-    from glmc.pipeline.report import finite_or_none
-
-    return json.loads(json.dumps(finite_or_none(OmegaConf.to_container(cfg, resolve=True))))
-
-
-# keys added to the schema after runs were recorded, with the value those runs had: a results.json
-# without them records that value
-LATER_KEYS = {"endpoints.source": "trained", "endpoints.paths": []}
-
-
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """`key: saved -> current` for every result-changing key that differs, in config order."""
-    old, new = _flatten(saved), _flatten(current)
-    old = {**{k: v for k, v in LATER_KEYS.items() if "endpoints" not in saved}, **old}
-    keys = list(new) + [k for k in old if k not in new]
-    missing = "<absent>"
-    return [
-        f"{k}: {json.dumps(old.get(k, missing))} -> {json.dumps(new.get(k, missing))}"
-        for k in keys
-        if not _ignored(k) and old.get(k, missing) != new.get(k, missing)
-    ]
-
-
-def check_writable(run_dir: Path) -> None:
-    """PermissionError naming `run_dir` when it cannot be created or written (a probe file is
-    created and removed there, or in the nearest folder above it that exists)."""
-    run_dir = Path(run_dir)
-    existing = run_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise PermissionError(
-            f"the run folder {run_dir} cannot be created: {existing} is not a folder; choose another "
-            "folder (hydra.run.dir=...)"
-        )
-    try:
-        with tempfile.TemporaryFile(dir=existing, prefix=".glmc-write-probe-"):
-            pass
-    except OSError as err:
-        what = "is not writable" if existing == run_dir else f"cannot be created in {existing}"
-        raise PermissionError(
-            f"the run folder {run_dir} {what} ({err.strerror or err}); make it writable or choose another "
-            "folder (hydra.run.dir=...)"
-        ) from None
-
-
-def check_links(run_dir: Path) -> None:
-    """FileExistsError naming the first symbolic link inside `run_dir` that leads out of it: a rerun
-    would write its results, checkpoints or exports through it into a place the run does not own.
-    Links that stay inside (W&B's `latest-run`) are harmless."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return
-    root = run_dir.resolve()
-    for folder, dirs, files in os.walk(run_dir):  # never follows a link to a folder
-        for name in dirs + files:
-            path = Path(folder) / name
-            if path.is_symlink() and not path.resolve().is_relative_to(root):
-                raise FileExistsError(
-                    f"{path} is a symbolic link to {os.readlink(path)}, outside the run folder {run_dir}: a run "
-                    "writes only into its own folder; remove the link, or choose another folder (hydra.run.dir=...)"
-                )
-
-
-def check_run_dir(cfg: Config, run_dir: Path) -> bool:
-    """PermissionError when `run_dir` cannot be written; FileExistsError when it holds results.json
-    of a different config (and overwrite is false). True when overwrite=true replaces such results:
-    `remove_previous_outputs` then clears what that config wrote.
-
-    The same config (up to NOT_RESULTS) may run again: it resumes learned matching from its checkpoints."""
-    check_writable(run_dir)
-    check_links(run_dir)
-    results = Path(run_dir) / "results.json"
-    if not results.is_file():
-        return False
-    try:
-        saved = json.loads(results.read_text()).get("config")
-        if not isinstance(saved, dict):
-            raise ValueError("no config recorded")
-        differences = config_differences(saved, config_as_saved(cfg))
-    except (OSError, ValueError, AttributeError) as err:
-        differences = [f"its results.json records no readable config ({err})"]
-    if not differences:
-        return False
-    shown = "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else "")
-    if cfg.get("overwrite", False):
-        log.warning("overwrite=true: replacing the results in %s of a different config (%s)", run_dir, shown)
-        return True
-    raise FileExistsError(
-        f"{run_dir} already holds the results of a different config ({shown}): pass overwrite=true to "
-        "replace them (other files there are kept), or choose another folder (hydra.run.dir=...)"
-    )
-
-
-# what a run writes into its folder besides one folder per method (glmc.pipeline.run, .report, .multi)
-RESULT_FILES = ("results.json", "barrier.csv", "barrier.png", "simplex.png")
-KEPT_FOLDERS = ("logs", "wandb", ".hydra")  # logs of earlier runs and Hydra's record stay
-
-
-def previous_outputs(run_dir: Path) -> list[Path]:
-    """What the run recorded in `run_dir`/results.json wrote there: its result files, one folder per
-    method (learned checkpoints, hf_<seeds> exports, diagnostics) and universe/ of a multi-model run."""
-    run_dir = Path(run_dir)
-    try:
-        saved = json.loads((run_dir / "results.json").read_text())
-    except (OSError, ValueError):
-        saved = {}
-    names = list(saved.get("methods") or {}) if isinstance(saved, dict) else []
-    if isinstance(saved, dict) and saved.get("multi"):
-        names.append("universe")
-    folders = [
-        run_dir / n
-        for n in names
-        if isinstance(n, str) and n and Path(n).name == n and not n.startswith(".") and n not in KEPT_FOLDERS
-    ]
-    found = [p for p in folders if p.is_dir() and not p.is_symlink()]
-    return found + [run_dir / f for f in RESULT_FILES if (run_dir / f).is_file()]
-
-
-def remove_previous_outputs(run_dir: Path) -> None:
-    """Remove `previous_outputs`: with overwrite=true, nothing of the replaced config's results (an
-    export, a diagnostics file, a method the new config does not run) is left beside the new ones."""
-    for path in previous_outputs(run_dir):
-        log.info("overwrite=true: removing %s of the replaced results", path)
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-
-
-class RunFolderGuard(Callback):
-    """`check_run_dir` for a single run started by run.py, before Hydra saves .hydra/config.yaml there:
-    a refused run leaves the folder as it was. Hydra turns a callback's exception into a warning and
-    goes on, so a refusal exits here (glmc.pipeline.refusals)."""
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from glmc.pipeline.refusals import exit_if_refused
-
-        try:
-            self._check(config)
-        except Exception as err:
-            exit_if_refused(err)
-            raise
-
-    @staticmethod
-    def _check(config: DictConfig) -> None:
-        run_dir = Path(str(config.hydra.run.dir))
-        check_writable(run_dir)
-        check_links(run_dir)
-        if not (run_dir / "results.json").is_file():
-            return
-        task = copy.deepcopy(config)  # the task function's config: everything but the `hydra` node
-        with read_write(task), open_dict(task):
-            del task["hydra"]
-        check_run_dir(task, run_dir)

@@ -1,5 +1,5 @@
 """Mean ± spread bands over seed pairs against any x (iterations, epochs, a swept setting); the
-lambda-curve grids of Table 2 and Fig. 3 are glmc.report.plots."""
+lambda-curve grids of Table 2 and Fig. 3 are glmc.report.band_grid."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from glmc.report.artefact import Artefact
-from glmc.report.plots import Panel, plot_band_grid
+from glmc.report.band_grid import Panel, plot_band_grid
 from glmc.report.results import barrier_stats, curve, second_metric
 from glmc.report.section import write_section
 from glmc.report.table2 import DIGITS_STEP, TEXT_STEP, task_runs

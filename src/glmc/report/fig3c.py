@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from glmc.report.artefact import Artefact, Step
-from glmc.report.plots import Panel, plot_band_grid
+from glmc.report.band_grid import Panel, plot_band_grid
 from glmc.report.results import barrier_stats, curve, run_results, second_metric
 from glmc.report.section import write_section
 from glmc.report.tables import markdown, mean_pm, seconds, write_csv

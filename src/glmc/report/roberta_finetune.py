@@ -392,59 +392,14 @@ def make(root: Path, out: Path) -> list[Path]:
     out = Path(out)
     records, checks = measure(Path(root))
     stats = summarise(records)
-    header = ["scope", "matching"]
-    header += [f"{KINDS[k]}: {m}" for k in KINDS for m in MERGES.values()] + ["s / pair"]
-    rows, csv_rows = [], []
-    for scope, matching in ROWS:
-        row = list(row_label(scope, matching))
-        for kind in KINDS:
-            for merge in MERGES:
-                s = stats[(kind, scope, matching, merge)]
-                row.append(mean_pm(s["f1"], s["f1_se"], 1))
-                csv_rows.append(
-                    [kind, scope, matching, merge, s["pairs"], s["f1"], s["f1_se"], s["accuracy"], s["accuracy_se"]]
-                    + [s["match_seconds"], s["merge_seconds"], s["distance"]]
-                )
-        spent = [stats[(k, scope, matching, "simple")]["match_seconds"] for k in KINDS]
-        spent = [t for t in spent if t is not None]
-        row.append("0" if scope == "none" else seconds(float(np.mean(spent))) if spent else "—")
-        rows.append(row)
-    pairs = {k: stats[(k, "none", "vanilla", "simple")]["pairs"] for k in KINDS}
-    n, seeds = len(DATASETS), len(checks["seeds"])
+    header, rows, csv_rows = _table(stats)
     table = markdown(header, rows)
-    timing = []
-    for scope, (label, _) in SCOPES.items():
-        match = np.mean([stats[(k, scope, "rescaled", "simple")]["match_seconds"] for k in KINDS])
-        fisher = np.mean([stats[(k, scope, "rescaled", "fisher")]["merge_seconds"] for k in KINDS])
-        regmean = np.mean([stats[(k, scope, "rescaled", "regmean")]["merge_seconds"] for k in KINDS])
-        timing.append(
-            f"{label}: matching {seconds(match)} s per pair, {100 * match / fisher:.0f} % of a Fisher merge "
-            f"({seconds(fisher)} s) and {100 * match / regmean:.0f} % of a RegMean merge ({seconds(regmean)} s)"
-        )
-    caption = (
-        f"Macro-F1 (%) of merged pairs, mean ± s.e. over {pairs['same']} same-dataset pairs (one dataset, "
-        f"seeds differ: {n} datasets × {seeds * (seeds - 1) // 2} seed pairs) and {pairs['cross']} cross-dataset "
-        f"pairs (datasets differ, same seed: {n * (n - 1) // 2} dataset pairs × {seeds} seeds) of tiny RoBERTas "
-        "fine-tuned from one pretrained masked-LM "
-        "checkpoint on three topic-disjoint 4-label datasets. A cell is the mean of two scores, each with the "
-        "classifier copied from the task's model (paper 002): the merged encoder with A's classifier on A's "
-        "test set and with aligned B's on B's. Columns: simple = the midpoint average; Fisher = Fisher-"
-        "weighted averaging; RegMean; each of A (the reference) and aligned B, every model's Fisher diagonal "
-        "and Gram matrices taken on its own training data (merge.batches batches). Rows: endpoints, not "
-        "merged = the two models' own macro-F1 (the upper reference, the same in every merge column); "
-        "vanilla = B not aligned; then the rotation matcher in two scopes, attention only (paper 002: "
-        "residual stream, heads and MLP left in place) and whole model (ours: residual stream, heads and MLP "
-        "neurons permuted first), each with in-head permutations (the permutation baseline), rotations, and "
-        "rotations + per-head rescaling (the matcher's result). s / pair: seconds to match one pair (rotation "
-        "+ rescaling; the two rows above it come from the same call). Paper 002's in-domain column merges "
-        "models of different emotion datasets: the cross-dataset columns are its counterpart. Accuracies: "
-        "roberta_finetune.csv."
-    )
+    caption = _caption(stats, len(checks["seeds"]))
     notes = [
         "Measured:",
         *findings(stats),
         "",
-        "Cost: " + "; ".join(timing) + ".",
+        "Cost: " + "; ".join(_timing(stats)) + ".",
         "",
         distances(records, checks["moved"]),
         "",
@@ -471,6 +426,68 @@ def make(root: Path, out: Path) -> list[Path]:
         "[roberta_finetune.csv](roberta_finetune.csv), [roberta_finetune_pairs.csv](roberta_finetune_pairs.csv)."
     )
     return [*files, write_section(ARTEFACT, out, body)]
+
+
+def _table(stats) -> tuple[list[str], list[list[str]], list[list[Any]]]:
+    """The Markdown table's header and rows (one per row of ROWS, the pair kinds and merges as columns),
+    and the CSV's rows (one per cell)."""
+    header = ["scope", "matching"]
+    header += [f"{KINDS[k]}: {m}" for k in KINDS for m in MERGES.values()] + ["s / pair"]
+    rows, csv_rows = [], []
+    for scope, matching in ROWS:
+        row = list(row_label(scope, matching))
+        for kind in KINDS:
+            for merge in MERGES:
+                s = stats[(kind, scope, matching, merge)]
+                row.append(mean_pm(s["f1"], s["f1_se"], 1))
+                csv_rows.append(
+                    [kind, scope, matching, merge, s["pairs"], s["f1"], s["f1_se"], s["accuracy"], s["accuracy_se"]]
+                    + [s["match_seconds"], s["merge_seconds"], s["distance"]]
+                )
+        spent = [stats[(k, scope, matching, "simple")]["match_seconds"] for k in KINDS]
+        spent = [t for t in spent if t is not None]
+        row.append("0" if scope == "none" else seconds(float(np.mean(spent))) if spent else "—")
+        rows.append(row)
+    return header, rows, csv_rows
+
+
+def _timing(stats) -> list[str]:
+    """Per scope, matching's seconds per pair against a Fisher and a RegMean merge's."""
+    timing = []
+    for scope, (label, _) in SCOPES.items():
+        match = np.mean([stats[(k, scope, "rescaled", "simple")]["match_seconds"] for k in KINDS])
+        fisher = np.mean([stats[(k, scope, "rescaled", "fisher")]["merge_seconds"] for k in KINDS])
+        regmean = np.mean([stats[(k, scope, "rescaled", "regmean")]["merge_seconds"] for k in KINDS])
+        timing.append(
+            f"{label}: matching {seconds(match)} s per pair, {100 * match / fisher:.0f} % of a Fisher merge "
+            f"({seconds(fisher)} s) and {100 * match / regmean:.0f} % of a RegMean merge ({seconds(regmean)} s)"
+        )
+    return timing
+
+
+def _caption(stats, seeds: int) -> str:
+    """The table's caption: what a cell, a column and a row are, with the pair counts."""
+    pairs = {k: stats[(k, "none", "vanilla", "simple")]["pairs"] for k in KINDS}
+    n = len(DATASETS)
+    return (
+        f"Macro-F1 (%) of merged pairs, mean ± s.e. over {pairs['same']} same-dataset pairs (one dataset, "
+        f"seeds differ: {n} datasets × {seeds * (seeds - 1) // 2} seed pairs) and {pairs['cross']} cross-dataset "
+        f"pairs (datasets differ, same seed: {n * (n - 1) // 2} dataset pairs × {seeds} seeds) of tiny RoBERTas "
+        "fine-tuned from one pretrained masked-LM "
+        "checkpoint on three topic-disjoint 4-label datasets. A cell is the mean of two scores, each with the "
+        "classifier copied from the task's model (paper 002): the merged encoder with A's classifier on A's "
+        "test set and with aligned B's on B's. Columns: simple = the midpoint average; Fisher = Fisher-"
+        "weighted averaging; RegMean; each of A (the reference) and aligned B, every model's Fisher diagonal "
+        "and Gram matrices taken on its own training data (merge.batches batches). Rows: endpoints, not "
+        "merged = the two models' own macro-F1 (the upper reference, the same in every merge column); "
+        "vanilla = B not aligned; then the rotation matcher in two scopes, attention only (paper 002: "
+        "residual stream, heads and MLP left in place) and whole model (ours: residual stream, heads and MLP "
+        "neurons permuted first), each with in-head permutations (the permutation baseline), rotations, and "
+        "rotations + per-head rescaling (the matcher's result). s / pair: seconds to match one pair (rotation "
+        "+ rescaling; the two rows above it come from the same call). Paper 002's in-domain column merges "
+        "models of different emotion datasets: the cross-dataset columns are its counterpart. Accuracies: "
+        "roberta_finetune.csv."
+    )
 
 
 ARTEFACT = Artefact(

@@ -1,14 +1,14 @@
-"""Settings groups of the matchers, each declared once with its defaults.
+"""Settings groups of the matchers, each declared once with its defaults and ranges.
 
-The Hydra schema (glmc.config's `symmetry` and `multi`, glmc.matching.registry's `matcher.<method>`)
+The Hydra schema (glmc.config's `symmetry` and `multi`, glmc.settings.methods' `matcher.<method>`)
 and the settings the training modules run with (glmc.matching.learned_module.LearnedSettings,
 glmc.matching.universe_learned.UniverseLearnedSettings) are these dataclasses or subclasses that
 add no defaults of their own, so `run.py`, `glmc.align` and the Python classes start from the same
-values. Where a run.py config wants another value it says so in conf/ (tests/test_settings.py lists
-every such patch).
+values, and are checked by the same declarations (glmc.settings.ranges). Where a run.py config wants
+another value it says so in conf/ (tests/test_settings.py lists every such patch).
 
-This module imports nothing of glmc but the choices, so the config schema, the registry and the
-matchers can all import it without importing each other.
+This module imports nothing of glmc but the choices and the ranges, so the config schema, the method
+registry and the matchers can all import it without importing each other.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from glmc.choices import HeadForm, LambdaScheme, ResidualClass, UnitClass
+from glmc.settings.ranges import setting
 
 
 @dataclass
@@ -37,21 +38,22 @@ class LearnedTraining:
     steps at lr 0.01 (README, "Choosing the demo model"); paper 001 trains CIFAR-10 with lr 3e-4 and
     lambda_scheme uniform_mid for 5 epochs."""
 
-    max_steps: int = 1500
-    lr: float = 0.3
-    weight_decay: float = 0.01
-    warmup_fraction: float = 0.05
+    max_steps: int = setting(1500, "count")
+    lr: float = setting(0.3, "lr")
+    weight_decay: float = setting(0.01, "nonnegative")
+    warmup_fraction: float = setting(0.05, "fraction")
     lambda_scheme: LambdaScheme = LambdaScheme.gaussian
     # draws of lambda per step; >1 trains at the draw whose batch loss exceeds the endpoints' line the most
-    lambda_candidates: int = 1
-    init_noise: float = 1e-3  # std of the Gaussian added to the initial latents
-    sinkhorn_iters: int = 20
-    sinkhorn_temperature: float = 1.0
-    sinkhorn_noise: float = 0.01  # Appendix D: P_init = P_WM + noise * sqrt(2 / (n + m)) * |N(0, 1)|
-    checkpoint_every: int = 50
-    seed: int = 0  # latent noise and the lambda sequence
+    lambda_candidates: int = setting(1, "count")
+    init_noise: float = setting(1e-3, "nonnegative")  # std of the Gaussian added to the initial latents
+    sinkhorn_iters: int = setting(20, "count")
+    sinkhorn_temperature: float = setting(1.0, "positive")
+    # Appendix D: P_init = P_WM + noise * sqrt(2 / (n + m)) * |N(0, 1)|
+    sinkhorn_noise: float = setting(0.01, "nonnegative")
+    checkpoint_every: int = setting(50, "count")
+    seed: int = setting(0, "seed")  # latent noise and the lambda sequence
     # after every epoch, log the midpoint's test loss (match_test_loss) on this many test batches; -1: all, 0: off
-    epoch_test_batches: int = 16
+    epoch_test_batches: int = setting(16, "batches_or_all")
 
 
 EDGE_LAMBDAS = ("uniform", "gaussian")
@@ -72,14 +74,14 @@ class UniverseTraining:
     coefficients per step; with more than one, the step trains at the draw whose batch loss lies
     furthest above the members' losses combined by it (Eq. 2's excess)."""
 
-    max_steps: int = 1500
-    lr: float = 0.3
-    weight_decay: float = 0.01
-    warmup_fraction: float = 0.05
-    concentration: float = 1.0  # Dirichlet(concentration * 1): 1 is uniform over the simplex
-    edge_share: float = 0.0
-    edge_lambda: str = "uniform"
-    candidates: int = 1
-    init_noise: float = 1e-3
-    checkpoint_every: int = 50
-    seed: int = 0
+    max_steps: int = setting(1500, "count")
+    lr: float = setting(0.3, "lr")
+    weight_decay: float = setting(0.01, "nonnegative")
+    warmup_fraction: float = setting(0.05, "fraction")
+    concentration: float = setting(1.0, "positive")  # Dirichlet(concentration * 1): 1 is uniform over the simplex
+    edge_share: float = setting(0.0, "share")
+    edge_lambda: str = setting("uniform", choices=EDGE_LAMBDAS)
+    candidates: int = setting(1, "count")
+    init_noise: float = setting(1e-3, "nonnegative")
+    checkpoint_every: int = setting(50, "count")
+    seed: int = setting(0, "seed")

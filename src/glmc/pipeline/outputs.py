@@ -1,4 +1,4 @@
-"""Stage 4: results.json, barrier.csv, barrier.png and a printed table.
+"""Stage 4, what a run writes: results.json, barrier.csv, barrier.png and a printed table.
 
 results.json is strict JSON: NaN and infinities (a diverged path, an empty metric) are written as
 null. Every file is written atomically (a temporary file renamed into place).
@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from glmc.eval.plots import plot_barrier_curves
+from glmc.eval.barrier_plot import plot_barrier_curves
 from glmc.metrics import is_token_task
 from glmc.safe_files import atomic_path, atomic_write_text
 

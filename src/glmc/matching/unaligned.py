@@ -5,10 +5,13 @@ from __future__ import annotations
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.models.canonical import CanonicalTransformer
+from glmc.settings.methods import CanonicalMatcherConfig
+from glmc.settings.ranges import check_settings
 
 
 class CanonicalMatcher:
     def __init__(self, name: str = "canonical", qk: str = "circuit", vo: str = "circuit"):
+        check_settings(CanonicalMatcherConfig, f"matcher.{name}", locals())  # the ranges glmc.settings declares
         self.name, self.circuits = name, circuit_pairs(qk, vo)
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:

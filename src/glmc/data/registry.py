@@ -1,0 +1,197 @@
+"""Every dataset glmc reads, one entry each: what it is, what it fits and how it is loaded.
+
+The rest of glmc asks this registry about a dataset (`dataset(cfg.data.name)`) and never names one:
+the config checks (glmc.pipeline.validate, glmc.pipeline.folder_fit), the data module (glmc.data.module),
+the endpoint cache key (glmc.data.fingerprint) and the `data.name` choices (glmc.choices) all read it.
+
+Adding a dataset is three things:
+
+1. a loader file in glmc/data/ with a function `<name>_splits(cfg: DataConfig)` that returns
+   (train, test) or (train, test, validation) for images, (train, validation, test, tokenizer) for text;
+2. one `DatasetInfo` entry in `DATASETS` below: its modality and tasks, its shapes (images), the loader
+   (`Lazy("glmc.data.<file>:<function>")`) and its fingerprint (`on_disk(<folder under data.root>)`, or
+   `embedded(...)` for data that ships with Python or a library);
+3. one YAML in conf/data/ (`name: <name>` and the settings a run of it needs).
+
+docs/adding-a-dataset.md walks through it; tests/test_dataset_registry.py checks that every entry has its
+YAML and that no module outside glmc/data names a dataset.
+
+The registry imports no loader (and so neither torch nor torchvision): loaders, label lists and the like
+are `Lazy` references, imported when a run first reads them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from glmc.data.fingerprint import embedded, on_disk
+
+if TYPE_CHECKING:
+    from glmc.config import DataConfig
+
+IMAGES, TEXT = "images", "text"  # a dataset's modality, as a model family's `data_kind` names it
+CLASSIFICATION, CAUSAL_LM, MASKED_LM = "classification", "causal_lm", "masked_lm"  # data.task
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """`module:name`, imported when first read, so the registry stays cheap to import."""
+
+    path: str
+
+    def get(self) -> Any:
+        module, name = self.path.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.get()(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """One dataset. `tasks`: the data.task values it serves (masked_lm: it has fixed windows to mask).
+    Images: `image_size`, `channels` and `classes` as the loader gives them; `resizable`: data.image_size
+    resizes them at load (`image_size` is then the native size). Text classification: `labels` names
+    the classes. `wordpiece`: it reads WordPiece ids only (data.tokenizer=wordpiece or pretrained).
+    `subsets`: the most data.num_subsets it can cut (a function of nothing). `examples`: the conf/data
+    option that sets up each task, where it is not the dataset's own name (messages suggest it)."""
+
+    name: str
+    modality: str
+    tasks: tuple[str, ...]
+    loader: Callable[[DataConfig], tuple]
+    fingerprint: Callable[[DataConfig], str | None]
+    image_size: int | None = None
+    channels: int | None = None
+    classes: int | None = None
+    resizable: bool = False
+    labels: Lazy | None = None
+    wordpiece: bool = False
+    subsets: Lazy | None = None
+    examples: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_text(self) -> bool:
+        return self.modality == TEXT
+
+    @property
+    def maskable(self) -> bool:
+        return MASKED_LM in self.tasks
+
+    def num_classes(self) -> int | None:
+        return self.classes if self.labels is None else len(self.labels.get())
+
+    def example(self, task: str) -> str:
+        """The conf/data option (data=<it>) that runs this dataset with `task`."""
+        return self.examples.get(task, self.name)
+
+
+DIGITS = Lazy("glmc.data.digits:digits_content")
+PYDOC = Lazy("glmc.data.pydoc_corpus:pydoc_text")
+TOPICS = "glmc.data.pydoc_topics"
+
+DATASETS: dict[str, DatasetInfo] = {
+    info.name: info
+    for info in (
+        DatasetInfo(
+            "digits",  # sklearn's 8x8 digits, embedded; the default
+            IMAGES,
+            (CLASSIFICATION,),
+            Lazy("glmc.data.digits:digits_splits"),
+            embedded(DIGITS),
+            image_size=8,
+            channels=1,
+            classes=10,
+            resizable=True,
+        ),
+        DatasetInfo(
+            "cifar10",
+            IMAGES,
+            (CLASSIFICATION,),
+            Lazy("glmc.data.cifar:cifar_splits"),
+            on_disk("cifar-10-batches-py"),
+            image_size=32,
+            channels=3,
+            classes=10,
+        ),
+        DatasetInfo(
+            "cifar100",
+            IMAGES,
+            (CLASSIFICATION,),
+            Lazy("glmc.data.cifar:cifar_splits"),
+            on_disk("cifar-100-python"),
+            image_size=32,
+            channels=3,
+            classes=100,
+        ),
+        DatasetInfo(
+            "tiny_imagenet",
+            IMAGES,
+            (CLASSIFICATION,),
+            Lazy("glmc.data.tiny_imagenet:tiny_imagenet_splits"),
+            on_disk("tiny-imagenet-200"),
+            image_size=64,
+            channels=3,
+            classes=200,
+        ),
+        DatasetInfo(
+            "pydoc",  # CPython's help topics, embedded
+            TEXT,
+            (CAUSAL_LM, MASKED_LM),
+            Lazy("glmc.data.pydoc_corpus:pydoc_splits"),
+            embedded(PYDOC),
+            examples={MASKED_LM: "pydoc_mlm"},
+        ),
+        DatasetInfo(
+            "pydoc_topics",  # the help topics as a 4-way sequence-classification task
+            TEXT,
+            (CLASSIFICATION,),
+            Lazy(f"{TOPICS}:pydoc_topics_splits"),
+            embedded(PYDOC, Lazy(f"{TOPICS}:task_definition")),  # its labels and cutting rules are data too
+            labels=Lazy(f"{TOPICS}:LABELS"),
+            wordpiece=True,
+            subsets=Lazy(f"{TOPICS}:max_subsets"),
+        ),
+        DatasetInfo(
+            "tiny_shakespeare",
+            TEXT,
+            (CAUSAL_LM, MASKED_LM),
+            Lazy("glmc.data.tiny_shakespeare:tiny_shakespeare_splits"),
+            on_disk("tiny_shakespeare/input.txt"),
+        ),
+        DatasetInfo(
+            "bookcorpus",  # examples padded with GPT-2's EOS: no fixed windows to mask
+            TEXT,
+            (CAUSAL_LM,),
+            Lazy("glmc.data.bookcorpus:bookcorpus_splits"),
+            on_disk("bookcorpus"),
+        ),
+    )
+}
+
+
+def dataset_names() -> list[str]:
+    return list(DATASETS)
+
+
+def dataset(name: Any) -> DatasetInfo:
+    """The entry of data.name=`name`; ValueError naming the known datasets."""
+    info = DATASETS.get(str(name))
+    if info is None:
+        raise ValueError(f"data.name={name!r} is not a known dataset ({', '.join(DATASETS)})")
+    return info
+
+
+def datasets_for(task: str | None = None, modality: str | None = None) -> list[DatasetInfo]:
+    """The datasets that serve `task` (any when None) and are of `modality` (any when None)."""
+    fits = lambda d: (task is None or task in d.tasks) and (modality is None or d.modality == modality)
+    return [d for d in DATASETS.values() if fits(d)]
+
+
+def example_option(task: str, modality: str) -> str | None:
+    """The first conf/data option that runs `task` on data of `modality` (for a message), or None."""
+    found = datasets_for(task, modality)
+    return found[0].example(task) if found else None

@@ -1,0 +1,330 @@
+"""Whether the model folders of an endpoints=pretrained run fit the data and each other
+(glmc.pipeline.hf_folders reads them).
+
+Before any data is loaded (`folder_problems`, called by glmc.pipeline.validate), from config.json and
+the safetensors headers only: that every folder exists and holds an intact config and weights of a
+family that glmc reads, that the models share their family, layers, vocabulary, positions and classes,
+that they fit the data (its kind and task, the window length, image size, channels and classes, as its
+entry in glmc.data.registry gives them), and that models of different widths can be aligned (the
+narrower one is embedded into the wider one first, as for `endpoint_models`); for text, that every
+folder's saved tokenizer (read from its JSON files) has the vocabulary and special tokens of the one the
+text is encoded with, unless data.tokenizer_path names that one on purpose (then `check_tokenizer` warns
+that a folder's own tokenizer is not used). After the tokenizer is loaded (`check_tokenizer`): that its
+ids fit every model's vocabulary. When the weights are loaded (`check_pairs`): that the canonical models
+of every pair fit together (glmc.models.compatibility). Every message names the folder
+(`endpoints.paths[i]`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from glmc.config import Config
+from glmc.data.registry import IMAGES, TEXT, dataset, datasets_for, example_option
+from glmc.pipeline.hf_folders import (
+    TOKEN_ROLES,
+    Folder,
+    FolderError,
+    evaluation_config,
+    folder_names,
+    read_folder,
+    saved_vocabulary,
+)
+from glmc.pipeline.pairing import seed_pairs
+
+if TYPE_CHECKING:
+    from glmc.pipeline.endpoints import Endpoint
+
+log = logging.getLogger(__name__)
+
+# what the families' input limits count (Family.hf_input_limits), as a message says it
+LIMITS = {"vocab": "a vocabulary of {} tokens", "positions": "{} positions", "classes": "{} classes"}
+
+
+def width_alignment_problem(cfg: Config) -> str | None:
+    """Why models of different widths cannot be aligned in this run, or None: the narrower model of
+    a pair is embedded into the wider (glmc.symmetry.embed_width), which vanilla averaging and
+    universe matching cannot take."""
+    if cfg.pairing == "universe":
+        return "pairing=universe aligns models of one shape only"
+    if "vanilla" in cfg.matcher.methods:
+        return (
+            f"vanilla interpolates the original models, which differ in shape: drop vanilla from matcher.methods "
+            f"(now {list(cfg.matcher.methods)}) to embed the narrower model into the wider one first"
+        )
+    if cfg.merge.kinds:
+        return (
+            f"merge.kinds=[{','.join(map(str, cfg.merge.kinds))}]: Fisher and RegMean merge models of one norm, and "
+            "an embedded narrower model keeps its own norm epsilon; use merge=none"
+        )
+    return None
+
+
+def folder_problems(cfg: Config) -> tuple[list[Folder], list[str]]:
+    """(the folders read, what cannot work) for an endpoints=pretrained run, before any data or
+    weights are loaded. The folders are read only when the list of paths itself is usable."""
+    paths = [str(p) for p in cfg.endpoints.paths]
+    if len(paths) < 2:
+        return [], [
+            f"endpoints.paths={paths}: endpoints=pretrained aligns two or more Hugging Face model folders; give "
+            "them as endpoints.paths=[path/to/a,path/to/b]"
+        ]
+    problems = []
+    seen: dict[Path, int] = {}
+    for i, path in enumerate(paths):
+        resolved = Path(path).expanduser().resolve()
+        if resolved in seen:
+            problems.append(
+                f"endpoints.paths[{i}]={path} is endpoints.paths[{seen[resolved]}] again: a pair of one model is one "
+                "model twice; give every endpoint its own folder"
+            )
+        seen.setdefault(resolved, i)
+    problems += _pairing_problems(cfg, len(paths))
+    folders = []
+    names = folder_names(paths)
+    for i, path in enumerate(paths):
+        try:
+            folders.append(read_folder(path, i, str(cfg.data.task), names[i]))
+        except FolderError as err:
+            problems.append(str(err))
+    if len(folders) < len(paths):
+        return folders, problems
+    problems += [p for f in folders for p in _data_problems(cfg, f)]
+    problems += _shared_problems(cfg, folders)
+    if not cfg.data.tokenizer_path:  # named on purpose: check_tokenizer warns instead
+        problems += [
+            f"{line}: every folder's model would read the text as the ids of one tokenizer, which this one was "
+            "not trained with; give folders that share a tokenizer, or set data.tokenizer_path=<folder> to encode "
+            "the text for every model with that folder's tokenizer on purpose"
+            for line in tokenizer_differences(cfg, folders)
+        ]
+    return folders, problems
+
+
+def _pairing_problems(cfg: Config, n: int) -> list[str]:
+    if cfg.pairing == "disjoint" and n % 2:
+        return [
+            f"endpoints.paths holds {n} folders: pairing=disjoint pairs them (0, 1), (2, 3), ...; give an even "
+            "number of folders, or pairing=all (every pair) or pairing=first (the first against each other)"
+        ]
+    if cfg.pairing == "universe" and n < 3:
+        return [f"endpoints.paths holds {n} folders: pairing=universe aligns three or more models; give at least 3"]
+    return []
+
+
+def _data_problems(cfg: Config, f: Folder) -> list[str]:
+    """The folder's model against the data the run evaluates on (its registry entry, glmc.data.registry)."""
+    data, info = cfg.data, dataset(cfg.data.name)
+    kind = info.modality
+    is_a, own = f"{f.key} is a {f.family.name} model ({f.hf_class})", f.family.data_kind
+    if own != kind:
+        return [f"{is_a} for {own}, data={data.name} is {kind}: choose a dataset of {own}"]
+    if f.task != data.task:
+        example = example_option(str(f.task), TEXT) if kind == TEXT else None
+        return [
+            f"{is_a}, which is trained on {f.task}; data.task={data.task}: evaluate it on data of its task"
+            + (f" (e.g. data={example})" if example else "")
+        ]
+    limits = f.limits()
+    problems = []
+    positions = limits.get("positions")
+    if kind == TEXT and positions is not None and data.seq_len > positions:
+        problems.append(
+            f"{f.key} has {positions} positions, fewer than the data.seq_len={data.seq_len} tokens of a window: "
+            f"set data.seq_len={positions} (or less)"
+        )
+    if kind == IMAGES:
+        problems += _image_problems(data, info, f)
+    classes, expected = limits.get("classes"), info.num_classes()
+    if expected is not None and classes is not None and classes != expected:
+        problems.append(
+            f"{f.key} has {classes} classes, data={data.name} has {expected}: use a checkpoint with "
+            f"num_labels={expected}"
+        )
+    return problems
+
+
+def _image_problems(data: Any, info: Any, f: Folder) -> list[str]:
+    """The folder's image size and channels against the dataset's (a resizable one's size is data.image_size
+    where set)."""
+    size, channels = info.image_size, info.channels
+    if info.resizable and data.image_size is not None:
+        size = data.image_size
+    image, own_channels = f.size("image_size"), f.size("num_channels")
+    problems = []
+    if size is not None and image is not None and image != size:
+        fix = f"set data.image_size={image}" if info.resizable else "use a checkpoint for that size"
+        resizable = " and ".join(d.name for d in datasets_for() if d.resizable)
+        problems.append(
+            f"{f.key} reads {image}x{image} images, data={data.name} loads {size}x{size}: {fix} (data.image_size "
+            f"resizes {resizable} only)"
+        )
+    if channels is not None and own_channels is not None and own_channels != channels:
+        problems.append(
+            f"{f.key} reads images of {own_channels} channels, data={data.name}'s have {channels}: use a "
+            f"checkpoint with num_channels={channels}"
+        )
+    return problems
+
+
+def _shared_problems(cfg: Config, folders: list[Folder]) -> list[str]:
+    """What every folder must share with the first, and the widths of each pair."""
+    first = folders[0]
+    problems = []
+    for f in folders[1:]:
+        if f.family is not first.family:
+            problems.append(
+                f"{f.key} is a {f.family.name} model, endpoints.paths[0] a {first.family.name} model: the endpoints of "
+                "a run are of one family"
+            )
+            continue
+        layers = (f.size("num_hidden_layers"), first.size("num_hidden_layers"))
+        if layers[0] != layers[1]:
+            problems.append(
+                f"{f.key} has {layers[0]} layers, {first.key} has {layers[1]}: models to align need as many"
+            )
+        mine, theirs = f.limits(), first.limits()
+        for what, named in LIMITS.items():
+            if mine.get(what) != theirs.get(what):
+                problems.append(
+                    f"{f.key} has {named.format(mine.get(what))}, {first.key} has {named.format(theirs.get(what))}: "
+                    "models to align need the same"
+                )
+    if problems:
+        return problems
+    widths = [(f.size("hidden_size"), f.size("num_attention_heads")) for f in folders]
+    if len(set(widths)) == 1:
+        return []
+    reason = width_alignment_problem(cfg)
+    if reason:
+        differ = next(f for f, w in zip(folders, widths) if w != widths[0])
+        return [
+            f"{differ.key} has width {widths[differ.index][0]} and {widths[differ.index][1]} heads, "
+            f"{first.key} width {widths[0][0]} and {widths[0][1]} heads: {reason}"
+        ]
+    try:
+        pairs = seed_pairs(list(range(len(folders))), str(cfg.pairing))
+    except ValueError:  # _pairing_problems names it
+        return []
+    for a, b in pairs:
+        (wa, ha), (wb, hb) = widths[a], widths[b]
+        if wb > wa or hb > ha:
+            problems.append(
+                f"{folders[b].key} (width {wb}, {hb} heads) is wider than {folders[a].key} (width {wa}, {ha} heads), "
+                f"which pairing={cfg.pairing} embeds it into: put the widest folder first (pairing=first aligns "
+                "every folder to the first)"
+            )
+    return problems
+
+
+def read_folders(cfg: Config) -> list[Folder]:
+    """The folders of an endpoints=pretrained run; FolderError with every problem folder_problems finds."""
+    folders, problems = folder_problems(cfg)
+    if problems:
+        raise FolderError("endpoints=pretrained:\n  " + "\n  ".join(problems))
+    return folders
+
+
+def check_tokenizer(cfg: Config, vocab_size: int | None) -> None:
+    """The loaded tokenizer's ids must fit every model's embedding (text data only); a folder's own tokenizer
+    that differs from data.tokenizer_path's, named on purpose, is reported as not used."""
+    if vocab_size is None:
+        return
+    source = evaluation_config(cfg).data.tokenizer_path
+    folders = read_folders(cfg)
+    if cfg.data.tokenizer_path:
+        for line in tokenizer_differences(cfg, folders):
+            log.warning("%s; it is not used: data.tokenizer_path=%s encodes the text for every folder", line, source)
+    for f in folders:
+        vocab = f.limits().get("vocab")
+        if vocab is not None and vocab < vocab_size:
+            raise FolderError(
+                f"{f.key} has a vocabulary of {vocab} tokens, fewer than the {vocab_size} ids of the tokenizer in "
+                f"{source}: use the tokenizer the models were trained with (data.tokenizer_path=<its folder>)"
+            )
+
+
+def _vocabulary_difference(mine, theirs, me: str, them: str) -> str | None:
+    """One example of how two tokenizers' (vocabulary, special tokens) differ, or None."""
+    (vocab, special), (other_vocab, other_special) = mine, theirs
+    order = lambda ids: lambda token: (ids[token] if isinstance(ids[token], int) else -1, token)  # by id
+    for token in sorted(other_vocab, key=order(other_vocab)):
+        i = other_vocab[token]
+        if vocab.get(token) != i:
+            own = f"id {vocab[token]}" if token in vocab else "no id"
+            return f"token {token!r} has {own} in {me} and id {i} in {them}"
+    extra = sorted(set(vocab) - set(other_vocab), key=order(vocab))
+    if extra:
+        return f"token {extra[0]!r} has id {vocab[extra[0]]} in {me} and no id in {them}"
+    for role in TOKEN_ROLES:
+        if special.get(role) != other_special.get(role):
+            return f"its {role} is {special.get(role)!r} in {me} and {other_special.get(role)!r} in {them}"
+    return None
+
+
+def tokenizer_differences(cfg: Config, folders: list[Folder]) -> list[str]:
+    """For text data, one line per folder whose saved tokenizer maps text to other ids than the tokenizer the
+    run encodes with (evaluation_config: data.tokenizer_path, else the first folder's), naming both and
+    one token; folders without a tokenizer are not compared."""
+    if not dataset(cfg.data.name).is_text:
+        return []
+    source = Path(str(evaluation_config(cfg).data.tokenizer_path)).expanduser()
+    ref = next((f.key for f in folders if f.path.resolve() == source.resolve()), f"data.tokenizer_path={source}")
+    try:
+        reference = saved_vocabulary(source, ref) if source.is_dir() else None
+    except FolderError:  # the data module names a damaged tokenizer when it loads it
+        return []
+    if reference is None:
+        return []
+    out = []
+    for f in folders:
+        if f.path.resolve() == source.resolve():
+            continue
+        try:
+            own = saved_vocabulary(f.path, f.key)
+        except FolderError as err:
+            out.append(f"{err} (its tokenizer cannot be compared with that of {ref})")
+            continue
+        difference = None if own is None else _vocabulary_difference(own, reference, f.key, ref)
+        if difference is not None:
+            out.append(f"{f.key} holds a tokenizer other than that of {ref}: {difference}")
+    return out
+
+
+def check_pairs(cfg: Config, endpoints: list[Endpoint]) -> None:
+    """Every pair's canonical models fit together: the same architecture tensor by tensor, or for
+    different widths, the narrower one embeds exactly into the wider one."""
+    import torch
+
+    from glmc.models.compatibility import check_compatible
+    from glmc.symmetry.embed_width import match_widths, same_shapes
+
+    prefix = "model_a and model_b do not fit together: "
+    # pairing=universe forms no pairs: every model is checked against the first
+    pairs = seed_pairs(list(range(len(endpoints))), str(cfg.pairing)) or [(0, j) for j in range(1, len(endpoints))]
+    for ia, ib in pairs:
+        a, b = endpoints[ia], endpoints[ib]
+        where = f"endpoints.paths[{ib}]={b.path} and endpoints.paths[{ia}]={a.path}"
+        if same_shapes(a.canonical, b.canonical):
+            try:
+                check_compatible(a.canonical, b.canonical)
+            except ValueError as err:
+                raise FolderError(f"{where} do not fit together: {str(err).removeprefix(prefix)}") from None
+            continue
+        reason = width_alignment_problem(cfg)
+        if reason:
+            raise FolderError(f"{where} differ in shape (widths, heads or MLP units): {reason}")
+        if a.canonical.config.norm_eps != b.canonical.config.norm_eps:
+            raise FolderError(
+                f"{where} differ in norm epsilon ({b.canonical.config.norm_eps} and {a.canonical.config.norm_eps}): "
+                "models of different widths are embedded with the first one's"
+            )
+        try:
+            match_widths(a.canonical, b.canonical, torch.Generator().manual_seed(ib), str(cfg.embed_stream))
+        except ValueError as err:
+            raise FolderError(
+                f"endpoints.paths[{ib}]={b.path} does not embed into endpoints.paths[{ia}]={a.path} ({err}): put the "
+                "widest folder first"
+            ) from None

@@ -1,0 +1,214 @@
+"""The run folder: whether a run may write into it, and what an earlier run left there.
+
+`check_run_dir` refuses a run folder that cannot be written, that holds a symbolic link leading out of
+it, or that already holds the results of a different config unless `overwrite=true`
+(`config_differences` names the keys that differ; NOT_RESULTS lists those that may); with overwrite=true,
+`remove_previous_outputs` clears what the replaced config wrote. `RunFolderGuard` (a Hydra callback,
+conf/config.yaml) runs the same check before Hydra writes the run's .hydra/ files into that folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from glmc.config import Config
+
+log = logging.getLogger(__name__)
+
+# Keys that do not change any number in results.json: a rerun may differ in them.
+NOT_RESULTS = (
+    "overwrite",
+    "logger",
+    "cache_dir",
+    "data.root",
+    "data.download",
+    "trainer.enable_progress_bar",
+    "trainer.log_every_n_steps",
+    "threads",  # how fast, not what: numbers may differ in the last bits only
+)
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out if out or not prefix else {prefix[:-1]: {}}
+    return {prefix[:-1]: node}
+
+
+def _ignored(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in NOT_RESULTS)
+
+
+def config_as_saved(cfg: Config) -> dict[str, Any]:
+    """The resolved config as results.json stores it (plain JSON values)."""
+    from glmc.pipeline.outputs import finite_or_none
+
+    return json.loads(json.dumps(finite_or_none(OmegaConf.to_container(cfg, resolve=True))))
+
+
+# keys added to the schema after runs were recorded, with the value those runs had: a results.json
+# without them records that value
+LATER_KEYS = {"endpoints.source": "trained", "endpoints.paths": []}
+# classes that moved to another module after runs were recorded: a results.json naming the old path
+# names the same class
+MOVED_TARGETS = {"glmc.matching.canonical.CanonicalMatcher": "glmc.matching.unaligned.CanonicalMatcher"}
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`key: saved -> current` for every result-changing key that differs, in config order."""
+    old, new = _flatten(saved), _flatten(current)
+    old = {**{k: v for k, v in LATER_KEYS.items() if "endpoints" not in saved}, **old}
+    old = {k: MOVED_TARGETS.get(v, v) if k.endswith("._target_") else v for k, v in old.items()}
+    keys = list(new) + [k for k in old if k not in new]
+    missing = "<absent>"
+    return [
+        f"{k}: {json.dumps(old.get(k, missing))} -> {json.dumps(new.get(k, missing))}"
+        for k in keys
+        if not _ignored(k) and old.get(k, missing) != new.get(k, missing)
+    ]
+
+
+def check_writable(run_dir: Path) -> None:
+    """PermissionError naming `run_dir` when it cannot be created or written (a probe file is
+    created and removed there, or in the nearest folder above it that exists)."""
+    run_dir = Path(run_dir)
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise PermissionError(
+            f"the run folder {run_dir} cannot be created: {existing} is not a folder; choose another "
+            "folder (hydra.run.dir=...)"
+        )
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".glmc-write-probe-"):
+            pass
+    except OSError as err:
+        what = "is not writable" if existing == run_dir else f"cannot be created in {existing}"
+        raise PermissionError(
+            f"the run folder {run_dir} {what} ({err.strerror or err}); make it writable or choose another "
+            "folder (hydra.run.dir=...)"
+        ) from None
+
+
+def check_links(run_dir: Path) -> None:
+    """FileExistsError naming the first symbolic link inside `run_dir` that leads out of it: a rerun
+    would write its results, checkpoints or exports through it into a place the run does not own.
+    Links that stay inside (W&B's `latest-run`) are harmless."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    root = run_dir.resolve()
+    for folder, dirs, files in os.walk(run_dir):  # never follows a link to a folder
+        for name in dirs + files:
+            path = Path(folder) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise FileExistsError(
+                    f"{path} is a symbolic link to {os.readlink(path)}, outside the run folder {run_dir}: a run "
+                    "writes only into its own folder; remove the link, or choose another folder (hydra.run.dir=...)"
+                )
+
+
+def check_run_dir(cfg: Config, run_dir: Path) -> bool:
+    """PermissionError when `run_dir` cannot be written; FileExistsError when it holds results.json
+    of a different config (and overwrite is false). True when overwrite=true replaces such results:
+    `remove_previous_outputs` then clears what that config wrote.
+
+    The same config (up to NOT_RESULTS) may run again: it resumes learned matching from its checkpoints."""
+    check_writable(run_dir)
+    check_links(run_dir)
+    results = Path(run_dir) / "results.json"
+    if not results.is_file():
+        return False
+    try:
+        saved = json.loads(results.read_text()).get("config")
+        if not isinstance(saved, dict):
+            raise ValueError("no config recorded")
+        differences = config_differences(saved, config_as_saved(cfg))
+    except (OSError, ValueError, AttributeError) as err:
+        differences = [f"its results.json records no readable config ({err})"]
+    if not differences:
+        return False
+    shown = "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else "")
+    if cfg.get("overwrite", False):
+        log.warning("overwrite=true: replacing the results in %s of a different config (%s)", run_dir, shown)
+        return True
+    raise FileExistsError(
+        f"{run_dir} already holds the results of a different config ({shown}): pass overwrite=true to "
+        "replace them (other files there are kept), or choose another folder (hydra.run.dir=...)"
+    )
+
+
+# what a run writes into its folder besides one folder per method (glmc.pipeline.run, .outputs, .multi)
+RESULT_FILES = ("results.json", "barrier.csv", "barrier.png", "simplex.png")
+KEPT_FOLDERS = ("logs", "wandb", ".hydra")  # logs of earlier runs and Hydra's record stay
+
+
+def previous_outputs(run_dir: Path) -> list[Path]:
+    """What the run recorded in `run_dir`/results.json wrote there: its result files, one folder per
+    method (learned checkpoints, hf_<seeds> exports, diagnostics) and universe/ of a multi-model run."""
+    run_dir = Path(run_dir)
+    try:
+        saved = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        saved = {}
+    names = list(saved.get("methods") or {}) if isinstance(saved, dict) else []
+    if isinstance(saved, dict) and saved.get("multi"):
+        names.append("universe")
+    folders = [
+        run_dir / n
+        for n in names
+        if isinstance(n, str) and n and Path(n).name == n and not n.startswith(".") and n not in KEPT_FOLDERS
+    ]
+    found = [p for p in folders if p.is_dir() and not p.is_symlink()]
+    return found + [run_dir / f for f in RESULT_FILES if (run_dir / f).is_file()]
+
+
+def remove_previous_outputs(run_dir: Path) -> None:
+    """Remove `previous_outputs`: with overwrite=true, nothing of the replaced config's results (an
+    export, a diagnostics file, a method the new config does not run) is left beside the new ones."""
+    for path in previous_outputs(run_dir):
+        log.info("overwrite=true: removing %s of the replaced results", path)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+class RunFolderGuard(Callback):
+    """`check_run_dir` for a single run started by run.py, before Hydra saves .hydra/config.yaml there:
+    a refused run leaves the folder as it was. Hydra turns a callback's exception into a warning and
+    goes on, so a refusal exits here (glmc.pipeline.refusals)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from glmc.pipeline.refusals import exit_if_refused
+
+        try:
+            self._check(config)
+        except Exception as err:
+            exit_if_refused(err)
+            raise
+
+    @staticmethod
+    def _check(config: DictConfig) -> None:
+        run_dir = Path(str(config.hydra.run.dir))
+        check_writable(run_dir)
+        check_links(run_dir)
+        if not (run_dir / "results.json").is_file():
+            return
+        task = copy.deepcopy(config)  # the task function's config: everything but the `hydra` node
+        with read_write(task), open_dict(task):
+            del task["hydra"]
+        check_run_dir(task, run_dir)

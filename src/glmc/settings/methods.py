@@ -1,0 +1,198 @@
+"""Every alignment method's settings: one config dataclass per method, whose `_target_` names the
+matcher class and whose other fields are that class's constructor arguments, with their defaults and
+ranges (glmc.settings.ranges). METHODS lists the pairwise methods (the `matcher` schema, MatcherConfig,
+is made from it), MULTI_METHODS the multi-model ones (`pairing=universe`, `multi.methods`).
+
+`run.py` composes them under `matcher.<name>` (so every option is type-checked at composition and
+overridable, e.g. `matcher.weight.max_iter=5`); glmc.matching.registry builds the matchers from these
+nodes, for run.py and `glmc.align` alike. Symmetry classes default to the run's `symmetry` group by
+interpolation; outside Hydra they resolve against the schema's defaults.
+
+This module imports no matcher and not glmc.config: the classes are named by `_target_` and loaded by
+`instantiate` when a method is built, so the config schema can read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any
+
+from glmc.choices import (
+    ActivationResidual,
+    HeadAssignment,
+    HeadForm,
+    LearnedInit,
+    ResidualClass,
+    ResidualMap,
+    UnitClass,
+    UnitLatent,
+)
+from glmc.settings.groups import LearnedTraining, UniverseTraining
+from glmc.settings.ranges import setting
+
+
+@dataclass
+class VanillaMatcherConfig:
+    """Plain averaging of the original (HF) parameters."""
+
+    _target_: str = "glmc.matching.vanilla.VanillaMatcher"
+    name: str = "vanilla"
+
+
+@dataclass
+class CanonicalMatcherConfig:
+    """The canonical form without alignment: what the reparameterisation alone does."""
+
+    _target_: str = "glmc.matching.unaligned.CanonicalMatcher"
+    name: str = "canonical"
+    qk: HeadForm = "${symmetry.qk}"  # type: ignore[assignment]
+    vo: HeadForm = "${symmetry.vo}"  # type: ignore[assignment]
+
+
+@dataclass
+class WeightMatcherConfig:
+    """Paper 001 §4.1 weight matching."""
+
+    _target_: str = "glmc.matching.weight.WeightMatcher"
+    name: str = "weight"
+    residual: ResidualClass = "${symmetry.residual}"  # type: ignore[assignment]
+    heads: UnitClass = "${symmetry.heads}"  # type: ignore[assignment]
+    mlp: UnitClass = "${symmetry.mlp}"  # type: ignore[assignment]
+    qk: HeadForm = "${symmetry.qk}"  # type: ignore[assignment]
+    vo: HeadForm = "${symmetry.vo}"  # type: ignore[assignment]
+    max_iter: int = setting(15, "count")
+    tol: float = setting(1e-6, "nonnegative")
+    # language models: embedding rows of tokens in the training data (or "all")
+    vocabulary: str = setting("train", choices=("train", "all"))
+    # auto: the orthogonal residual map fixes the all-ones vector when both streams are mean-zero, so merges
+    # export to HF LayerNorm models; never (default): unrestricted Procrustes; always: restricted or an error
+    keep_mean: str = setting("never", choices=("auto", "always", "never"))
+
+
+@dataclass
+class LearnedMatcherConfig(LearnedTraining):
+    """Paper 001 §4.2 learned matching: the training settings of LearnedTraining (their defaults and
+    meaning are declared there) and which spaces are learned, from what start."""
+
+    _target_: str = "glmc.matching.learned.LearnedMatcher"
+    name: str = "learned"
+    residual: ResidualClass = "${symmetry.residual}"  # type: ignore[assignment]
+    heads: UnitClass = "${symmetry.heads}"  # type: ignore[assignment]
+    mlp: UnitClass = "${symmetry.mlp}"  # type: ignore[assignment]
+    units: UnitLatent = UnitLatent.permutation  # latents of heads and MLP: straight-through or Sinkhorn
+    qk: HeadForm = "${symmetry.qk}"  # type: ignore[assignment]
+    vo: HeadForm = "${symmetry.vo}"  # type: ignore[assignment]
+    init: LearnedInit = LearnedInit.weight
+    weight_max_iter: int = setting("${matcher.weight.max_iter}", "count")
+    weight_tol: float = setting("${matcher.weight.tol}", "nonnegative")
+
+
+@dataclass
+class ActivationMatcherConfig:
+    """Paper 003 activation matching; attention weights interpolated factored, as in that paper."""
+
+    _target_: str = "glmc.matching.activation.ActivationMatcher"
+    name: str = "activation"
+    residual: ActivationResidual = ActivationResidual.all
+    residual_map: ResidualMap = ResidualMap.permutation
+    heads: HeadAssignment = HeadAssignment.two_stage
+    mlp: UnitClass = UnitClass.permutation
+    qk: HeadForm = HeadForm.none
+    vo: HeadForm = HeadForm.none
+    batches: int = setting(16, "count")  # training batches whose activations are recorded
+
+
+@dataclass
+class RotationMatcherConfig:
+    """Paper 002: per-head closed-form rotation of Q/K and V/O with rescaling, MLP permutations by
+    weight matching, the residual stream not aligned (or `orthogonal`: ours); factored interpolation."""
+
+    _target_: str = "glmc.matching.rotation.RotationMatcher"
+    name: str = "rotation"
+    residual: ResidualClass = ResidualClass.none
+    heads: UnitClass = UnitClass.none  # paper 002 keeps heads in place
+    mlp: UnitClass = UnitClass.permutation
+    rescale: bool = setting(True, "flag")
+    qk: HeadForm = HeadForm.none
+    vo: HeadForm = HeadForm.none
+    max_iter: int = setting("${matcher.weight.max_iter}", "count")
+    tol: float = setting("${matcher.weight.tol}", "nonnegative")
+    vocabulary: str = setting("${matcher.weight.vocabulary}", choices=("train", "all"))
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered pairwise method: its config dataclass and the factory of its default node."""
+
+    schema: type
+    make: Callable[[], Any]
+
+
+def _variant(base: str, cls: type, **own) -> Method:
+    """A method that shares `matcher.<base>`'s settings (by interpolation) except `own`."""
+    skip = {"_target_", "residual", "heads", "mlp", "units", "qk", "vo", *own}
+    shared = {f.name: f"${{matcher.{base}.{f.name}}}" for f in fields(cls) if f.name not in skip}
+    return Method(cls, lambda: cls(**shared, **own))
+
+
+# name -> the method's config and defaults, registered here only (the `matcher` schema below is made
+# from it); the order is the plot order of `compare`.
+METHODS: dict[str, Method] = {
+    "vanilla": Method(VanillaMatcherConfig, VanillaMatcherConfig),
+    "canonical": Method(CanonicalMatcherConfig, CanonicalMatcherConfig),
+    "weight_perm": _variant("weight", WeightMatcherConfig, name="weight_perm", residual=ResidualClass.permutation),
+    "weight": Method(WeightMatcherConfig, WeightMatcherConfig),
+    "activation": Method(ActivationMatcherConfig, ActivationMatcherConfig),
+    "activation_orth": _variant(
+        "activation", ActivationMatcherConfig, name="activation_orth", residual_map=ResidualMap.orthogonal
+    ),
+    "rotation": Method(RotationMatcherConfig, RotationMatcherConfig),
+    "learned": Method(LearnedMatcherConfig, LearnedMatcherConfig),
+    "learned_perm": _variant("learned", LearnedMatcherConfig, name="learned_perm", residual=ResidualClass.permutation),
+    "learned_sinkhorn": _variant("learned", LearnedMatcherConfig, name="learned_sinkhorn", units=UnitLatent.sinkhorn),
+}
+
+# the classes the registry's methods build: a `_target_` may name these without further checks
+REGISTERED_TARGETS = frozenset(
+    f.default for method in METHODS.values() for f in fields(method.schema) if f.name == "_target_"
+)
+
+# The `matcher` group's schema: which methods a run evaluates (`methods`, in plot order) and one node
+# per registered method, `matcher.<name>`.
+MatcherConfig = make_dataclass(
+    "MatcherConfig",
+    [
+        ("name", str, field(default="compare")),
+        ("methods", list[str], field(default_factory=lambda: ["vanilla"])),
+        *((name, method.schema, field(default_factory=method.make)) for name, method in METHODS.items()),
+    ],
+    namespace={"__module__": __name__, "__doc__": "Which methods a run evaluates and every method's settings."},
+)
+
+
+@dataclass(frozen=True)
+class MultiMethod:
+    """A multi-model method (`multi.methods`, pairing=universe): how the endpoints are aligned before
+    the simplex they span is evaluated."""
+
+    universe: bool  # aligned to a shared universe by the pairwise method `multi.pairwise`; else as trained
+    # then refined by this function (a dotted path, like `_target_`) with every setting of `settings`,
+    # read from `multi.*`: refine(universe_alignment, context, where="multi", **settings)
+    refine: str | None = None
+    settings: type | None = None
+
+
+# name -> how that multi-model method aligns; the order is the default `multi.methods`.
+MULTI_METHODS: dict[str, MultiMethod] = {
+    "vanilla": MultiMethod(universe=False),  # the original parameters, averaged
+    "weight": MultiMethod(universe=True),
+    "learned": MultiMethod(
+        universe=True, refine="glmc.matching.universe_learned.learned_universe", settings=UniverseTraining
+    ),
+}
+
+
+def default_target(name: str) -> str:
+    """The class registered method `name` builds."""
+    return next(f.default for f in fields(METHODS[name].schema) if f.name == "_target_")
