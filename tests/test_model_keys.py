@@ -5,10 +5,12 @@ are checked for their ranges and all of them are in the endpoint cache key."""
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import fields
 
 import pytest
+from omegaconf import OmegaConf
 
 from glmc.config import ModelConfig
 from glmc.models.families import family_named, family_names
@@ -54,6 +56,13 @@ def _compose(family: str, *overrides: str):
     return compose_config("debug=fast", *RUNS[family], *overrides)
 
 
+def _with_changed(cfg, key: str):
+    """A copy of `cfg` with model.`key` set to `_changed` (as the override would set it)."""
+    changed = copy.deepcopy(cfg)
+    OmegaConf.update(changed, f"model.{key}", _changed(cfg, key))
+    return changed
+
+
 class _Reads:
     """A model config that records every key read from it."""
 
@@ -85,7 +94,7 @@ def test_a_key_the_family_does_not_read_is_refused_naming_key_and_family(family,
     cfg = _compose(family)
     validate_config(cfg)  # the run itself passes
     with pytest.raises(ConfigError) as err:
-        validate_config(_compose(family, f"model.{key}={_changed(cfg, key)}"))
+        validate_config(_with_changed(cfg, key))
     assert re.search(rf"model\.{key}=\S+: model\.family={family} does not read it.*remove the setting", str(err.value))
 
 
@@ -94,7 +103,7 @@ def test_every_key_the_family_reads_is_in_the_endpoint_cache_key(family):
     cfg = _compose(family)
     base = cache_key(cfg)
     for key in family_named(family).model_keys:
-        assert cache_key(_compose(family, f"model.{key}={_changed(cfg, key)}")) != base, key
+        assert cache_key(_with_changed(cfg, key)) != base, key
 
 
 def test_the_reported_gpt2_settings_are_refused_before_any_work():
