@@ -8,7 +8,7 @@ such; the next part still runs):
   inputs       the tokenizer folder gives GPT-2's known ids ("Hello world" -> [15496, 995]); the corpus exists
   gpu tests    `pytest -m gpu`
   step cost    benchmarks/learned_step_cost.py --device cuda on the digits ViT (run.py's default) and on the
-               paper-size GPT-2 shape (experiment=paper_gpt2_embedded, windows of 128), as the README's tables
+               paper-size GPT-2 shape (experiment=paper_gpt2_embedded, windows of 128), as docs/methods.md's tables
   shakespeare  paper 001's Tiny Shakespeare column at the paper's size (experiment=shakespeare_gpt2
                trainer=gpu) on two disjoint seed pairs, seeds 0-3, with the GPT-2 tokenizer of --tokenizer and
                the corpus of --shakespeare; it gets whatever time the other parts leave

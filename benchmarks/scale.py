@@ -29,7 +29,7 @@ slack; and the largest batch of each sequence length that fits each.
 
 --layers N and --vocab N cut the matched models for quick checks (the output says so). The two full
 models take 1.2 GiB (GPT-2) and 11.2 GiB (Llama) before the matching's own memory. The Llama shape cut
-to 8 of its 16 layers peaked 6.8 GiB above its 7.5 GiB of models (README, "What fits"), which puts the
+to 8 of its 16 layers peaked 6.8 GiB above its 7.5 GiB of models (docs/experiments.md, "What fits"), which puts the
 full llama-1b at about 25 GiB: run it on a machine with 32 GiB or more.
 """
 

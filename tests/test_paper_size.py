@@ -1,4 +1,4 @@
-"""Paper 001's Table 2 columns at the paper's size: every command the README gives composes and validates
+"""Paper 001's Table 2 columns at the paper's size: every command docs/reproducing.md gives composes and validates
 (nothing runs: the data and a GPU are not here), each config carries the settings of the paper's App. B,
 and `experiments/reproduce.py table2 --paper-size` issues exactly those commands."""
 
@@ -23,7 +23,7 @@ DATA = ("data.root=/data",)
 TOKENIZER = ("data.tokenizer_path=/models/gpt2",)
 TABLE2_ROWS = ["vanilla", "activation", "weight_perm", "weight", "learned_perm", "learned"]
 
-# column -> (README command's overrides, (layers, heads, width, MLP), epochs, examples per step, weight decay,
+# column -> (docs/reproducing.md command's overrides, (layers, heads, width, MLP), epochs, examples per step, weight decay,
 # warm-up share, early-stopping patience)
 COLUMNS = {
     "cifar10": (("experiment=cifar10_vit", "trainer=gpu", *DATA), (6, 8, 256, 512), 150, 128, 0.05, 0.0, None),
@@ -131,7 +131,7 @@ def test_reproduce_paper_size_issues_each_column_command(tmp_path, monkeypatch):
     columns = ("cifar10", "cifar100", "tiny_imagenet", "shakespeare", "bookcorpus")
     for argv, step, column in zip(calls, artefact.steps, columns, strict=True):
         assert argv == [*step.overrides, *extra, f"hydra.run.dir={tmp_path / step.label}"]
-        assert set(COLUMNS[column][0]) <= set(argv)  # the README's command (--set reaches every step)
+        assert set(COLUMNS[column][0]) <= set(argv)  # the documented command (--set reaches every step)
     files = reproduce.reproduce(artefact, opts)  # the finished steps are skipped; the table is made from them
     section = (opts.out / "table2" / "section.md").read_text()
     assert "`python experiments/reproduce.py table2 --paper-size`" in section and len(files) == 4

@@ -38,12 +38,12 @@ from conftest import CONF, ROOT, compose_config
 from tiny_hf import tiny_vit
 
 # Values that conf/ sets on purpose over the schema defaults, and nothing else may differ:
-# conf/config.yaml tunes learned matching for the demo ViT (README, "Choosing the demo model"), and
+# conf/config.yaml tunes learned matching for the demo ViT (docs/experiments.md, "Choosing the demo model"), and
 # learned_perm / learned_sinkhorn follow matcher.learned by interpolation.
 DEMO_LEARNED = {"max_steps": 600, "lr": 0.01, "lambda_scheme": "uniform", "lambda_candidates": 2}
 INTENDED_MATCHER = {"learned": DEMO_LEARNED, "learned_perm": DEMO_LEARNED, "learned_sinkhorn": DEMO_LEARNED}
 # conf/config.yaml: run.py's universe refinement puts half its steps on an edge, near its midpoint
-# (measured on digits, README); the Python default (learned_universe) draws from the Dirichlet alone.
+# (measured on digits, docs/experiments.md); the Python default (learned_universe) draws from the Dirichlet alone.
 INTENDED_MULTI = {"edge_share": 0.5, "edge_lambda": "gaussian"}
 
 LEARNED = [name for name, method in METHODS.items() if issubclass(method.schema, LearnedTraining)]

@@ -35,7 +35,7 @@ class SymmetryConfig:
 class LearnedTraining:
     """Training settings of pairwise learned matching (paper 001 §4.2), `matcher.<learned method>.*`.
     Defaults as the width-64 digits ablations (Figs. 8 and 9) use them; the demo's config sets 600
-    steps at lr 0.01 (README, "Choosing the demo model"); paper 001 trains CIFAR-10 with lr 3e-4 and
+    steps at lr 0.01 (docs/experiments.md, "Choosing the demo model"); paper 001 trains CIFAR-10 with lr 3e-4 and
     lambda_scheme uniform_mid for 5 epochs."""
 
     max_steps: int = setting(1500, "count")
@@ -70,7 +70,7 @@ class UniverseTraining:
     edge_lambda: where on that edge, one of EDGE_LAMBDAS: "uniform" (lambda ~ U(0, 1)) or "gaussian"
     (N(0.5, 0.1) clipped to [0, 1], pairwise learned matching's scheme: the edge's midpoint is where
     its barrier sits). The defaults draw from the Dirichlet alone; conf/config.yaml sets edge_share
-    0.5 and gaussian edges for run.py, as measured on digits (README). candidates: draws of the
+    0.5 and gaussian edges for run.py, as measured on digits (docs/experiments.md). candidates: draws of the
     coefficients per step; with more than one, the step trains at the draw whose batch loss lies
     furthest above the members' losses combined by it (Eq. 2's excess)."""
 

@@ -17,7 +17,7 @@ s = sqrt(N / n) the embedded stream has the narrow stream's root mean square and
 model's own (`match_widths(..., stream="rms")`), so a wide model and an embedded narrow one that
 were trained alike carry streams of one size. The scale sets how fast the wide model's writers take
 over along a path between them; on the digits ViTs the kept norm (s = 1) gave the lower barriers
-(README, "Many models and different widths").
+(docs/experiments.md, "Many models and different widths").
 
 Heads, head dimensions and MLP units are padded with zeros: padded heads and units write nothing
 through their zero output weights, whatever the activation gives at 0; zero query/key dimensions add
