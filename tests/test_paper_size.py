@@ -23,7 +23,7 @@ DATA = ("data.root=/data",)
 TOKENIZER = ("data.tokenizer_path=/models/gpt2",)
 TABLE2_ROWS = ["vanilla", "activation", "weight_perm", "weight", "learned_perm", "learned"]
 
-# column -> (docs/reproducing.md command's overrides, (layers, heads, width, MLP), epochs, examples per step, weight decay,
+# column -> (the documented command's overrides, (layers, heads, width, MLP), epochs, examples per step, weight decay,
 # warm-up share, early-stopping patience)
 COLUMNS = {
     "cifar10": (("experiment=cifar10_vit", "trainer=gpu", *DATA), (6, 8, 256, 512), 150, 128, 0.05, 0.0, None),
