@@ -603,8 +603,8 @@ def _cli(cache: Path, run: Path) -> list[str]:
         "debug=fast",
         "logger=none",
         "matcher.methods=[vanilla]",
-        "train.max_epochs=4",
-        "data.limit_train=192",
+        "train.max_epochs=3",
+        "data.limit_train=128",
         f"cache_dir={cache}",
         f"hydra.run.dir={run}",
     ]

@@ -138,7 +138,11 @@ def test_second_call_skips_finished_steps_and_builds_the_report(tiny):
 
 
 @pytest.mark.slow
-def test_grid_step_trains_endpoints_once_then_runs_every_job(tmp_path):
+def test_grid_step_trains_endpoints_once_then_runs_every_job(tmp_path, monkeypatch):
+    # the endpoint run in this process, the grid through run.py -m and its launcher
+    command = reproduce.run_command
+    either = lambda args, *rest: (command if "-m" in args else run_in_this_process)(args, *rest)  # noqa: E731
+    monkeypatch.setattr(reproduce, "run_command", either)
     step = Step("grid", ("matcher.methods=[vanilla],[canonical]",), multirun=True, tiny=("seeds=[0,1]",))
     artefact = Artefact("grid_test", "a grid", (step,), make=lambda root, out: [])
     extra = (f"cache_dir={tmp_path / 'endpoints'}", "logger=none")
