@@ -93,6 +93,13 @@ DIGITS = Lazy("glmc.data.digits:digits_content")
 PYDOC = Lazy("glmc.data.pydoc_corpus:pydoc_text")
 TOPICS = "glmc.data.pydoc_topics"
 
+
+def _cifar(name: str, folder: str, classes: int) -> DatasetInfo:
+    """CIFAR-10 or CIFAR-100: 32x32 colour images in the python batches of `folder` under data.root."""
+    loader, files = Lazy("glmc.data.cifar:cifar_splits"), on_disk(folder)
+    return DatasetInfo(name, IMAGES, (CLASSIFICATION,), loader, files, image_size=32, channels=3, classes=classes)
+
+
 DATASETS: dict[str, DatasetInfo] = {
     info.name: info
     for info in (
@@ -107,26 +114,8 @@ DATASETS: dict[str, DatasetInfo] = {
             classes=10,
             resizable=True,
         ),
-        DatasetInfo(
-            "cifar10",
-            IMAGES,
-            (CLASSIFICATION,),
-            Lazy("glmc.data.cifar:cifar_splits"),
-            on_disk("cifar-10-batches-py"),
-            image_size=32,
-            channels=3,
-            classes=10,
-        ),
-        DatasetInfo(
-            "cifar100",
-            IMAGES,
-            (CLASSIFICATION,),
-            Lazy("glmc.data.cifar:cifar_splits"),
-            on_disk("cifar-100-python"),
-            image_size=32,
-            channels=3,
-            classes=100,
-        ),
+        _cifar("cifar10", "cifar-10-batches-py", classes=10),
+        _cifar("cifar100", "cifar-100-python", classes=100),
         DatasetInfo(
             "tiny_imagenet",
             IMAGES,

@@ -126,6 +126,20 @@ class Family:
         return f"<model family {self.name}>"
 
 
+def encoder_sizes(cfg: Any) -> dict[str, Any]:
+    """The block sizes, activation and dropout of model.* under the names the BERT-style Hugging Face
+    configs (ViTConfig, BertConfig, RobertaConfig) give them."""
+    return {
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.mlp_size,
+        "hidden_act": cfg.hidden_act,
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.dropout,
+    }
+
+
 def role_of(layout: dict[str, Role], name: str) -> Role | None:
     return layout.get(role_key(name))
 

@@ -30,7 +30,7 @@ from glmc.models.canonical import (
     layer_norm,
 )
 from glmc.models.export import check_heads, check_model, fresh, set_param
-from glmc.models.families.base import Family
+from glmc.models.families.base import Family, encoder_sizes
 from glmc.models.families.fold import common_eps
 from glmc.models.families.roles import HEAD_HIDDEN, Acts, Role
 
@@ -118,13 +118,7 @@ class BertFamily(Family):
         config = self.hf_config(
             cfg,
             vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            intermediate_size=cfg.mlp_size,
-            hidden_act=cfg.hidden_act,
-            hidden_dropout_prob=cfg.dropout,
-            attention_probs_dropout_prob=cfg.dropout,
+            **encoder_sizes(cfg),
             type_vocab_size=cfg.type_vocab_size,
             layer_norm_eps=cfg.layer_norm_eps,
             num_labels=cfg.num_labels,

@@ -15,7 +15,7 @@ from transformers import ViTConfig, ViTForImageClassification
 
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonical_activation
 from glmc.models.export import check_heads, check_model, fresh, identity_norm, set_param
-from glmc.models.families.base import Family
+from glmc.models.families.base import Family, encoder_sizes
 from glmc.models.families.fold import center, common_eps, fold_norm
 from glmc.models.families.roles import Acts, Role
 
@@ -135,13 +135,7 @@ class ViTFamily(Family):
             image_size=cfg.image_size,
             patch_size=cfg.patch_size,
             num_channels=cfg.num_channels,
-            hidden_size=cfg.hidden_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            intermediate_size=cfg.mlp_size,
-            hidden_act=cfg.hidden_act,
-            hidden_dropout_prob=cfg.dropout,
-            attention_probs_dropout_prob=cfg.dropout,
+            **encoder_sizes(cfg),
             layer_norm_eps=cfg.layer_norm_eps,
             qkv_bias=cfg.qkv_bias,
             num_labels=cfg.num_labels,
