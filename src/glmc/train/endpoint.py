@@ -15,6 +15,13 @@ from glmc.schedule import warmup_cosine
 NO_DECAY = ("position_embeddings", "cls_token", "wpe")
 
 
+def training_loss(logits: torch.Tensor, targets: torch.Tensor, task: str, label_smoothing: float = 0.0) -> torch.Tensor:
+    """The mean loss an endpoint trains on: per-token cross-entropy for the language tasks (next token for a
+    causal LM, padding and unmasked positions left out), per-example for classification."""
+    logits, targets = flat_predictions(logits, targets, task)
+    return F.cross_entropy(logits, targets, label_smoothing=label_smoothing, ignore_index=IGNORE_INDEX)
+
+
 class EndpointModule(L.LightningModule):
     def __init__(self, model: torch.nn.Module, train_cfg: TrainConfig, task: str):
         super().__init__()
@@ -27,10 +34,7 @@ class EndpointModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
-        logits, targets = flat_predictions(self(inputs), targets, self.task)
-        loss = F.cross_entropy(
-            logits, targets, label_smoothing=self.train_cfg.label_smoothing, ignore_index=IGNORE_INDEX
-        )
+        loss = training_loss(self(inputs), targets, self.task, self.train_cfg.label_smoothing)
         self.log("train_loss", loss, prog_bar=True)
         return loss
 
