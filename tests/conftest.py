@@ -75,8 +75,14 @@ LONG_FILES = (
     "test_cache_key.py",
     "test_paper_configs.py",
     "test_learned.py",
-    "test_evaluator.py",
+    "test_pretrained_endpoints.py",
     "test_pipeline.py",
+    "test_roberta_finetune_report.py",
+    "test_early_errors.py",
+    "test_evaluator.py",
+    "test_sigterm.py",
+    "test_sweeps.py",
+    "test_folder_reliability.py",
 )
 
 
