@@ -48,9 +48,7 @@ def data_overrides(name: str) -> list[str]:
     data = ["data=digits"] if family.data_kind == "images" else []
     if family.data_kind == "text":
         data = ["data=pydoc" if "causal_lm" in family.tasks else "data=pydoc_mlm", f"data.seq_len={SEQ_LEN}"]
-    if "orthogonal" not in family.residual_classes:  # post-norm streams
-        data.append("symmetry=permutation")
-    return data
+    return data  # no symmetry override: symmetry=auto picks the family's widest residual class
 
 
 def char_tokenizer():
@@ -105,6 +103,9 @@ def test_two_folders_of_every_family_give_barriers_and_an_export(family, folders
     assert [e["name"] for e in results["endpoints"]] == [a.name, b.name]
     assert [e["path"] for e in results["endpoints"]] == [str(a), str(b)]
     assert results["model"] == f"{family} ({a.name}, {b.name})"
+    widest = family_named(family).residual_classes[0]
+    assert results["symmetry"] == {"residual": widest, "source": "family default", "family": family}
+    assert results["config"]["matcher"]["weight"]["residual"] == widest
     for name in ("vanilla", "weight"):
         pair = results["methods"][name]["pairs"][0]
         assert pair["endpoints"] == [a.name, b.name] and pair["seeds"] == [0, 1]

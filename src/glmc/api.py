@@ -27,6 +27,7 @@ from glmc.models.canonical import CanonicalTransformer
 from glmc.models.compatibility import check_compatible
 from glmc.models.convert import to_canonical
 from glmc.models.families import family_named, family_of_model_type
+from glmc.symmetry.family_defaults import resolve_residual
 
 
 def align(
@@ -58,13 +59,14 @@ def align(
 
     Returns an Alignment: `.model` is B transformed (same function as B), `.reference` is A in the
     same parameterisation, `.transform` the group elements, `.diagnostics` the method's record."""
+    node, symmetry = None, {}
     if isinstance(matcher, str):
         if matcher not in METHODS:
             raise ValueError(f"matcher={matcher!r} is not one of {list(METHODS)}")
-        matcher = build_matcher(default_method_config(matcher, **options))
+        node = default_method_config(matcher, **options)  # a misspelled option fails here, before any work
     elif options:
         raise TypeError("options apply to a matcher given by name")
-    if not callable(getattr(matcher, "match", None)):
+    elif not callable(getattr(matcher, "match", None)):
         raise ValueError(
             f"matcher={matcher!r} has no match(a, b, context) method: pass a method name ({', '.join(METHODS)}) "
             "or an object with one"
@@ -72,6 +74,17 @@ def align(
     check_model(model_a, "model_a")
     check_model(model_b, "model_b")
     a, b = to_canonical(model_a, "model_a"), to_canonical(model_b, "model_b")
+    if node is not None:
+        if "residual" in node:  # residual=auto (the default): the widest class the family admits
+            family = family_named(a.config.family)
+            node.residual, source = resolve_residual(node.residual, family)
+            if node.residual not in ("none", *family.residual_classes):
+                raise ValueError(
+                    f"residual={node.residual} is not a symmetry of the {family.name} family's residual stream; "
+                    f"allowed: {', '.join(family.residual_classes)} (or leave it out: the widest is the default)"
+                )
+            symmetry = {"residual": str(node.residual), "source": source}
+        matcher = build_matcher(node)
     check_compatible(a, b, equal_mlp=getattr(matcher, "equal_mlp_widths", True))
     if data is not None:
         check_data(a, data)
@@ -87,7 +100,10 @@ def align(
             fit=fit_latents,
             path_loss=_evaluator.path_losses,
         )
-        return matcher.match(a, b, context)
+        alignment = matcher.match(a, b, context)
+    if symmetry:
+        alignment.diagnostics["symmetry"] = symmetry
+    return alignment
 
 
 def evaluate(model: torch.nn.Module, loader: Iterable, task: str | None = None, **options) -> tuple[float, float]:

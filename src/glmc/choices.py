@@ -52,6 +52,9 @@ class LoggerMode(StrEnum):
 
 
 class ResidualClass(StrEnum):
+    # the widest class the endpoints' family admits (glmc.symmetry.family_defaults): orthogonal for
+    # pre-norm streams, permutation for post-norm ones
+    auto = "auto"
     orthogonal = "orthogonal"
     permutation = "permutation"
     none = "none"

@@ -45,10 +45,12 @@ from glmc.matching.base import MatchContext, circuit_pairs, require_factored, se
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.matching.weight import eigen_angles, used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
+from glmc.models.families import family_named
 from glmc.models.families.roles import HEAD_HIDDEN
 from glmc.settings.methods import LearnedMatcherConfig
 from glmc.settings.ranges import check_settings
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
+from glmc.symmetry.family_defaults import resolve_residual
 from glmc.symmetry.groups import Element
 
 log = logging.getLogger(__name__)
@@ -118,7 +120,7 @@ class LearnedMatcher:
     def __init__(
         self,
         name: str = "learned",
-        residual: str = "orthogonal",
+        residual: str = "auto",
         heads: str = "permutation",
         mlp: str = "permutation",
         units: str = "permutation",
@@ -130,7 +132,7 @@ class LearnedMatcher:
         **settings,
     ):
         check_settings(LearnedMatcherConfig, f"matcher.{name}", locals())  # the training settings: LearnedSettings
-        self.name, self.init, self.circuits = name, init, circuit_pairs(qk, vo)
+        self.name, self.init, self.circuits, self.residual = name, init, circuit_pairs(qk, vo), str(residual)
         self.kinds = {
             "residual": str(residual),
             "heads": units if heads != "none" else "none",
@@ -170,6 +172,8 @@ class LearnedMatcher:
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext) -> Alignment:
         require_factored(self.name, a, b)
+        # auto: the family's widest class, chosen again for every pair (a matcher may serve several families)
+        self.kinds["residual"] = resolve_residual(self.residual, family_named(a.config.family))[0]
         loader = context.train_batches(self.name)
         spec = SymmetrySpec.from_model(b)
         kinds = {s.name: self.kinds[s.kind] for s in spec if self.kinds.get(s.kind, "none") != "none"}

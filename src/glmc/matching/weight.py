@@ -79,6 +79,7 @@ from glmc.symmetry import (
     apply,
     apply_params,
 )
+from glmc.symmetry.family_defaults import resolve_residual
 from glmc.symmetry.groups import Element
 
 # assign_layers, group_assignment, projected, PARALLEL_UNITS: imported from here elsewhere too
@@ -1012,7 +1013,7 @@ class WeightMatcher:
     def __init__(
         self,
         name: str = "weight",
-        residual: str = "orthogonal",
+        residual: str = "auto",
         heads: str = "permutation",
         mlp: str = "permutation",
         qk: str = "circuit",
@@ -1030,9 +1031,10 @@ class WeightMatcher:
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)
         tokens = used_tokens(b, context) if self.vocabulary == "train" else None
-        keep_mean = self.resolve_keep_mean(a, b)
+        residual = resolve_residual(self.residual, family_named(a.config.family))[0]  # auto: the family's widest
+        keep_mean = self.resolve_keep_mean(a, b, residual)
         transform, diagnostics = weight_matching(
-            a, b, self.residual, self.heads, self.mlp, self.max_iter, self.tol, tokens=tokens, keep_mean=keep_mean
+            a, b, residual, self.heads, self.mlp, self.max_iter, self.tol, tokens=tokens, keep_mean=keep_mean
         )
         diagnostics["keep_mean"] = keep_mean
         if tokens is not None:
@@ -1041,9 +1043,9 @@ class WeightMatcher:
             reference=a, model=apply(transform, b), transform=transform, circuits=self.circuits, diagnostics=diagnostics
         )
 
-    def resolve_keep_mean(self, a: CanonicalTransformer, b: CanonicalTransformer) -> bool:
+    def resolve_keep_mean(self, a: CanonicalTransformer, b: CanonicalTransformer, residual: str) -> bool:
         """Whether the orthogonal residual map is restricted to fix the all-ones vector."""
-        if self.keep_mean == "never" or self.residual != "orthogonal":
+        if self.keep_mean == "never" or residual != "orthogonal":
             return False  # permutations fix 1 anyway
         for label, model in (("A", a), ("B", b)):
             name = uncentred_writer(model)

@@ -44,6 +44,7 @@ from glmc.pipeline.pairing import seed_pairs
 from glmc.pipeline.run_folder import check_run_dir, remove_previous_outputs
 from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import validate_config
+from glmc.symmetry.family_defaults import resolve_run_symmetry
 from glmc.safe_files import atomic_write_text
 from glmc.symmetry.embed_width import match_widths, same_shapes
 from glmc.train.latent_fit import fit_latents
@@ -212,7 +213,7 @@ def _terminated(err: BaseException) -> bool:
 def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
     """Validate, then run every stage; on Ctrl-C or SIGTERM say where the checkpoints are before exiting."""
     run_dir = Path(run_dir)
-    validate_config(cfg)
+    symmetry = resolve_run_symmetry(cfg, validate_config(cfg))  # symmetry=auto: the family's widest set
     if check_run_dir(cfg, run_dir):  # overwrite=true: nothing of the replaced results stays
         remove_previous_outputs(run_dir)
     stage: dict[str, str] = {}
@@ -220,7 +221,7 @@ def run_pipeline(cfg: Config, run_dir: Path) -> dict[str, Any]:
     sigint = signal.getsignal(signal.SIGINT) if main else None
     sigterm = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
     try:
-        return _run(cfg, run_dir, stage)
+        return _run(cfg, run_dir, stage, symmetry)
     except (KeyboardInterrupt, SystemExit) as err:
         if not _interrupted(err):
             raise
@@ -390,7 +391,7 @@ def _print_summary(results: dict[str, Any], multi: dict | None, run_dir: Path, e
         print(f"\nwrote {run_dir / 'results.json'}, barrier.csv, barrier.png")
 
 
-def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
+def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, str]) -> dict[str, Any]:
     quiet_lightning()
     run_dir.mkdir(parents=True, exist_ok=True)
     # a method's own checks of its settings fail here, before any training
@@ -426,6 +427,7 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str, Any]:
             multi = run_multi(cfg, run_dir, endpoints, evaluator, run.context(run_dir / "universe", logger))
             stage.clear()
         results = _results(cfg, endpoints, device, methods, multi)
+        results["symmetry"] = symmetry  # the residual class used and whether the family chose it
         if is_global_zero():
             write_results(results, run_dir)
             tracker.log_results(results)

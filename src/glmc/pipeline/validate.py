@@ -27,6 +27,7 @@ from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.pairing import seed_pairs  # the pipeline's own pairing: its errors name the seeds
 from glmc.settings.methods import METHODS, MULTI_METHODS, default_target
 from glmc.settings.ranges import RULES, SEED_LIMIT, finite_number, setting_problems
+from glmc.symmetry.family_defaults import AUTO
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,8 @@ def _lr_problems(key: str, value: Any, example: str) -> list[str]:
     return [f"{key}={value}: the learning rate must be positive and finite (e.g. {key}={example})"]
 
 
-def _problems(cfg: Config) -> list[str]:
+def _problems(cfg: Config) -> tuple[list[str], Any]:
+    """(what cannot work, the endpoints' model family or None where the folders cannot be read)."""
     pretrained = str(cfg.endpoints.source) == "pretrained"
     if pretrained:  # the folders bring the models: model.*, seeds and training are not read
         from glmc.pipeline.folder_fit import folder_problems
@@ -148,7 +150,7 @@ def _problems(cfg: Config) -> list[str]:
     problems += _method_problems(cfg, family, where)
     problems += _multi_problems(cfg)
     problems += _unknown_keys(cfg, Config, "")
-    return problems
+    return problems, family
 
 
 def _pretrained_setting_problems(cfg: Config) -> list[str]:
@@ -483,7 +485,7 @@ def _method_problems(cfg: Config, family: Any = None, where: str = "") -> list[s
         target = matcher_target_problem(node, f"matcher.{name}", default_target(name))  # nothing is called
         problems += [target] if target else []
         key = "residual_map" if "residual_map" in node else "residual"
-        if family is not None and node.get(key) not in (None, "none", *family.residual_classes) and key in node:
+        if family is not None and node.get(key) not in (None, "none", AUTO, *family.residual_classes) and key in node:
             problems.append(
                 f"matcher.{name}.{key}={node.get(key)}: not a symmetry of {where}, whose residual "
                 f"stream admits {', '.join(family.residual_classes)} only (a post-norm stream is a LayerNorm's output: "
@@ -585,8 +587,10 @@ def _image_size_problems(cfg: Config, pretrained: bool = False) -> list[str]:
     return []
 
 
-def validate_config(cfg: Config) -> None:
-    """ConfigError listing every setting that cannot work, before any data or training."""
-    problems = _problems(cfg)
+def validate_config(cfg: Config) -> Any:
+    """ConfigError listing every setting that cannot work, before any data or training; returns the
+    endpoints' model family."""
+    problems, family = _problems(cfg)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    return family

@@ -23,8 +23,8 @@ from glmc.settings.ranges import setting
 class SymmetryConfig:
     """Which symmetry spaces are used, and in which class (paper 001 Table 1)."""
 
-    name: str = "orthogonal"
-    residual: ResidualClass = ResidualClass.orthogonal
+    name: str = "auto"
+    residual: ResidualClass = ResidualClass.auto
     heads: UnitClass = UnitClass.permutation
     qk: HeadForm = HeadForm.circuit
     vo: HeadForm = HeadForm.circuit
