@@ -19,6 +19,7 @@ from torch.utils.data import TensorDataset
 
 from glmc.alignment import Alignment
 from glmc.api_inputs import check_loader, check_model, check_pair, family_of, path_reference, resolve_task
+from glmc.choices import ResidualClass
 from glmc.eval import evaluator as _evaluator
 from glmc.matching.base import MatchContext, Matcher
 from glmc.matching.registry import METHODS, build_matcher, default_method_config
@@ -75,7 +76,9 @@ def align(
     check_model(model_b, "model_b")
     a, b = to_canonical(model_a, "model_a"), to_canonical(model_b, "model_b")
     if node is not None:
-        if "residual" in node:  # residual=auto (the default): the widest class the family admits
+        # residual=auto (the default): the widest class the family admits (activation matching's
+        # `residual` says which states it reads, not a class)
+        if str(node.get("residual")) in {c.value for c in ResidualClass}:
             family = family_named(a.config.family)
             node.residual, source = resolve_residual(node.residual, family)
             if node.residual not in ("none", *family.residual_classes):
