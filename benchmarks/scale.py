@@ -79,6 +79,19 @@ class Shape:
                 bos_token_id=eos,
                 eos_token_id=eos,
             )
+        if self.name == "llama-1.1b":
+            return LlamaConfig(
+                hidden_size=2048,
+                num_hidden_layers=layers,
+                num_attention_heads=32,
+                num_key_value_heads=4,
+                head_dim=64,
+                intermediate_size=5632,
+                vocab_size=vocab,
+                max_position_embeddings=2048,
+                tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            )
         return LlamaConfig(
             hidden_size=2048,
             num_hidden_layers=layers,
@@ -96,7 +109,10 @@ class Shape:
         return GPT2LMHeadModel if self.name == "gpt2-124m" else LlamaForCausalLM
 
 
-SHAPES = {s.name: s for s in (Shape("gpt2-124m", 12, 50257, 15), Shape("llama-1b", 16, 128256, 2))}
+SHAPES = {
+    s.name: s
+    for s in (Shape("gpt2-124m", 12, 50257, 15), Shape("llama-1b", 16, 128256, 2), Shape("llama-1.1b", 22, 32000, 2))
+}
 
 
 def machine() -> str:
@@ -210,7 +226,7 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def match(shape: Shape, layers: int, vocab: int, iterations: int, vocab_rows: int, stash: str) -> None:
+def match(shape: Shape, layers: int, vocab: int, iterations: int, vocab_rows: int, stash: str, layerwise: str) -> None:
     cut = []
     if layers != shape.layers:
         cut.append(f"{layers} of {shape.layers} layers")
@@ -236,7 +252,10 @@ def match(shape: Shape, layers: int, vocab: int, iterations: int, vocab_rows: in
     was_reset = reset_peak()
     before = rss()
     tick = time.perf_counter()
-    _, diag = weight_matching(a, b, "orthogonal", max_iter=iterations, tol=-float("inf"), tokens=tokens)
+    layered = {"auto": None, "always": True, "never": False}[layerwise]
+    _, diag = weight_matching(
+        a, b, "orthogonal", max_iter=iterations, tol=-float("inf"), tokens=tokens, layerwise=layered
+    )
     wall = time.perf_counter() - tick
     peak = peak_rss()
     ran = diag["iterations"]
@@ -316,6 +335,12 @@ def main() -> None:
         default="auto",
         help="keep model A in a temporary file while B is built (auto: models over 1 GiB)",
     )
+    parser.add_argument(
+        "--layerwise",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="B's transformed weights one layer at a time (auto: from 1 GiB of layer weights)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -323,7 +348,8 @@ def main() -> None:
     for name in args.shapes:
         shape = SHAPES[name]
         iterations = args.iterations or shape.iterations
-        match(shape, args.layers or shape.layers, args.vocab or shape.vocab, iterations, args.vocab_rows, args.stash)
+        layers, vocab = args.layers or shape.layers, args.vocab or shape.vocab
+        match(shape, layers, vocab, iterations, args.vocab_rows, args.stash, args.layerwise)
         estimate(shape, args.batches)
 
 

@@ -126,22 +126,21 @@ def test_no_circuit_form(llama):
         llama[2].to_circuit()
 
 
-def tiny_mistral(sliding_window):
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(0)
-    sizes = dict(vocab_size=31, hidden_size=16, intermediate_size=24, num_hidden_layers=1, head_dim=4)
-    config = MistralConfig(**sizes, num_attention_heads=4, num_key_value_heads=2, sliding_window=sliding_window)
-    return MistralForCausalLM(config).eval()
-
-
-def test_sliding_window_refused():
-    with pytest.raises(NotImplementedError, match="sliding-window"):
-        to_canonical(tiny_mistral(sliding_window=8))
+def test_sliding_window_converts():
+    """A window of 3 over 11 tokens: the canonical model applies it as Mistral does (more cases:
+    tests/test_sliding_window.py)."""
+    hf = tiny_llama(kind="mistral", window=3, layers=1, hidden=16)
+    x = inputs_for(hf)
+    model = to_canonical(hf)
+    assert (model.config.sliding_window, model.config.sliding_layers) == (3, None)
+    with torch.no_grad():
+        assert_close_rel(model(x), hf(x).logits, FORWARD, "mistral with a window: canonical vs HF logits")
 
 
 def test_mistral_without_window_converts():
-    hf = tiny_mistral(sliding_window=None)
-    x = torch.randint(0, 31, (2, 9))
+    hf = tiny_llama(kind="mistral", window=None, layers=1, hidden=16)
+    x = inputs_for(hf)
+    model = to_canonical(hf)
+    assert model.config.sliding_window is None
     with torch.no_grad():
-        assert_close_rel(to_canonical(hf)(x), hf(x).logits, FORWARD, "mistral: canonical vs HF logits")
+        assert_close_rel(model(x), hf(x).logits, FORWARD, "mistral: canonical vs HF logits")

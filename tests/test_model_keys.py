@@ -27,6 +27,9 @@ RUNS = {
     "bert": ("experiment=bert_mlm",),
     "roberta": ("experiment=roberta_finetune",),
     "llama": ("experiment=llama_text",),
+    "gemma": ("experiment=llama_text", "model=gemma_text"),
+    "opt": ("experiment=demo_text", "model=opt_text"),
+    "gpt_neox": ("model=pythia_text", "data=pydoc"),
 }
 # per family-specific key: values of its type, the first differing from the schema's default (the first one
 # that differs from a run's own value is used)
@@ -43,6 +46,8 @@ CHANGED = {
     "num_kv_heads": (1, 4),
     "tie_embeddings": (True, False),
     "rope_theta": (500.0, 800.0),
+    "rotary_pct": (0.5, 1.0),
+    "parallel_residual": (False, True),
 }
 
 
@@ -81,7 +86,8 @@ def test_every_family_has_a_run_here_and_every_key_a_changed_value():
 
 @pytest.mark.parametrize("family", family_names())
 def test_a_family_declares_exactly_the_keys_its_build_reads(family):
-    cfg = _Reads(ModelConfig(family=family, hidden_size=16, num_layers=1, num_heads=2, mlp_size=32, vocab_size=50))
+    sizes = dict(hidden_size=16, num_layers=1, num_heads=2, mlp_size=32, vocab_size=50)
+    cfg = _Reads(ModelConfig(family=family, **sizes, **family_named(family).fixed_model_values))
     family_named(family).build(cfg)
     assert cfg.read == set(family_named(family).reads_model_keys()) - {"name", "family"}
 

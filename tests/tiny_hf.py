@@ -13,7 +13,7 @@ def randomize_layernorms(model: torch.nn.Module, seed: int = 0) -> torch.nn.Modu
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, torch.nn.LayerNorm):
+            if isinstance(m, torch.nn.LayerNorm) and m.elementwise_affine:
                 m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=g))
                 m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=g))
     return model
@@ -96,10 +96,32 @@ def tiny_encoder(family="bert", head="mlm", seed=0, hidden=32, heads=4, mlp=64, 
     return randomize_layernorms(model, seed).eval()
 
 
-def tiny_llama(seed=0, hidden=32, heads=4, kv_heads=2, mlp=48, layers=2, tied=False, kind="llama", bias=False):
+def tiny_llama(
+    seed=0,
+    hidden=32,
+    heads=4,
+    kv_heads=2,
+    mlp=48,
+    layers=2,
+    tied=False,
+    kind="llama",
+    bias=False,
+    window=None,
+    full=0,
+    rope=None,
+):
     """A tiny Llama (or Mistral / Qwen2) with grouped-query attention, weights as above and random RMSNorm
-    gains (they initialise to 1, which would hide folding bugs)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    gains (they initialise to 1, which would hide folding bugs). `window`: a sliding window (Mistral: in
+    every layer; Qwen2: in the layers from `full` on); `rope`: rope_parameters beyond the base (a scaled
+    rotary type)."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(seed)
     common = dict(
@@ -111,22 +133,119 @@ def tiny_llama(seed=0, hidden=32, heads=4, kv_heads=2, mlp=48, layers=2, tied=Fa
         num_key_value_heads=kv_heads,
         max_position_embeddings=32,
         tie_word_embeddings=tied,
-        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0, **(rope or {})},
         bos_token_id=None,
         eos_token_id=None,
         attn_implementation="eager",
     )
     if kind == "qwen2":  # q, k, v biases, none on o_proj
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
+        sliding = dict(use_sliding_window=window is not None, sliding_window=window, max_window_layers=full)
+        model = Qwen2ForCausalLM(Qwen2Config(**common, **sliding))
+    elif kind == "mistral":
+        model = MistralForCausalLM(MistralConfig(**common, sliding_window=window))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=bias, mlp_bias=bias))
+    _draw(model, seed, norm_gain=1.0)
+    return model.eval()
+
+
+def _draw(model: torch.nn.Module, seed: int, norm_gain: float | None) -> None:
+    """Weights as above; `norm_gain`: RMSNorm weights drawn around it (1: Llama's gain; 0: Gemma's, which
+    stores the gain less one); None leaves norms to randomize_layernorms."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+                if norm_gain is not None:
+                    p.copy_(norm_gain + 0.3 * torch.randn(p.shape, generator=g))
             elif p.ndim == 2:
                 p.normal_(0.0, 0.2, generator=g)
             else:
                 p.normal_(0.0, 0.1, generator=g)
+
+
+def tiny_gemma(
+    seed=0, hidden=16, heads=4, kv_heads=2, head_dim=8, mlp=24, layers=2, tied=True, act="gelu_pytorch_tanh", **extra
+):
+    """A tiny Gemma: head_dim other than hidden / heads, tied head (Gemma's default), RMSNorm weights
+    around 0 (gains around 1)."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    torch.manual_seed(seed)
+    config = GemmaConfig(
+        vocab_size=61,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_act=act,
+        max_position_embeddings=32,
+        tie_word_embeddings=tied,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+        **extra,
+    )
+    model = GemmaForCausalLM(config)
+    _draw(model, seed, norm_gain=0.0)
     return model.eval()
+
+
+def tiny_opt(seed=0, hidden=16, heads=4, mlp=32, layers=2, act="relu", **extra):
+    """A tiny pre-LN OPT (16 positions, q/k/v/out biases, tied head) with randomised LayerNorms."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(seed)
+    config = OPTConfig(
+        vocab_size=61,
+        hidden_size=hidden,
+        ffn_dim=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        max_position_embeddings=16,
+        activation_function=act,
+        dropout=0.0,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+        **extra,
+    )
+    model = OPTForCausalLM(config)
+    _draw(model, seed, norm_gain=None)
+    return randomize_layernorms(model, seed).eval()
+
+
+def tiny_gpt_neox(seed=0, hidden=32, heads=2, mlp=48, layers=2, rotary_pct=0.25, parallel=True, act="gelu", rope=None):
+    """A tiny GPT-NeoX (Pythia's layout): rotary on the first rotary_pct of each head, a parallel or a
+    sequential residual, weights as above and randomised LayerNorms. `rope`: rope_parameters beyond the
+    base and the rotary share (a scaled rotary type)."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(seed)
+    config = GPTNeoXConfig(
+        vocab_size=53,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=mlp,
+        hidden_act=act,
+        max_position_embeddings=32,
+        use_parallel_residual=parallel,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 100.0,
+            "partial_rotary_factor": rotary_pct,
+            **(rope or {}),
+        },
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
+    model = GPTNeoXForCausalLM(config)
+    _draw(model, seed, norm_gain=None)
+    return randomize_layernorms(model, seed).eval()

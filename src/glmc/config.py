@@ -56,10 +56,14 @@ class ModelConfig:
     head: str = "mlm"
     type_vocab_size: int = 2
     # Llama only: key/value heads (grouped-query attention; None: one per query head), whether the
-    # unembedding is the token embedding, and the rotary base
+    # unembedding is the token embedding, and the rotary base (GPT-NeoX reads it too)
     num_kv_heads: int | None = None
     tie_embeddings: bool = False
     rope_theta: float = 10000.0
+    # GPT-NeoX only: the share of each head's dims that rotate (Pythia's 0.25), and whether attention and the
+    # MLP both read the block's input (parallel residual, Pythia's) or the MLP reads attention's output
+    rotary_pct: float = 0.25
+    parallel_residual: bool = True
 
 
 @dataclass
@@ -88,6 +92,9 @@ class DataConfig:
     # WordPiece tokenizer (data.tokenizer=wordpiece) instead of training one
     tokenizer_path: str | None = None
     seq_len: int = 128  # tokens per window (bookcorpus: per example, padded with EOS)
+    # your own UTF-8 text file (data=text_file reads it, cut into train / validation / test windows); where it
+    # lies is not part of the endpoint cache key, its content is (glmc.data.fingerprint)
+    path: str | None = None
     tokenizer_vocab: int = 1000  # ids of a WordPiece tokenizer trained on the corpus (special tokens included)
     # masked LM only (glmc.data.masked_lm): the share of a window's tokens that are chosen, and the seed of
     # the fixed masks of the validation and test windows (training windows draw new masks at every fetch)

@@ -12,6 +12,10 @@ with cz = sum zA conj(zB), cu = sum uA conj(uB), P = sum |zB|^2, Q = sum |uB|^2.
 best phi is arg(s cz + cu / s), a one-dimensional Procrustes problem (paper 002's rotation, per
 pair); for a fixed phi, s solves paper 002's quartic (glmc.matching.scales). Starting from s = 1
 and alternating never increases the objective.
+
+Under partial rotary (GPT-NeoX) the dims after the first r pass through unrotated and admit any
+invertible map M with M^-T on the keys; matching restricts it to orthogonal maps, where M^-T = M and the
+best M is the polar factor of sum xA xB^T + sum yA yB^T (orthogonal Procrustes).
 """
 
 from __future__ import annotations
@@ -47,9 +51,46 @@ def pair_distance(w: Tensor, cz: Tensor, cu: Tensor, P: Tensor, Q: Tensor, za2: 
     return za2 + s2 * P - 2 * (w.conj() * cz).real + ua2 + Q / s2 - 2 * (cu * w.conj()).real / s2
 
 
-def rotary_scales(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, rescale: bool = True, rounds: int = 3) -> RotaryScale:
-    """Per group and pair the w moving B's query rows xb (K, d, n) and key rows yb (K, d, m) onto A's."""
-    za, zb, ua, ub = (as_complex(t) for t in (xa, xb, ya, yb))
+def passthrough_moments(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
+    """sum xA xB^T + sum yA yB^T over the rows' entries, per pair of heads (A's i, B's j): (I, J, p, p) for
+    the pass-through dims (xa (I, p, n), ya (I, p, m), xb, yb likewise), float64."""
+    xa, ya, xb, yb = (t.double() for t in (xa, ya, xb, yb))
+    return torch.einsum("idn,jen->ijde", xa, xb) + torch.einsum("idn,jen->ijde", ya, yb)
+
+
+def passthrough_cost(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
+    """(I, J): per pair of heads min over orthogonal M of ||xA_i - M xB_j||^2 + ||yA_i - M yB_j||^2 on the
+    pass-through dims, ||xA||^2 + ||yA||^2 + ||xB||^2 + ||yB||^2 - 2 (the moments' nuclear norm)."""
+    squares = lambda x, y: x.double().pow(2).sum((1, 2)) + y.double().pow(2).sum((1, 2))  # noqa: E731
+    nuclear = torch.linalg.svdvals(passthrough_moments(xa, ya, xb, yb)).sum(-1)
+    return squares(xa, ya)[:, None] + squares(xb, yb)[None] - 2 * nuclear
+
+
+def passthrough_maps(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
+    """Per head (K, p, p) the orthogonal M minimising ||xA - M xB||^2 + ||yA - M yB||^2 on the pass-through
+    dims of a partial rotary head: queries get M and keys M^-T = M (orthogonal Procrustes, the polar factor
+    of the moments), float64."""
+    xa, ya, xb, yb = (t.double() for t in (xa, ya, xb, yb))
+    u, _, vh = torch.linalg.svd(xa @ xb.transpose(1, 2) + ya @ yb.transpose(1, 2))
+    return u @ vh
+
+
+def rotary_scales(
+    xa: Tensor,
+    ya: Tensor,
+    xb: Tensor,
+    yb: Tensor,
+    rescale: bool = True,
+    rounds: int = 3,
+    rotary_dims: int | None = None,
+) -> RotaryScale:
+    """Per group and pair the w moving B's query rows xb (K, d, n) and key rows yb (K, d, m) onto A's.
+    `rotary_dims`: only the first r rows rotate (partial rotary); the rest get passthrough_maps."""
+    r = xa.shape[1] if rotary_dims is None else rotary_dims
+    za, zb, ua, ub = (as_complex(t[:, :r]) for t in (xa, xb, ya, yb))
     cz, cu = (za * zb.conj()).sum(-1), (ua * ub.conj()).sum(-1)
     P, Q = zb.abs().pow(2).sum(-1), ub.abs().pow(2).sum(-1)
-    return RotaryScale.from_complex(solve_pairs(cz, cu, P, Q, rescale, rounds).to(torch.complex64))
+    passthrough = None
+    if r < xa.shape[1]:
+        passthrough = passthrough_maps(*(t[:, r:] for t in (xa, ya, xb, yb))).float()
+    return RotaryScale.from_complex(solve_pairs(cz, cu, P, Q, rescale, rounds).to(torch.complex64), passthrough)

@@ -117,12 +117,13 @@ def head_transforms(
     group: str = "orthogonal",
     roles: tuple[Role, ...] = PRE_NORM_FACTORED,
     rotary: bool = False,
+    rotary_dims: int | None = None,
 ) -> Transform:
     """OrthogonalScale elements for every qk.{l} and vo.{l} moving pb's heads onto pa's (float64);
     scales are 1 without rescaling; group="permutation" restricts the maps to in-head permutations.
     `roles`: the block layout (GATED_GROUPED: one element per key/value group). `rotary`: qk.{l} gets
     a RotaryScale per frequency pair instead (float32), and none with group="permutation", which
-    rotary query/key spaces do not admit."""
+    rotary query/key spaces do not admit; `rotary_dims`: partial rotary (rotary_scales)."""
     layers = sorted({int(n.split(".")[1]) for n in pa if n.startswith("blocks.")})
     out = Transform()
     for layer in layers:
@@ -130,7 +131,7 @@ def head_transforms(
             (xa, ya), (xb, yb) = pair_factors(pa, layer, pair, roles), pair_factors(pb, layer, pair, roles)
             if pair == "qk" and rotary:
                 if group == "orthogonal":
-                    out[f"{pair}.{layer}"] = rotary_scales(xa, ya, xb, yb, rescale=rescale)
+                    out[f"{pair}.{layer}"] = rotary_scales(xa, ya, xb, yb, rescale=rescale, rotary_dims=rotary_dims)
                 continue
             r = closed_form_rotations(xa, ya, xb, yb, group)
             s = optimal_scales(xa, ya, xb, yb, r) if rescale else torch.ones(len(r), dtype=torch.float64)
@@ -173,6 +174,7 @@ class RotationMatcher:
         start = time.perf_counter()
         roles = family_named(b.config.family).blocks("factored")
         rotary = b.config.rope_theta is not None
+        rotary_dims = b.config.rotary_dims
         tokens = used_tokens(b, context) if self.vocabulary == "train" else None
         units, weight_diag = weight_matching(
             a,
@@ -191,8 +193,10 @@ class RotationMatcher:
         pb = {k: v.detach().double() for k, v in b.params().items()}
         pb_units = apply_params(units, spec, pb)
         # heads.{l} act before qk.{l} and vo.{l} in spec order: solve on the permuted model
-        per_head = head_transforms(pa, pb_units, self.rescale, roles=roles, rotary=rotary)
-        rotated = head_transforms(pa, pb_units, False, roles=roles, rotary=rotary) if self.rescale else per_head
+        per_head = head_transforms(pa, pb_units, self.rescale, roles=roles, rotary=rotary, rotary_dims=rotary_dims)
+        rotated = per_head
+        if self.rescale:
+            rotated = head_transforms(pa, pb_units, False, roles=roles, rotary=rotary, rotary_dims=rotary_dims)
         pb_rotated = apply_params(rotated, spec, pb_units)
         pb_final = apply_params(per_head, spec, pb_units) if self.rescale else pb_rotated
         transform = Transform({**units, **per_head.to(dtype=torch.float32)})

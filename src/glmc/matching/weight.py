@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -56,9 +56,10 @@ from glmc.alignment import Alignment
 from glmc.matching.assignment import PARALLEL_UNITS, assign_layers, group_assignment, projected, warm_layers
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
 from glmc.matching.head_hidden import HiddenHead
+from glmc.matching.layerwise import LayerwiseParams
 from glmc.matching.mlp_distance import MlpDistance, mlp_matrices
 from glmc.matching.projections import polar_factor
-from glmc.matching.rotary_pairs import as_complex, pair_distance, rotary_scales, solve_pairs
+from glmc.matching.rotary_pairs import as_complex, pair_distance, passthrough_cost, rotary_scales, solve_pairs
 from glmc.matching.scales import best_scales, scale_objective
 from glmc.matching.warm_assignment import WarmAssignments
 from glmc.metrics import is_token_task
@@ -213,11 +214,12 @@ def relative_distance(pa: Params, pb: Params) -> float:
     return (diff / norm) ** 0.5
 
 
-def rotary_head_cost(pa: Params, pb: Params, layer: int) -> Tensor:
+def rotary_head_cost(pa: Params, pb: Params, layer: int, rotary_dims: int | None = None) -> Tensor:
     """(H_A, H_B) factored distance between query heads of grouped rotary blocks, each with its group's
     keys and values, left after the best in-head maps for that pair: per frequency pair the rotary
     rotation-scaling on [W_q | b_q] against [W_k | b_k], and paper 002's rotation and rescaling on
-    [W_v | b_v] against the head's output columns. Computed from cross moments (float64)."""
+    [W_v | b_v] against the head's output columns. Computed from cross moments (float64). `rotary_dims`:
+    partial rotary, the dims after the first r compared after the best orthogonal map (passthrough_cost)."""
     pre = f"blocks.{layer}."
 
     def heads(p: Params) -> tuple[Tensor, ...]:
@@ -226,16 +228,20 @@ def rotary_head_cost(pa: Params, pb: Params, layer: int) -> Tensor:
         group = q.shape[1]
         per_head = lambda t: t.repeat_interleave(group, 0)  # noqa: E731  a group's rows for each query head
         o = p[pre + "o_w"].flatten(0, 1).transpose(1, 2).double()
-        return as_complex(q.flatten(0, 1)), as_complex(per_head(aug("k"))), per_head(aug("v")), o
+        return q.flatten(0, 1), per_head(aug("k")), per_head(aug("v")), o
 
-    za, ua, va, oa = heads(pa)
-    zb, ub, vb, ob = heads(pb)
+    qa, ka, va, oa = heads(pa)
+    qb, kb, vb, ob = heads(pb)
+    rotary = qa.shape[1] if rotary_dims is None else rotary_dims
+    za, ua, zb, ub = (as_complex(t[:, :rotary]) for t in (qa, ka, qb, kb))
     moment = lambda x, y: torch.einsum("ifn,jfn->ijf", x, y.conj())  # noqa: E731
     cz, cu = moment(za, zb), moment(ua, ub)
     norms = lambda t: t.abs().pow(2).sum(-1)  # noqa: E731
     P, Q = norms(zb)[None].expand_as(cz.real), norms(ub)[None].expand_as(cz.real)
     w = solve_pairs(cz, cu, P, Q)
     qk = pair_distance(w, cz, cu, P, Q, norms(za)[:, None], norms(ua)[:, None]).sum(-1)
+    if rotary < qa.shape[1]:
+        qk = qk + passthrough_cost(*(t[:, rotary:] for t in (qa, ka, qb, kb)))
     gv = torch.einsum("ide,jfe->ijdf", va, vb)
     go = torch.einsum("ide,jfe->ijdf", oa, ob)
     u, _, vh = torch.linalg.svd(gv + go)
@@ -303,15 +309,16 @@ def unit_scales(pa: Params, pb: Params, layer: int) -> Diagonal:
     return Diagonal(torch.where(flip, -negative, positive).float())
 
 
-def in_head_maps(pa: Params, pb: Params, layers: range) -> Transform:
+def in_head_maps(pa: Params, pb: Params, layers: range, rotary_dims: int | None = None) -> Transform:
     """For grouped rotary blocks interpolated as factored weights: per layer the qk rotation-scalings
-    (per frequency pair) and vo rotations with rescaling (per group) moving B's heads onto A's."""
+    (per frequency pair; orthogonal maps of the dims partial rotary leaves, `rotary_dims`) and vo rotations
+    with rescaling (per group) moving B's heads onto A's."""
     from glmc.matching.rotation import closed_form_rotations, optimal_scales  # rotation imports this module
 
     out = Transform()
     for layer in layers:
         (xa, ya), (xb, yb) = (pair_factors(p, layer, "qk", GATED_GROUPED) for p in (pa, pb))
-        out[f"qk.{layer}"] = rotary_scales(xa, ya, xb, yb).to(dtype=torch.float32)
+        out[f"qk.{layer}"] = rotary_scales(xa, ya, xb, yb, rotary_dims=rotary_dims).to(dtype=torch.float32)
         (xa, ya), (xb, yb) = (pair_factors(p, layer, "vo", GATED_GROUPED) for p in (pa, pb))
         rotations = closed_form_rotations(xa, ya, xb, yb)
         scales = optimal_scales(xa, ya, xb, yb, rotations)
@@ -335,17 +342,15 @@ def _residual_only(model: CanonicalTransformer) -> dict[str, tuple[int, bool]]:
 
 def _embedding_blocks(
     pa: Params, pb: Params, residual_only: dict[str, tuple[int, bool]], tokens: Tensor | None = None
-) -> list[tuple[Tensor, Tensor]]:
+) -> Iterator[tuple[Tensor, Tensor]]:
     """Residual-side blocks outside the layers as (D, n) matrices, the residual axis first. `tokens`
     keeps only those rows of the token embedding and the unembedding (ids that occur in the training
     data: the rest of a 50,257-token vocabulary is untrained noise)."""
-    blocks = []
     for name, (axis, vocab_rows) in residual_only.items():
         a, b = pa[name], pb[name]
         if tokens is not None and vocab_rows:
             a, b = a[tokens], b[tokens]
-        blocks.append(tuple(t.movedim(axis, 0).reshape(t.shape[axis], -1) for t in (a, b)))
-    return blocks
+        yield tuple(t.movedim(axis, 0).reshape(t.shape[axis], -1) for t in (a, b))  # one pair held at a time
 
 
 def _sum_of_squares(block: Tensor) -> float:
@@ -473,6 +478,10 @@ class Outside:
     fixed_norm: float
 
 
+# columns of an embedding table converted to float64 at a time (tables up to this wide in one product)
+OUTSIDE_COLUMNS = 8192
+
+
 def _outside(
     pa: Params, pb: Params, residual_only: dict[str, tuple[int, bool]], hidden: HiddenHead | None, tokens: Tensor | None
 ) -> Outside:
@@ -480,16 +489,28 @@ def _outside(
     hidden state, whose tensors HiddenHead compares)."""
     c_raw, c, aa, bb = 0.0, 0.0, 0.0, 0.0
     for a, b in _embedding_blocks(pa, pb, residual_only, tokens):  # float64, each block converted once
-        a64, b64 = a.double(), b.double()
-        product = a64 @ b64.T
+        product = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float64)
+        # a large vocabulary's columns in slices: a whole table in float64 is twice the model's own copy
+        for start in range(0, a.shape[1], OUTSIDE_COLUMNS):
+            a64, b64 = (t[:, start : start + OUTSIDE_COLUMNS].double() for t in (a, b))
+            product += a64 @ b64.T
+            aa, bb = aa + _sum_of_squares(a64), bb + _sum_of_squares(b64)
+            del a64, b64
         c_raw, c = c_raw + product, c + product / a.shape[1]
-        aa, bb = aa + _sum_of_squares(a64), bb + _sum_of_squares(b64)
-        del a64, b64, product
+        del product
     moving = residual_only.keys() | (hidden.axis.keys() if hidden is not None else set())
     fixed = [n for n in pa if layer_of(n) is None and n not in moving]  # head.b: no symmetry acts
     fixed_diff = sum(float((pa[n] - pb[n]).pow(2).sum()) for n in fixed)
     fixed_norm = sum(float(pa[n].pow(2).sum()) for n in fixed)
     return Outside(c_raw, c, aa, bb, fixed_diff, fixed_norm)
+
+
+# from this size of B's layer weights the search holds none of their transformed copies whole
+LAYERWISE_BYTES = 2**30
+
+
+def _block_bytes(params: Params) -> int:
+    return sum(t.numel() * t.element_size() for t in params.values())
 
 
 @dataclass
@@ -506,14 +527,22 @@ class MatchingProblem:
     dtype: torch.dtype
     factored: bool  # no circuit form (grouped rotary heads): the factored distance itself is matched
     grouped: bool  # grouped-query attention: key/value groups, query heads within them
+    rotary_dims: int | None  # partial rotary: the leading dims of each query/key head that rotate
     layout: dict
     vectors: tuple[str, ...]  # residual_vectors
     outside: Outside
     hidden: HiddenHead | None  # a task head's hidden state (BERT's masked-LM transform, pooler)
+    # B's transformed weights computed layer by layer as read, never held whole (glmc.matching.layerwise)
+    layerwise: bool = False
 
     @classmethod
     def build(
-        cls, model_a: CanonicalTransformer, model_b: CanonicalTransformer, dtype: torch.dtype, tokens: Tensor | None
+        cls,
+        model_a: CanonicalTransformer,
+        model_b: CanonicalTransformer,
+        dtype: torch.dtype,
+        tokens: Tensor | None,
+        layerwise: bool | None = None,
     ) -> MatchingProblem:
         spec = SymmetrySpec.from_model(model_b)
         pa = {k: v.detach().to(dtype) for k, v in model_a.params().items()}
@@ -535,11 +564,20 @@ class MatchingProblem:
             dtype=dtype,
             factored=not family.circuit_form,
             grouped=family.attention_kind == "grouped",
+            rotary_dims=model_b.config.rotary_dims,
             layout=family.layout(model_b.config),
             vectors=residual_vectors(model_b),
             outside=outside,
             hidden=hidden,
+            layerwise=_block_bytes(pb) > LAYERWISE_BYTES if layerwise is None else layerwise,
         )
+
+    def transformed(self, transform: Transform, spec: SymmetrySpec, source: Params) -> Params:
+        """`source` (B's layer weights, or B's under another transform) under `transform`: whole, or
+        layer by layer as read for large models."""
+        if self.layerwise:
+            return LayerwiseParams(source, transform, spec)
+        return apply_params(transform, spec, source)
 
     @property
     def gated(self) -> bool:
@@ -744,7 +782,7 @@ class ResidualStep(Step):
     def block_share(self, state: SearchState) -> Tensor:
         """The layers' share of the cross-covariance at the current permutations."""
         p, reuse = self.problem, self.reuse
-        pb_perm = apply_params(state.perms, reuse.spec_rest, p.pb)  # late: B's MLP matrices as they are
+        pb_perm = p.transformed(state.perms, reuse.spec_rest, p.pb)  # late: B's MLP matrices as they are
         if p.factored:
             return factored_cross_covariance(p.pa, pb_perm, p.layout, p.width)
         linear = partial(reuse.linear_share, state.perms, pb_perm) if reuse.late else None
@@ -770,7 +808,7 @@ class ApplyResidual(Step):
     name = "apply"
 
     def __call__(self, state: SearchState, it: int) -> None:
-        state.pb_res = apply_params(Transform(state.res), self.reuse.spec_rest, self.problem.pb)
+        state.pb_res = self.problem.transformed(Transform(state.res), self.reuse.spec_rest, self.problem.pb)
         self.reuse.rotated = {}  # late: the layers whose MLP matrices are rotated this iteration
 
 
@@ -801,7 +839,7 @@ class GroupedHeads(Step):
 
     def __call__(self, state: SearchState, it: int) -> None:
         p = self.problem
-        head_cost = rotary_head_cost if p.factored else circuit_cost
+        head_cost = partial(rotary_head_cost, rotary_dims=p.rotary_dims) if p.factored else circuit_cost
         for l in p.layers:
             cost = head_cost(p.pa, state.pb_res, l)
             state.perms[f"heads.{l}"], state.perms[f"qheads.{l}"] = group_assignment(cost, p.spec[f"heads.{l}"].size)
@@ -841,7 +879,7 @@ class GatedMlp(PlainMlp):
         p = self.problem
         super().__call__(state, it)
         units = Transform({f"mlp.{l}": state.perms[f"mlp.{l}"] for l in p.layers})
-        moved = apply_params(units, p.spec_blocks, state.pb_res)
+        moved = p.transformed(units, p.spec_blocks, state.pb_res)
         state.perms.update({f"mlp_scale.{l}": unit_scales(p.pa, moved, l) for l in p.layers})
 
     def similarity(self, state: SearchState) -> Callable[[int], Tensor]:
@@ -856,8 +894,8 @@ class InHeadMaps(Step):
     def __call__(self, state: SearchState, it: int) -> None:
         p = self.problem
         matched = Transform({k: g for k, g in state.perms.items() if k.startswith(("heads.", "qheads."))})
-        moved = apply_params(matched, p.spec_blocks, state.pb_res)
-        state.perms.update(in_head_maps(p.pa, moved, p.layers))
+        moved = p.transformed(matched, p.spec_blocks, state.pb_res)
+        state.perms.update(in_head_maps(p.pa, moved, p.layers, p.rotary_dims))
 
 
 class HiddenUnits(Step):
@@ -897,8 +935,9 @@ def _iteration(steps: list[Step], objective: Objective, state: SearchState, it: 
     tick = time.perf_counter()
     reuse = objective.reuse
     state.pb_cur = None  # B's weights are held at most twice more at a time (1B-parameter models)
-    state.pb_cur = apply_params(state.perms, reuse.spec_rest, state.pb_res)
-    state.pb_res = None
+    state.pb_cur = objective.problem.transformed(state.perms, reuse.spec_rest, state.pb_res)
+    if not objective.problem.layerwise:
+        state.pb_res = None  # layerwise: pb_cur reads it
     value = objective(state.pb_cur, current, reuse.mlp_share(state.res, state.perms) if reuse.late else None)
     reuse.rotated = {}
     state.seconds["objective"] += time.perf_counter() - tick
@@ -961,6 +1000,7 @@ def weight_matching(
     keep_mean: bool = False,
     threads: int | None = None,
     reuse: bool = True,
+    layerwise: bool | None = None,
 ) -> tuple[Transform, dict[str, Any]]:
     """Transform T with T(B) close to A in weight space; diagnostics hold the per-iteration objective.
 
@@ -975,12 +1015,14 @@ def weight_matching(
     says they are still optimal (glmc.matching.warm_assignment) and, from PARALLEL_UNITS MLP units,
     a layer's linear share of the residual step while its MLP permutation stays and the MLP
     matrices' rotation (their distance expanded in the map's move, glmc.matching.mlp_distance);
-    False recomputes everything every iteration."""
+    False recomputes everything every iteration. `layerwise`: B's transformed weights are computed layer
+    by layer as each step reads them, never held whole (glmc.matching.layerwise; the same floats); None:
+    from LAYERWISE_BYTES of layer weights."""
     if residual not in ("orthogonal", "permutation", "none"):
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
         raise ValueError("weight matching reads factored heads: pass models before .to_circuit()")
-    problem = MatchingProblem.build(model_a, model_b, dtype, tokens)
+    problem = MatchingProblem.build(model_a, model_b, dtype, tokens, layerwise)
     state = _start(problem, residual, heads, mlp)
     carried = Reuse.build(problem, residual, heads, mlp, reuse)
     steps = _steps(problem, carried, residual, keep_mean, heads, mlp, threads)

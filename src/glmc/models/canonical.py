@@ -16,7 +16,9 @@ names (the state_dict keys) and shapes, with D width, H heads, dh/dv head dims, 
 The 1/sqrt(dh) attention scale is folded into q_w and q_b. Sizes are read from the tensors, so
 layers may differ in H and F and a model may be widened. Gated grouped-query families (Llama) lay out
 their blocks as roles.GATED_GROUPED says: K key/value heads, each read by G query heads, rotary
-positions (config.rope_theta) and a gated MLP, act(x W_gate^T) * (x W_in^T).
+positions (config.rope_theta) and a gated MLP, act(x W_gate^T) * (x W_in^T). GPT-NeoX pairs grouped
+attention (one query head per key/value head), partial rotary (config.rotary_dims) and a parallel
+residual (config.parallel_residual) with a plain MLP.
 """
 
 from __future__ import annotations
@@ -94,6 +96,17 @@ class CanonicalConfig:
     # the head dimension the rotary frequencies belong to (heads stacked by circuit interpolation hold
     # several such blocks)
     rope_dim: int | None = None
+    # causal sliding-window attention (Mistral, Qwen2): position i attends to j when 0 <= i - j < window;
+    # the layers that use it (None: every layer)
+    sliding_window: int | None = None
+    sliding_layers: list[int] | None = None
+    # partial rotary (GPT-NeoX): only the first rotary_dims dims of each rope_dim block rotate; None: all
+    rotary_dims: int | None = None
+    # Hugging Face's rotary scaling, JSON-able: rope_type (linear, dynamic, yarn, llama3) and its parameters
+    # (glmc.models.rotary.rotary_frequencies); None: unscaled
+    rope_scaling: dict | None = None
+    # parallel residual (GPT-NeoX): x + attn(norm(x)) + mlp(norm(x)), both sublayers reading the block's input
+    parallel_residual: bool = False
 
     def __post_init__(self):
         self.activation = canonical_activation(self.activation)
@@ -103,6 +116,8 @@ class CanonicalConfig:
             raise ValueError(f"unknown pooling {self.pooling!r}")
         if self.form not in ("factored", "circuit"):
             raise ValueError(f"unknown form {self.form!r}")
+        if self.sliding_window is not None and (not self.causal or self.sliding_window < 1):
+            raise ValueError(f"sliding_window={self.sliding_window}: a window needs causal attention and size >= 1")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -163,12 +178,34 @@ def _attention_grouped(config, p, pre, h, record=None):
     k = torch.einsum("btd,hed->bhte", h, p[pre + "k_w"]) + p[pre + "k_b"][:, None]
     v = torch.einsum("btd,hed->bhte", h, p[pre + "v_w"]) + p[pre + "v_b"][:, None]
     if config.rope_theta is not None:
-        q, k = (apply_rotary(t, config.rope_theta, config.rope_dim) for t in (q, k))
+        rotary = (config.rope_theta, config.rope_dim, config.rotary_dims, config.rope_scaling)
+        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    z = F.scaled_dot_product_attention(q, k, v, is_causal=config.causal, scale=1.0)
+    window = layer_window(config, pre)
+    if window is None:
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=config.causal, scale=1.0)
+    else:
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.shape[-2], window, h.device), scale=1.0)
     if record is not None:
         record(pre + "heads", z)
     return torch.einsum("bhte,hde->btd", z, p[pre + "o_w"].flatten(0, 1))
+
+
+def layer_window(config: CanonicalConfig, pre: str) -> int | None:
+    """The sliding window of the layer whose tensors start with `pre` ("blocks.{l}."), None for full attention."""
+    if config.sliding_window is None:
+        return None
+    if config.sliding_layers is not None and int(pre.split(".")[1]) not in config.sliding_layers:
+        return None
+    return config.sliding_window
+
+
+def window_mask(length: int, window: int, device: torch.device) -> Tensor:
+    """(T, T) True where query i attends to key j: 0 <= i - j < window (the window counts i itself, as
+    Hugging Face's sliding-window causal mask does)."""
+    positions = torch.arange(length, device=device)
+    offset = positions[:, None] - positions[None, :]
+    return (offset >= 0) & (offset < window)
 
 
 def _attention_circuit(config, p, pre, h, record=None):
@@ -210,7 +247,9 @@ def canonical_forward(
     read (activation matching, RegMean): "embed" and per layer l "blocks.{l}." + attn_in (the
     normalised input of attention), heads (per-head attention outputs before o_w, (B, H, T, dv),
     factored form only), attn_out (the stream after attention), mlp_in, mlp_act (the MLP units after
-    the activation), mlp_out (the stream after the MLP); "final" is the normalised stream the head reads."""
+    the activation), mlp_out (the stream after the MLP); "final" is the normalised stream the head reads.
+    Under a parallel residual, mlp_in is attn_in (both sublayers read the block's input) and attn_out is
+    the block's input plus the attention's output, the MLP's still to come."""
     p = params
     act = ACTIVATIONS[config.activation]
     norm = lambda x: rms_norm(x, config.norm_dim, config.norm_eps)  # noqa: E731
@@ -229,7 +268,8 @@ def canonical_forward(
         rec(pre + "attn_in", h)
         x = x + attention(config, p, pre, h, record) + p[pre + "o_b"]
         rec(pre + "attn_out", x)
-        h = norm(x)
+        if not config.parallel_residual:  # parallel: the MLP reads the block's input, as attention did
+            h = norm(x)
         rec(pre + "mlp_in", h)
         x = x + mlp(p, pre, h, act, rec)
         rec(pre + "mlp_out", x)

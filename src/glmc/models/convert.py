@@ -5,6 +5,8 @@ LinAlgError deep inside a matcher (polar factors, assignments) or as null barrie
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from glmc.models.canonical import CanonicalTransformer
@@ -34,10 +36,24 @@ def check_finite(model: torch.nn.Module, name: str = "the model") -> None:
         )
 
 
+HALF = (torch.bfloat16, torch.float16)
+
+
+def in_float32(model: torch.nn.Module) -> torch.nn.Module:
+    """The model itself, or a float32 copy where any weight is bfloat16 or float16: folding norms,
+    composing maps and checking that a transformation preserves the function would round at 8 or 11
+    bits there, while float32 holds half-precision values exactly."""
+    if not any(p.dtype in HALF for p in model.parameters()):
+        return model
+    return copy.deepcopy(model).float()
+
+
 def to_canonical(hf_model, name: str = "the model") -> CanonicalTransformer:
-    """The canonical form of a Hugging Face model (a canonical one is returned as it is); ValueError
+    """The canonical form of a Hugging Face model (a canonical one is returned as it is), in float32
+    (a bfloat16 or float16 model is converted from a float32 copy, which is its `source`); ValueError
     naming `name` and the tensor when a weight is NaN or infinite."""
     check_finite(hf_model, name)
     if isinstance(hf_model, CanonicalTransformer):
         return hf_model
+    hf_model = in_float32(hf_model)
     return family_of_hf(hf_model).to_canonical(hf_model).with_source(hf_model)

@@ -134,17 +134,27 @@ def to_hf(model: CanonicalTransformer, template: torch.nn.Module) -> torch.nn.Mo
     return family.to_hf(model, template)
 
 
-def export_hf(model: CanonicalTransformer, template: torch.nn.Module, folder: str | Path) -> Path:
+def export_hf(
+    model: CanonicalTransformer, template: torch.nn.Module, folder: str | Path, dtype: torch.dtype | None = None
+) -> Path:
     """Write a factored canonical model as a Hugging Face model folder (safetensors) beside a
     glmc_export.json with the canonical config; `template` is an HF model of the same architecture
-    (e.g. the source of endpoint A). Raises ValueError for models with no exact HF equivalent."""
+    (e.g. the source of endpoint A). `dtype`: the weights' dtype in the folder (e.g. the bfloat16 of the
+    folders a run aligned in float32), else the template's; the model is built in float32 and rounded
+    once, at the end. Raises ValueError for models with no exact HF equivalent."""
     hf = to_hf(model, template)
+    if dtype is not None:
+        hf = hf.to(dtype)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     options = {}
     if "safe_serialization" in inspect.signature(hf.save_pretrained).parameters:  # transformers < 5
         options["safe_serialization"] = True
     hf.save_pretrained(folder, **options)
-    info = {"architecture": type(hf).__name__, "canonical_config": model.config.to_dict()}
+    info = {
+        "architecture": type(hf).__name__,
+        "dtype": str(next(hf.parameters()).dtype).removeprefix("torch."),
+        "canonical_config": model.config.to_dict(),
+    }
     (folder / EXPORT_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return folder

@@ -51,6 +51,9 @@ class Endpoint:
     name: str | None = None  # endpoints=pretrained: the folder's name, its label in results
     path: str | None = None  # endpoints=pretrained: the folder
     kept: dict[str, Any] | None = None  # early stopping: the epoch whose weights these are, and its val_loss
+    # the dtype its weights are stored in (a folder's; trained endpoints are trained and cached in float32);
+    # the model itself is float32 either way
+    dtype: str = "float32"
 
     @property
     def label(self) -> str:
@@ -74,10 +77,12 @@ def cache_key(cfg: Config) -> dict[str, Any]:
     if cfg.train.early_stopping_patience is not None:  # entries cached before the rule held the last epoch's
         train["kept_weights"] = "best_epoch"
     model = as_dict(cfg.model)
-    for name in family_names():  # keys only another family reads: this family's cache entries stay valid
+    reads = family_named(model["family"]).reads_model_keys()
+    for name in family_names():  # keys only other families read: this family's cache entries stay valid
         if name != model["family"]:
             for key in family_named(name).own_model_keys:
-                model.pop(key, None)
+                if key not in reads:
+                    model.pop(key, None)
     return endpoint_key(model, as_dict(cfg.data), train, as_dict(cfg.trainer), sources)
 
 

@@ -54,6 +54,7 @@ SECTION_RULES = {
         "layer_norm_eps": "positive",
         "type_vocab_size": "count",
         "rope_theta": "positive",
+        "rotary_pct": "share",
     },
     "data": {
         "seq_len": "count",
@@ -143,6 +144,7 @@ def _problems(cfg: Config) -> tuple[list[str], Any]:
             problems.append(f"data.{key}={cfg.data[key]}: use a batch size of at least 1")
     problems += _fraction_problems(cfg)
     problems += _task_problems(cfg, pretrained)
+    problems += _dataset_problems(cfg)
     problems += _image_size_problems(cfg, pretrained)
     if not pretrained:  # the folders' models are checked against the data by folder_problems
         problems += _head_problems(cfg)
@@ -249,12 +251,13 @@ def _task_problems(cfg: Config, pretrained: bool = False) -> list[str]:
     and picks one of its datasets."""
     data = cfg.data
     problems = []
-    if data.tokenizer == "pretrained" and not data.tokenizer_path:
+    info = dataset(data.name)
+    # the user's own file says which tokenizer it needs in its own check (_dataset_problems)
+    if data.tokenizer == "pretrained" and not data.tokenizer_path and not info.reads_path:
         problems.append(
             "data.tokenizer=pretrained: reads the tokenizer saved in data.tokenizer_path; set data.tokenizer_path="
             "<folder written by save_pretrained> (endpoints=pretrained reads its first folder's)"
         )
-    info = dataset(data.name)
     if data.task not in info.tasks:
         problems.append(_task_refusal(data.task, info))
     if data.task == MASKED_LM:
@@ -278,6 +281,19 @@ def _task_problems(cfg: Config, pretrained: bool = False) -> list[str]:
             f"({', '.join(labels)}); set model.num_labels={len(labels)}"
         )
     return problems + _subset_problems(data)
+
+
+def _dataset_problems(cfg: Config) -> list[str]:
+    """data.path where the dataset reads no file of the user's, and the dataset's own checks (its registry
+    entry's `checks`: a file it needs, the tokenizer to read it with)."""
+    info = dataset(cfg.data.name)
+    if cfg.data.path is not None and not info.reads_path:
+        readers = [d.name for d in datasets_for() if d.reads_path]
+        return [
+            f"data.path={cfg.data.path}: data={info.name} does not read it (data.path is the text file of "
+            f"data={' or data='.join(readers)}); use data={readers[0]} to evaluate on that file, or remove the setting"
+        ]
+    return [] if info.checks is None else list(info.checks(cfg))
 
 
 def _task_refusal(task: str, info) -> str:
@@ -415,6 +431,12 @@ def _model_key_problems(model: Any, prefix: str, keys: set[str] | None = None) -
         )
     read = {k: model[k] for k in checked if k in reads}
     problems += _section_problems(prefix, read, SECTION_RULES["model"])
+    for key, value in family.fixed_model_values.items():
+        if key in checked and model[key] != value:
+            problems.append(
+                f"{prefix}.{key}={model[key]}: model.family={family.name} fixes it at {value} (its Hugging Face "
+                f"config has no setting for it); set {prefix}.{key}={value}"
+            )
     kv, heads = model.num_kv_heads, model.num_heads
     if "num_kv_heads" in reads and kv is not None and {"num_kv_heads", "num_heads"} & set(checked):
         if not (finite_number(kv) and kv >= 1 and finite_number(heads) and heads % kv == 0):

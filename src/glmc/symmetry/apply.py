@@ -90,6 +90,11 @@ def apply_params(
             continue
         if strict and g.kind not in space.classes:
             raise ValueError(f"{g.kind} is not a symmetry of {space.name}; allowed: {space.classes}")
+        if strict and space.rotary_dims is not None and getattr(g, "rotary_dims", None) != space.rotary_dims:
+            raise ValueError(
+                f"a {g.kind} rotating {getattr(g, 'rotary_dims', None)} dims is not a symmetry of {space.name}, "
+                f"whose heads rotate their first {space.rotary_dims}"
+            )
         ref = out[space.acts_on[0].param]
         g = g.to(ref.device, ref.dtype)
         for ax in space.acts_on:

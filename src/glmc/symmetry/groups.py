@@ -277,37 +277,55 @@ class Diagonal(Element):
 
 @dataclass
 class RotaryScale(Element):
-    """Per head and per rotary pair (i, i + d/2) a rotation-scaling [[a, -b], [b, a]]: the maps of a rotary
+    """Per head and per rotary pair (i, i + r/2) a rotation-scaling [[a, -b], [b, a]]: the maps of a rotary
     query/key space that commute with every position's rotation (glmc.models.rotary). `real` and `imag`,
-    (heads, d/2), hold a and b; the inverse transpose is the same matrix divided by a^2 + b^2."""
+    (heads, r/2), hold a and b; the inverse transpose is the same matrix divided by a^2 + b^2. Under
+    partial rotary (GPT-NeoX) the first r of a head's d dims rotate and `passthrough`, (heads, d - r,
+    d - r), is any invertible map of the rest (its inverse transpose on the keys); empty where every dim
+    rotates. The element is block-diagonal: no map mixing rotary and pass-through dims is a symmetry."""
 
     real: Tensor
     imag: Tensor
+    passthrough: Tensor | None = None
     kind: ClassVar[str] = "rotary_scale"
+
+    def __post_init__(self):
+        if self.passthrough is None:
+            self.passthrough = self.real.new_zeros(self.real.shape[0], 0, 0)
 
     @property
     def heads(self) -> int:
         return self.real.shape[0]
 
     @property
-    def size(self) -> int:
+    def rotary_dims(self) -> int:
         return 2 * self.real.shape[-1]
 
-    @classmethod
-    def identity(cls, heads: int, d: int) -> RotaryScale:
-        return cls(torch.ones(heads, d // 2), torch.zeros(heads, d // 2))
+    @property
+    def size(self) -> int:
+        return self.rotary_dims + self.passthrough.shape[-1]
 
     @classmethod
-    def sample(cls, heads: int, d: int, generator=None, dtype=torch.float32) -> RotaryScale:
-        angle = 2 * torch.pi * torch.rand(heads, d // 2, generator=generator, dtype=torch.float64)
-        scale = torch.exp(2 * torch.rand(heads, d // 2, generator=generator, dtype=torch.float64) - 1)
-        return cls((scale * angle.cos()).to(dtype), (scale * angle.sin()).to(dtype))
+    def identity(cls, heads: int, d: int, rotary_dims: int | None = None) -> RotaryScale:
+        r = d if rotary_dims is None else rotary_dims
+        passthrough = torch.eye(d - r).expand(heads, d - r, d - r).clone()
+        return cls(torch.ones(heads, r // 2), torch.zeros(heads, r // 2), passthrough)
 
     @classmethod
-    def from_complex(cls, z: Tensor) -> RotaryScale:
-        return cls(z.real.contiguous(), z.imag.contiguous())
+    def sample(
+        cls, heads: int, d: int, generator=None, dtype=torch.float32, rotary_dims: int | None = None
+    ) -> RotaryScale:
+        r = d if rotary_dims is None else rotary_dims
+        angle = 2 * torch.pi * torch.rand(heads, r // 2, generator=generator, dtype=torch.float64)
+        scale = torch.exp(2 * torch.rand(heads, r // 2, generator=generator, dtype=torch.float64) - 1)
+        passthrough = Invertible.sample(heads, d - r, generator, dtype).matrices if r < d else None
+        return cls((scale * angle.cos()).to(dtype), (scale * angle.sin()).to(dtype), passthrough)
 
-    def forward(self) -> Tensor:
+    @classmethod
+    def from_complex(cls, z: Tensor, passthrough: Tensor | None = None) -> RotaryScale:
+        return cls(z.real.contiguous(), z.imag.contiguous(), passthrough)
+
+    def _pairs(self) -> Tensor:
         heads, half = self.real.shape
         m = self.real.new_zeros(heads, 2 * half, 2 * half)
         i = torch.arange(half, device=self.real.device)
@@ -317,9 +335,20 @@ class RotaryScale(Element):
         m[:, i + half, i] = self.imag
         return m
 
+    def _with_passthrough(self, pairs: Tensor, passthrough: Tensor) -> Tensor:
+        if passthrough.shape[-1] == 0:
+            return pairs
+        return torch.stack([torch.block_diag(a, b) for a, b in zip(pairs, passthrough.to(pairs.dtype))])
+
+    def forward(self) -> Tensor:
+        return self._with_passthrough(self._pairs(), self.passthrough)
+
     def contra(self) -> Tensor:
         norm = self.real.pow(2) + self.imag.pow(2)
-        return self.forward() / torch.cat([norm, norm], -1)[:, :, None]
+        pairs = self._pairs() / torch.cat([norm, norm], -1)[:, :, None]
+        if self.passthrough.shape[-1] == 0:
+            return pairs
+        return self._with_passthrough(pairs, torch.linalg.inv(self.passthrough).transpose(-1, -2))
 
 
 CLASSES = {

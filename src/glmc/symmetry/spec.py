@@ -7,7 +7,8 @@ Derived from the roles its family gives each tensor (glmc.models.families), neve
              (grouped-query attention: the key/value groups, each with its query heads)
   qheads.{l} per group, its query heads (size G)   permutation                    (grouped-query only)
   qk.{l}     per head, the query/key space (dh)    invertible, orthogonal_scale   (factored form only);
-                                                   rotary_scale under rotary positions
+                                                   rotary_scale under rotary positions (with an
+                                                   invertible block on the dims partial rotary leaves)
   vo.{l}     per head, the value space (dv)        invertible, orthogonal_scale   (factored form only)
   mlp.{l}    the MLP neurons of layer l (size F)   permutation; semi_permutation for ReLU-like activations
                                                    (plain MLPs)
@@ -52,6 +53,7 @@ class Space:
     acts_on: tuple[Axis, ...]
     heads: int | None = None  # per-head spaces: number of heads (one group element each)
     shares_on: str = "in"  # semi-permutations: the side whose copies are scaled by the shares
+    rotary_dims: int | None = None  # rotary qk spaces: the leading dims that rotate (partial rotary: < size)
 
 
 @dataclass
@@ -122,8 +124,10 @@ def _space(config, family, name, kind, layer, axes, params) -> Space:
     if kind == "qheads":
         return Space(name, kind, layer, size, ("permutation",), axes, heads=heads)
     if kind == "qk" and config.rope_theta is not None:
-        # only maps commuting with every position's rotation (glmc.models.rotary)
-        return Space(name, kind, layer, size, ("rotary_scale",), axes, heads=heads)
+        # only maps commuting with every position's rotation (glmc.models.rotary); any invertible map of
+        # the dims that do not rotate
+        rotary = size if config.rotary_dims is None else config.rotary_dims
+        return Space(name, kind, layer, size, ("rotary_scale",), axes, heads=heads, rotary_dims=rotary)
     if kind in HEAD_PAIRS:
         return Space(name, kind, layer, size, ("invertible", "orthogonal_scale"), axes, heads=heads)
     if kind == "mlp_scale":

@@ -50,8 +50,10 @@ class Transform(dict[str, Element]):
                 g = Orthogonal.sample(n, generator, n + grow, dtype)
             elif kind == "diagonal":
                 g = Diagonal.sample(n, generator, dtype)
-            elif kind in ("invertible", "orthogonal_scale", "rotary_scale"):
-                per_head = {"invertible": Invertible, "orthogonal_scale": OrthogonalScale, "rotary_scale": RotaryScale}
+            elif kind == "rotary_scale":
+                g = RotaryScale.sample(heads, n, generator, dtype, rotary_dims=space.rotary_dims)
+            elif kind in ("invertible", "orthogonal_scale"):
+                per_head = {"invertible": Invertible, "orthogonal_scale": OrthogonalScale}
                 g = per_head[kind].sample(heads, n, generator, dtype)
             else:
                 raise NotImplementedError(f"sampling {kind} elements")

@@ -40,8 +40,12 @@ class Family:
     # ModelConfig keys its `build` reads beyond COMMON_MODEL_KEYS; the config check refuses any other key
     # set away from its default, which the model would silently ignore (tests: build reads exactly these)
     model_keys: tuple[str, ...] = ()
-    # ModelConfig keys no other family reads: left out of the other families' endpoint cache keys
+    # ModelConfig keys the families that do not read them leave out of their endpoint cache keys (keys
+    # only this family and its kin read, e.g. Llama's and Gemma's rotary base)
     own_model_keys: tuple[str, ...] = ()
+    # ModelConfig keys whose value the architecture fixes (OPT's LayerNorm eps): the config check refuses
+    # any other value
+    fixed_model_values: dict[str, Any] = {}
     # ModelConfig keys that endpoints of different widths must share with the first (beyond the layers)
     shared_model_keys: tuple[str, ...] = ()
     residual_classes: tuple[str, ...] = ("orthogonal", "permutation")

@@ -8,6 +8,9 @@ rotary positions in the rotate-half layout (the only one these classes use; they
 rotary), SwiGLU MLPs. Biases the Hugging Face layout lacks are zero tensors here, and an export refuses
 non-zero ones where the template has none. Canonical embedding tensors: embed.tokens (V, D); head.w (V,
 D), the unembedding with the final norm's gain folded in (tied or not in the source, untied here).
+Mistral's and Qwen2's sliding-window attention converts as CanonicalConfig.sliding_window (and, where
+only some layers use it, sliding_layers). Gemma (gemma.py) differs in details the conversion takes from
+the family: the norm's gain offset and the embedding scale.
 """
 
 from __future__ import annotations
@@ -23,31 +26,68 @@ from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonic
 from glmc.models.export import check_model, fresh, set_param
 from glmc.models.families.base import Family, layer_sizes
 from glmc.models.families.roles import GATED_GROUPED, Acts, Role
+from glmc.models.rotary import SCALED_TYPES
 
 
 def rope_theta(cfg: Any) -> float:
-    """The rotary base of a Hugging Face config; NotImplementedError for scaled rotary variants."""
+    """The rotary base of a Hugging Face config; NotImplementedError for rotary types the canonical form
+    does not compute (rope_scaling)."""
     params = getattr(cfg, "rope_parameters", None) or {}
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind != "default":
-        raise NotImplementedError(f"rotary embeddings of type {kind!r}: only the default (unscaled) rotary converts")
+    rope_scaling(cfg)
     theta = params.get("rope_theta", getattr(cfg, "rope_theta", None))
     if theta is None:
         raise ValueError(f"a {cfg.model_type} config without a rotary base (rope_theta)")
     return float(theta)
 
 
-def check_supported(cfg: Any) -> None:
-    """Refuse what the canonical form does not compute: sliding-window attention."""
-    layer_types = getattr(cfg, "layer_types", None) or ()
-    windowed = "sliding_attention" in layer_types
-    if cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None) is not None:
-        windowed = True
-    if windowed:
+def rope_scaling(cfg: Any) -> dict | None:
+    """The rotary scaling of a Hugging Face config as CanonicalConfig.rope_scaling: None for the default
+    rotary, else rope_parameters without the base and the partial rotary factor (which the canonical config
+    carries apart), with max_position_embeddings where dynamic and yarn read it; NotImplementedError for
+    types other than glmc.models.rotary.SCALED_TYPES."""
+    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    kind = params.pop("rope_type", params.pop("type", "default"))
+    if kind == "default":
+        return None
+    if kind not in SCALED_TYPES:
         raise NotImplementedError(
-            f"{cfg.model_type} with sliding-window attention (sliding_window={cfg.sliding_window}): the canonical "
-            "form attends to every earlier position"
+            f"rotary embeddings of type {kind!r}: the default rotary and {', '.join(SCALED_TYPES)} convert"
         )
+    scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor", "type")}
+    if kind in ("dynamic", "yarn"):
+        scaling["max_position_embeddings"] = cfg.max_position_embeddings
+    return {"rope_type": kind, **scaling}
+
+
+def sliding_window(cfg: Any) -> tuple[int | None, list[int] | None]:
+    """(window, the layers that use it, None for all) of a Hugging Face config; (None, None) without one.
+    Mistral windows every layer once sliding_window is set; Qwen2 the layers its layer_types mark
+    "sliding_attention" (filled from use_sliding_window and max_window_layers); Llama and Gemma have none."""
+    if cfg.model_type == "mistral":  # MistralModel reads no layer_types
+        return getattr(cfg, "sliding_window", None), None
+    if cfg.model_type != "qwen2":
+        return None, None
+    layer_types = list(getattr(cfg, "layer_types", None) or ())
+    unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        raise NotImplementedError(f"{cfg.model_type} with attention layer types {unknown}")
+    layers = [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    if not layers:
+        return None, None
+    if cfg.sliding_window is None:
+        raise ValueError(
+            f"a {cfg.model_type} config whose layers {layers} use sliding attention without a sliding_window"
+        )
+    return cfg.sliding_window, None if len(layers) == cfg.num_hidden_layers else layers
+
+
+def check_supported(cfg: Any) -> None:
+    """Refuse what the canonical form does not compute: scaled rotary variants, attention that is not causal."""
+    if getattr(cfg, "use_bidirectional_attention", None):
+        raise NotImplementedError(
+            f"{cfg.model_type} with use_bidirectional_attention=True: the canonical form of this family is causal"
+        )
+    sliding_window(cfg)
     rope_theta(cfg)
 
 
@@ -56,7 +96,9 @@ def _bias(linear: nn.Linear, size: int, g) -> Tensor:
 
 
 @torch.no_grad()
-def llama_to_canonical(model: nn.Module) -> CanonicalTransformer:
+def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> CanonicalTransformer:
+    """`family`: the family whose details (norm gain, embedding scale) the model has; Llama's by default."""
+    family = family or FAMILY
     cfg, inner = model.config, model.model
     check_supported(cfg)
     dtype = inner.embed_tokens.weight.dtype
@@ -65,11 +107,11 @@ def llama_to_canonical(model: nn.Module) -> CanonicalTransformer:
     G = H // K
 
     p = _Stored(dtype)
-    p["embed.tokens"] = g(inner.embed_tokens.weight)
+    p["embed.tokens"] = g(inner.embed_tokens.weight) * family.embed_scale(inner)
     for i, layer in enumerate(inner.layers):
         attn, mlp, pre = layer.self_attn, layer.mlp, f"blocks.{i}."
         dh = attn.head_dim
-        gamma = g(layer.input_layernorm.weight)
+        gamma = family.norm_offset + g(layer.input_layernorm.weight)
         for name, lin, scale, shape in (
             ("q", attn.q_proj, attn.scaling, (K, G, dh)),
             ("k", attn.k_proj, 1.0, (K, dh)),
@@ -80,15 +122,16 @@ def llama_to_canonical(model: nn.Module) -> CanonicalTransformer:
         # o_proj weight (D, H * dh): column block h is query head h = k * G + g
         p[pre + "o_w"] = g(attn.o_proj.weight).reshape(D, K, G, dh).permute(1, 2, 0, 3)
         p[pre + "o_b"] = _bias(attn.o_proj, D, g)
-        gamma = g(layer.post_attention_layernorm.weight)
+        gamma = family.norm_offset + g(layer.post_attention_layernorm.weight)
         units = mlp.gate_proj.out_features
         p[pre + "gate_w"], p[pre + "gate_b"] = g(mlp.gate_proj.weight) * gamma, _bias(mlp.gate_proj, units, g)
         p[pre + "in_w"], p[pre + "in_b"] = g(mlp.up_proj.weight) * gamma, _bias(mlp.up_proj, units, g)
         p[pre + "out_w"], p[pre + "out_b"] = g(mlp.down_proj.weight), _bias(mlp.down_proj, D, g)
-    p["head.w"] = g(model.lm_head.weight) * g(inner.norm.weight)
+    p["head.w"] = g(model.lm_head.weight) * (family.norm_offset + g(inner.norm.weight))
 
+    window, window_layers = sliding_window(cfg)
     config = CanonicalConfig(
-        family="llama",
+        family=family.name,
         activation=cfg.hidden_act,
         norm_eps=cfg.rms_norm_eps,
         norm_dim=D,
@@ -96,6 +139,9 @@ def llama_to_canonical(model: nn.Module) -> CanonicalTransformer:
         pooling="none",
         rope_theta=rope_theta(cfg),
         rope_dim=inner.layers[0].self_attn.head_dim,
+        rope_scaling=rope_scaling(cfg),
+        sliding_window=window,
+        sliding_layers=window_layers,
     )
     return CanonicalTransformer(config, dict(p))
 
@@ -112,51 +158,66 @@ class _Stored(dict):
         super().__setitem__(name, t.to(self.dtype).contiguous())
 
 
-def _set_linear(linear: nn.Linear, weight: Tensor, bias: Tensor, name: str) -> None:
+def _set_linear(
+    linear: nn.Linear, weight: Tensor, bias: Tensor, name: str, setting: str = "attention_bias / mlp_bias"
+) -> None:
+    """Weight and bias into a Linear; a template layer without a bias takes a zero one only (`setting`:
+    the config key that gives it one)."""
     set_param(linear.weight, weight, name + "_w")
     if linear.bias is not None:
         set_param(linear.bias, bias, name + "_b")
     elif bias.abs().max() > 1e-6 * weight.abs().max():
-        raise ValueError(
-            f"{name}_b is not zero but the template's layer has no bias: set attention_bias / mlp_bias in its config"
-        )
+        raise ValueError(f"{name}_b is not zero but the template's layer has no bias: set {setting} in its config")
 
 
-def llama_from_canonical(model: CanonicalTransformer, template: nn.Module) -> nn.Module:
-    params = check_model(model, "llama")
+def llama_from_canonical(
+    model: CanonicalTransformer, template: nn.Module, family: LlamaFamily | None = None
+) -> nn.Module:
+    family = family or FAMILY
+    params = check_model(model, family.name)
     p = lambda n: params[n].double()  # noqa: E731
     cfg = template.config
     check_supported(cfg)
+    window = (model.config.sliding_window, model.config.sliding_layers)
+    if sliding_window(cfg) != window:
+        raise ValueError(
+            f"the template's sliding window (size, layers) {sliding_window(cfg)} is not the model's {window}"
+        )
     if canonical_activation(cfg.hidden_act) != model.config.activation:
         raise ValueError(f"the template's activation {cfg.hidden_act!r} is not the model's {model.config.activation!r}")
     if model.width != cfg.hidden_size:
         raise ValueError(f"model width {model.width} but the template's hidden_size is {cfg.hidden_size}")
     if rope_theta(cfg) != model.config.rope_theta:
         raise ValueError(f"the template's rotary base {rope_theta(cfg)} is not the model's {model.config.rope_theta}")
-    _check_heads(model, cfg)
+    if rope_scaling(cfg) != model.config.rope_scaling:
+        raise ValueError(
+            f"the template's rotary scaling {rope_scaling(cfg)} is not the model's {model.config.rope_scaling}"
+        )
+    _check_heads(model, cfg, family)
     hf = fresh(template, rms_norm_eps=model.config.norm_eps, tie_word_embeddings=False)
     inner, D = hf.model, model.width
-    set_param(inner.embed_tokens.weight, p("embed.tokens"), "embed.tokens")
+    set_param(inner.embed_tokens.weight, p("embed.tokens") / family.embed_scale(inner), "embed.tokens")
+    identity_gain = 1.0 - family.norm_offset
     for i, layer in enumerate(inner.layers):
         attn, mlp, pre = layer.self_attn, layer.mlp, f"blocks.{i}."
         for name, lin, scale in (("q", attn.q_proj, attn.scaling), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
             w = p(pre + name + "_w")
             _set_linear(lin, w.reshape(-1, D) / scale, p(pre + name + "_b").flatten() / scale, pre + name)
         _set_linear(attn.o_proj, p(pre + "o_w").permute(2, 0, 1, 3).reshape(D, -1), p(pre + "o_b"), pre + "o")
-        layer.input_layernorm.weight.fill_(1.0)
-        layer.post_attention_layernorm.weight.fill_(1.0)
+        layer.input_layernorm.weight.fill_(identity_gain)
+        layer.post_attention_layernorm.weight.fill_(identity_gain)
         _set_linear(mlp.gate_proj, p(pre + "gate_w"), p(pre + "gate_b"), pre + "gate")
         _set_linear(mlp.up_proj, p(pre + "in_w"), p(pre + "in_b"), pre + "in")
         _set_linear(mlp.down_proj, p(pre + "out_w"), p(pre + "out_b"), pre + "out")
-    inner.norm.weight.fill_(1.0)
+    inner.norm.weight.fill_(identity_gain)
     if hf.lm_head.weight is inner.embed_tokens.weight:
         raise ValueError("the exported model still ties lm_head to embed_tokens: cannot write a separate head")
     set_param(hf.lm_head.weight, p("head.w"), "head.w")
     return hf
 
 
-def _check_heads(model: CanonicalTransformer, cfg: Any) -> None:
-    layout = FAMILY.layout(model.config)
+def _check_heads(model: CanonicalTransformer, cfg: Any, family: LlamaFamily) -> None:
+    layout = family.layout(model.config)
     sizes = layer_sizes(layout, model.params(), model.num_layers)
     if model.num_layers != cfg.num_hidden_layers:
         raise ValueError(f"the model has {model.num_layers} layers, the template {cfg.num_hidden_layers}")
@@ -187,6 +248,12 @@ class LlamaFamily(Family):
     circuit_form = False
     embed_roles = (Role("embed.tokens", "embed", (Acts("residual", 1, "out"),), vocab_rows=True),)
     head_roles = (Role("head.w", "head", (Acts("residual", 1, "in"),), reads="final", vocab_rows=True),)
+    # an RMSNorm's gain is norm_offset + its weight (Gemma stores the gain less one)
+    norm_offset = 0.0
+
+    def embed_scale(self, inner: nn.Module) -> float:
+        """The factor the HF model multiplies its token embeddings by (Gemma: sqrt(hidden_size))."""
+        return 1.0
 
     def build(self, cfg) -> LlamaForCausalLM:
         kv_heads = cfg.num_kv_heads or cfg.num_heads
@@ -213,16 +280,17 @@ class LlamaFamily(Family):
         return LlamaForCausalLM(config)
 
     def to_canonical(self, hf_model) -> CanonicalTransformer:
-        return llama_to_canonical(hf_model)
+        return llama_to_canonical(hf_model, self)
 
     def to_hf(self, model, template) -> nn.Module:
-        return llama_from_canonical(model, template)
+        return llama_from_canonical(model, template, self)
 
     def blocks(self, form: str) -> tuple[Role, ...]:
         if form != "factored":
             raise ValueError(
-                "the llama family has no circuit form: under rotary positions the query/key circuit W_q^T W_k is "
-                "not what the model computes (interpolation stacks its rotary heads instead: glmc.interpolation)"
+                f"the {self.name} family has no circuit form: under rotary positions the query/key circuit "
+                "W_q^T W_k is not what the model computes (interpolation stacks its rotary heads instead: "
+                "glmc.interpolation)"
             )
         return GATED_GROUPED
 
@@ -243,6 +311,8 @@ class LlamaFamily(Family):
         yield "has a vocabulary of {} tokens", params["embed.tokens"].shape[0]
         yield "has {} outputs", params["head.w"].shape[0]
         yield "has rotary base {}", config.rope_theta
+        yield "has rotary scaling {}", config.rope_scaling
+        yield "has a sliding window (size, layers) {}", (config.sliding_window, config.sliding_layers)
 
 
 FAMILY = LlamaFamily()

@@ -17,6 +17,9 @@ MODULES = {
     "bert": "glmc.models.families.bert",
     "roberta": "glmc.models.families.roberta",
     "llama": "glmc.models.families.llama",
+    "gemma": "glmc.models.families.gemma",
+    "opt": "glmc.models.families.opt",
+    "gpt_neox": "glmc.models.families.gpt_neox",
 }
 
 

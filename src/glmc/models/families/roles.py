@@ -9,7 +9,8 @@ sits: "embed" writes the first state, "attn"/"mlp" read the state before their s
 state after it, "head" reads the last one.
 
 The block layouts below are the canonical pre-norm block (factored attention or QK/OV circuits), the
-post-norm block, which adds its LayerNorms' gains and offsets, and the gated grouped-query block (Llama);
+post-norm block, which adds its LayerNorms' gains and offsets, the gated grouped-query block (Llama) and
+grouped-query attention with a plain MLP (GPT-NeoX);
 a family lists its embedding and head roles. The order of the roles is the order in which a space's axes
 are listed (and applied).
 """
@@ -143,6 +144,10 @@ GATED_GROUPED = (
     _block("out_w", "mlp", Acts(R, 0, "out"), Acts(M, 1, "in"), Acts(MS, 1, "in"), reads="mlp_act"),
     _block("out_b", "mlp", Acts(R, 0, "out")),
 )
+
+# Grouped-query attention (the roles above) with a plain MLP (GPT-NeoX: one query head per key/value head,
+# rotary positions, a GELU MLP with biases)
+GROUPED_PLAIN = (*GATED_GROUPED[:8], *_MLP)
 
 _LAYER = re.compile(r"blocks\.(\d+)\.")
 _FACTORED_BY_KEY = {role.name: role for role in PRE_NORM_FACTORED}

@@ -1,0 +1,207 @@
+"""The OPT family: Hugging Face OPTForCausalLM <-> canonical Transformer.
+
+OPT is GPT-2's block with nn.Linear layers: pre-LN (do_layer_norm_before=True; the post-LN layout of
+opt-350m is refused, as is its projection of a narrower word embedding, word_embed_proj_dim), q/k/v/out
+biases, a ReLU MLP and a final LayerNorm before the head, which is tied to the token embedding. Its
+LayerNorms fold into the readers as GPT-2's do (fold.py: the writers are centred, so the stream is
+mean-zero). Learned positions: OPTLearnedPositionalEmbedding computes position ids from the attention
+mask (cumsum(mask) * mask - 1, so 0, 1, ... without padding) and reads row id + 2; rows 0 and 1 serve
+padded positions only, which a canonical model never sees. ReLU is positively homogeneous, so the MLP
+units admit semi-permutations as well as permutations.
+
+Canonical embedding tensors: embed.tokens (V, D), embed.pos (T, D) (rows 2 .. T + 1 of the table);
+head.w (V, D), head.b (V), the untied unembedding with the final LayerNorm folded in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import OPTConfig, OPTForCausalLM
+
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonical_activation
+from glmc.models.export import check_heads, check_model, fresh, head_bias_offset, identity_norm, set_param
+from glmc.models.families.fold import center, common_eps, fold_norm
+from glmc.models.families.gpt2 import GPT2Family
+from glmc.models.families.llama import _set_linear
+
+# OPTLearnedPositionalEmbedding's offset: position t reads row t + 2
+POSITION_OFFSET = 2
+# OPT's LayerNorms are torch's defaults: OPTConfig has no setting for their eps
+LAYER_NORM_EPS = 1e-5
+
+
+def check_supported(cfg: Any) -> None:
+    if not cfg.do_layer_norm_before:
+        raise NotImplementedError(
+            "OPT with do_layer_norm_before=False (post-LN, as opt-350m): only the pre-LN layout converts"
+        )
+    if cfg.word_embed_proj_dim != cfg.hidden_size:
+        raise NotImplementedError(
+            f"OPT with word_embed_proj_dim={cfg.word_embed_proj_dim} != hidden_size={cfg.hidden_size} (projected "
+            "word embeddings, as opt-350m): only word_embed_proj_dim == hidden_size converts"
+        )
+    if getattr(cfg, "_remove_final_layer_norm", False):
+        raise NotImplementedError(
+            "OPT with _remove_final_layer_norm=True: the canonical head reads a normalised stream"
+        )
+
+
+def _affine(norm: nn.LayerNorm, width: int, g) -> tuple[Tensor, Tensor]:
+    """A LayerNorm's gain and offset (1 and 0 where layer_norm_elementwise_affine=False)."""
+    if norm.weight is None:
+        return torch.ones(width, dtype=torch.float64), torch.zeros(width, dtype=torch.float64)
+    return g(norm.weight), g(norm.bias)
+
+
+def _bias(linear: nn.Linear, g) -> Tensor:
+    return torch.zeros(linear.out_features, dtype=torch.float64) if linear.bias is None else g(linear.bias)
+
+
+@torch.no_grad()
+def opt_to_canonical(model: OPTForCausalLM) -> CanonicalTransformer:
+    cfg, dec = model.config, model.model.decoder
+    check_supported(cfg)
+    dtype = dec.embed_tokens.weight.dtype
+    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back at the end
+    D = cfg.hidden_size
+
+    p = {
+        "embed.tokens": center(g(dec.embed_tokens.weight), 1),
+        "embed.pos": center(g(dec.embed_positions.weight)[POSITION_OFFSET:], 1),
+    }
+    for i, layer in enumerate(dec.layers):
+        attn, pre = layer.self_attn, f"blocks.{i}."
+        H, dh = attn.num_heads, attn.head_dim
+        gamma, beta = _affine(layer.self_attn_layer_norm, D, g)
+        for name, lin, scale in (("q", attn.q_proj, attn.scaling), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
+            w, b = fold_norm(g(lin.weight), _bias(lin, g), gamma, beta)
+            p[pre + name + "_w"] = (scale * w).reshape(H, dh, D)
+            p[pre + name + "_b"] = (scale * b).reshape(H, dh)
+        p[pre + "o_w"] = center(g(attn.out_proj.weight), 0).reshape(D, H, dh).permute(1, 0, 2)
+        p[pre + "o_b"] = center(_bias(attn.out_proj, g), 0)
+        gamma, beta = _affine(layer.final_layer_norm, D, g)
+        p[pre + "in_w"], p[pre + "in_b"] = fold_norm(g(layer.fc1.weight), _bias(layer.fc1, g), gamma, beta)
+        p[pre + "out_w"] = center(g(layer.fc2.weight), 0)
+        p[pre + "out_b"] = center(_bias(layer.fc2, g), 0)
+    p["head.w"], p["head.b"] = fold_norm(g(model.lm_head.weight), None, *_affine(dec.final_layer_norm, D, g))
+
+    norms = [dec.final_layer_norm] + [
+        n for layer in dec.layers for n in (layer.self_attn_layer_norm, layer.final_layer_norm)
+    ]
+    config = CanonicalConfig(
+        family="opt",
+        activation=cfg.activation_function,
+        norm_eps=common_eps(norms),
+        norm_dim=D,
+        causal=True,
+        pooling="none",
+    )
+    return CanonicalTransformer(config, {k: v.to(dtype).contiguous() for k, v in p.items()})
+
+
+def _check_template(model: CanonicalTransformer, template: OPTForCausalLM) -> None:
+    cfg = template.config
+    check_supported(cfg)
+    if canonical_activation(cfg.activation_function) != model.config.activation:
+        raise ValueError(
+            f"the template's activation {cfg.activation_function!r} is not the model's {model.config.activation!r}"
+        )
+    if model.width != cfg.hidden_size:
+        raise ValueError(f"model width {model.width} but the template's hidden_size is {cfg.hidden_size}")
+    if model.config.norm_eps != LAYER_NORM_EPS:
+        raise ValueError(
+            f"the model's norm epsilon is {model.config.norm_eps}, but an OPT LayerNorm's is {LAYER_NORM_EPS} "
+            "(OPTConfig has no setting for it)"
+        )
+    check_heads(model, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads)
+
+
+def _identity(norm: nn.LayerNorm, offset: Tensor | None = None) -> None:
+    """Gain 1 and this offset (0 by default); a LayerNorm without an affine map takes a zero offset only."""
+    if norm.weight is not None:
+        identity_norm(norm)
+        if offset is not None:
+            norm.bias.copy_(offset.to(norm.bias.dtype))
+    elif offset is not None and offset.abs().max() > 1e-6:
+        raise ValueError(
+            "head.b needs the final LayerNorm's offset, but the template has layer_norm_elementwise_affine=False"
+        )
+
+
+def opt_from_canonical(model: CanonicalTransformer, template: OPTForCausalLM) -> OPTForCausalLM:
+    params = check_model(model, "opt")
+    p = lambda n: params[n].double()  # noqa: E731
+    _check_template(model, template)
+    beta = head_bias_offset(p("head.w"), p("head.b"))
+    # head.w differs from the token embedding (folding, merging): the head must not be tied
+    hf = fresh(template, tie_word_embeddings=False)
+    dec, D = hf.model.decoder, model.width
+    set_param(dec.embed_tokens.weight, p("embed.tokens"), "embed.tokens")
+    positions = dec.embed_positions.weight
+    set_param(positions[POSITION_OFFSET:], p("embed.pos"), "embed.pos")
+    positions[:POSITION_OFFSET].zero_()
+    for i, layer in enumerate(dec.layers):
+        attn, pre = layer.self_attn, f"blocks.{i}."
+        _identity(layer.self_attn_layer_norm)
+        _identity(layer.final_layer_norm)
+        for name, lin, scale in (("q", attn.q_proj, attn.scaling), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
+            weight, bias = p(pre + name + "_w").reshape(D, D) / scale, p(pre + name + "_b").flatten() / scale
+            _set_linear(lin, weight, bias, pre + name, "enable_bias")
+        o_w = p(pre + "o_w").permute(1, 0, 2).flatten(1)
+        _set_linear(attn.out_proj, o_w, p(pre + "o_b"), pre + "o", "enable_bias")
+        _set_linear(layer.fc1, p(pre + "in_w"), p(pre + "in_b"), pre + "in", "enable_bias")
+        _set_linear(layer.fc2, p(pre + "out_w"), p(pre + "out_b"), pre + "out", "enable_bias")
+    _identity(dec.final_layer_norm, beta)
+    if hf.lm_head.weight is dec.embed_tokens.weight:
+        raise ValueError("the exported OPT still ties lm_head to embed_tokens: cannot write a separate head")
+    set_param(hf.lm_head.weight, p("head.w"), "head.w")
+    return hf
+
+
+class OPTFamily(GPT2Family):
+    """GPT-2's embedding, head and input limits; OPT's own build and conversion."""
+
+    name = "opt"
+    model_types = ("opt",)
+    hf_classes = ("OPTForCausalLM",)
+    fixed_model_values = {"layer_norm_eps": LAYER_NORM_EPS}
+
+    def build(self, cfg: Any) -> OPTForCausalLM:
+        if cfg.layer_norm_eps != LAYER_NORM_EPS:
+            raise ValueError(
+                f"model.layer_norm_eps={cfg.layer_norm_eps}: OPT's LayerNorms have eps {LAYER_NORM_EPS}, which "
+                f"OPTConfig cannot change; set model.layer_norm_eps={LAYER_NORM_EPS}"
+            )
+        config = OPTConfig(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            ffn_dim=cfg.mlp_size,
+            max_position_embeddings=cfg.max_positions,
+            do_layer_norm_before=True,
+            word_embed_proj_dim=cfg.hidden_size,
+            dropout=cfg.dropout,
+            attention_dropout=cfg.dropout,
+            num_attention_heads=cfg.num_heads,
+            activation_function=cfg.hidden_act,
+            # a character vocabulary has no special ids; a padding id would also freeze its embedding row
+            pad_token_id=None,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+        return OPTForCausalLM(config)
+
+    def to_canonical(self, hf_model) -> CanonicalTransformer:
+        return opt_to_canonical(hf_model)
+
+    def to_hf(self, model, template) -> OPTForCausalLM:
+        return opt_from_canonical(model, template)
+
+    def hf_input_limits(self, hf_config) -> dict[str, Any]:
+        return {"positions": hf_config.max_position_embeddings, "vocab": hf_config.vocab_size}
+
+
+FAMILY = OPTFamily()

@@ -1,0 +1,89 @@
+"""Checks the causal-LM family test modules (test_gemma.py, test_opt.py) run on their tiny models: every
+symmetry class the spec claims, glmc.align keeping B's function, an export reloaded with from_pretrained,
+and run.py on two save_pretrained folders."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+from test_pretrained_endpoints import FAST, SEQ_LEN, char_tokenizer
+from torch.utils.data import DataLoader, TensorDataset
+
+import glmc
+from glmc.config import ModelConfig
+from glmc.models.build import build_model
+from glmc.symmetry import SymmetrySpec, Transform, apply
+
+from conftest import run_script
+from numeric import FORWARD, assert_close_rel
+
+# few steps and iterations: the tests check that the result keeps B, not how good it is
+MATCHERS = {
+    "weight": dict(max_iter=3),
+    "activation": dict(batches=2),
+    "learned": dict(max_steps=2, lr=1e-2, weight_max_iter=3, checkpoint_every=10**6),
+}
+
+
+def claimed(model) -> set[tuple[str, str]]:
+    """(space kind, class) for every class a space of the model's SymmetrySpec offers."""
+    return {(space.kind, cls) for space in SymmetrySpec.from_model(model) for cls in space.classes}
+
+
+def assert_symmetry_keeps_function(model, x, classes: dict[str, str], what: str) -> None:
+    """A random element of `classes` (space kind -> class; widening classes add two units) changes the
+    weights and keeps the logits."""
+    grow = 2 if "semi_permutation" in classes.values() else 0
+    transform = Transform.sample(SymmetrySpec.from_model(model), classes, torch.Generator().manual_seed(0), grow=grow)
+    assert transform, f"{what}: no space takes {classes}"
+    new = apply(transform, model)
+    assert any(
+        new.params()[k].shape != v.shape or not torch.equal(new.params()[k], v) for k, v in model.params().items()
+    ), f"{what}: nothing moved"
+    with torch.no_grad():
+        assert_close_rel(new(x), model(x), FORWARD, f"{what}: logits")
+
+
+def next_token_data(vocab: int, n: int = 16, seq: int = 12, seed: int = 0) -> DataLoader:
+    ids = torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(seed))
+    return DataLoader(TensorDataset(ids[:, :-1].contiguous(), ids[:, 1:].contiguous()), batch_size=8)
+
+
+def assert_alignment_keeps_b(hf_a, hf_b, method: str, data: DataLoader, run_dir) -> None:
+    trainer = {"accelerator": "cpu", "enable_progress_bar": False}
+    alignment = glmc.align(hf_a, hf_b, method, data=data, run_dir=run_dir, trainer=trainer, **MATCHERS[method])
+    assert alignment.function_preserving and alignment.transform, method
+    x = next(iter(data))[0]
+    with torch.no_grad():
+        assert_close_rel(alignment.model(x), hf_b(x).logits, FORWARD, f"{method}: aligned B vs B")
+
+
+def cli_on_two_folders(monkeypatch, capsys, tmp_path, family: str, **model) -> dict:
+    """run.py with endpoints=pretrained on two tiny save_pretrained folders of `family` (weight matching,
+    the vanilla midpoint exported); results.json, after checking the run succeeded."""
+    tokenizer = char_tokenizer()
+    folders = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        cfg = ModelConfig(
+            family=family, hidden_size=16, num_layers=1, num_heads=2, mlp_size=32, vocab_size=len(tokenizer), **model
+        )
+        folder = tmp_path / f"{family}_{seed}"
+        build_model(cfg).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        folders.append(folder)
+    run = tmp_path / "run"
+    paths = ",".join(str(f) for f in folders)
+    args = ("endpoints=pretrained", f"endpoints.paths=[{paths}]", "data=pydoc", f"data.seq_len={SEQ_LEN}")
+    methods = ("matcher.methods=[vanilla,weight]", "merge.export=true", f"hydra.run.dir={run}")
+    code, _, err = run_script(monkeypatch, capsys, *FAST, *args, *methods)
+    assert code == 0, err[-3000:]
+    results = json.loads((run / "results.json").read_text())
+    assert results["model"].startswith(f"{family} (")
+    for name in ("vanilla", "weight"):
+        assert math.isfinite(results["methods"][name]["pairs"][0]["barrier"]), name
+    export = results["methods"]["vanilla"]["pairs"][0]["export"]
+    assert export["exported"] and export["relative_deviation"] < 1e-5, export
+    return results
