@@ -22,6 +22,7 @@ class Dataset(StrEnum):
     pydoc_topics = "pydoc_topics"  # the help topics as a 4-way sequence-classification task
     tiny_shakespeare = "tiny_shakespeare"
     bookcorpus = "bookcorpus"
+    text_file = "text_file"  # your own UTF-8 text file, data.path
 
 
 class TokenizerKind(StrEnum):

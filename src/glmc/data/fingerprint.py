@@ -93,8 +93,22 @@ class Embedded:
         return _embedded_digest(self.sources)
 
 
+@dataclass(frozen=True)
+class AtPath:
+    """The checksum of the user's own file, data.path (data=text_file): by content, wherever it lies; None
+    while no file is named or there."""
+
+    def __call__(self, cfg: DataConfig) -> str | None:
+        path = getattr(cfg, "path", None)
+        return tree_checksum(Path(path).expanduser()) if path else None
+
+
 def on_disk(relative: str) -> OnDisk:
     return OnDisk(relative)
+
+
+def at_path() -> AtPath:
+    return AtPath()
 
 
 def embedded(*sources: Callable[[], str | bytes]) -> Embedded:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from glmc.data.fingerprint import embedded, on_disk
+from glmc.data.fingerprint import at_path, embedded, on_disk
 
 if TYPE_CHECKING:
     from glmc.config import DataConfig
@@ -57,7 +57,10 @@ class DatasetInfo:
     resizes them at load (`image_size` is then the native size). Text classification: `labels` names
     the classes. `wordpiece`: it reads WordPiece ids only (data.tokenizer=wordpiece or pretrained).
     `subsets`: the most data.num_subsets it can cut (a function of nothing). `examples`: the conf/data
-    option that sets up each task, where it is not the dataset's own name (messages suggest it)."""
+    option that sets up each task, where it is not the dataset's own name (messages suggest it).
+    `reads_path`: it reads the user's file data.path (which every other dataset refuses). `checks`: a
+    function of the run config (as its data are read) listing what would keep the data from loading,
+    called before any work (glmc.pipeline.validate)."""
 
     name: str
     modality: str
@@ -72,6 +75,8 @@ class DatasetInfo:
     wordpiece: bool = False
     subsets: Lazy | None = None
     examples: dict[str, str] = field(default_factory=dict)
+    reads_path: bool = False
+    checks: Lazy | None = None
 
     @property
     def is_text(self) -> bool:
@@ -157,6 +162,15 @@ DATASETS: dict[str, DatasetInfo] = {
             (CAUSAL_LM,),
             Lazy("glmc.data.bookcorpus:bookcorpus_splits"),
             on_disk("bookcorpus"),
+        ),
+        DatasetInfo(
+            "text_file",  # your own UTF-8 text file, data.path, read with the models' saved tokenizer
+            TEXT,
+            (CAUSAL_LM, MASKED_LM),
+            Lazy("glmc.data.text_file:text_file_splits"),
+            at_path(),
+            reads_path=True,
+            checks=Lazy("glmc.data.text_file:text_file_problems"),
         ),
     )
 }

@@ -52,9 +52,9 @@ KEY_VERSION = 2  # bumped when the key's layout changes, so that older entries a
 # The key holds every field of the model, data, train and trainer sections except these, which cannot
 # change the trained weights: an allow-list, so that a setting added later is part of the key until
 # someone shows it does not matter. Where the data comes from enters through its checksums instead
-# of data.root (glmc.data.fingerprint).
+# of data.root and data.path (glmc.data.fingerprint).
 NOT_WEIGHTS = {
-    "data": ("root", "download", "eval_batch_size", "limit_test", "tokenizer_path"),
+    "data": ("root", "download", "eval_batch_size", "limit_test", "tokenizer_path", "path"),
     "trainer": ("_target_", "enable_progress_bar", "log_every_n_steps"),
 }
 

@@ -8,6 +8,10 @@ family added there is read here without a change. Its class is the first of conf
 in a folder runs: a config or tokenizer that asks for code of its own (`auto_map`) is refused,
 weights are read from safetensors only, and transformers never gets `trust_remote_code`.
 
+A folder stored in bfloat16 or float16 (`Folder.dtype`, from the safetensors headers) loads in float32,
+which holds its values exactly: conversion, matching and evaluation run in float32, and an exported
+midpoint is written back in the folder's dtype (glmc.pipeline.merges.export_midpoint).
+
 This module reads a folder (`read_folder`: config.json and the safetensors headers only; `saved_vocabulary`:
 its tokenizer's JSON files) and loads its model (`load_model`, `load_endpoints`): every weight of the class
 must be in the files and finite, and the family must convert the model. Whether the folders fit the data
@@ -22,6 +26,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +93,7 @@ class Folder:
     hf_class: str  # the transformers class it is loaded with
     hf_config: Any  # the transformers config (AutoConfig)
     weights: tuple[Path, ...]  # its safetensors files
+    dtype: str = "float32"  # what its weights are stored in (stored_dtype); they are loaded in float32
 
     @property
     def key(self) -> str:
@@ -216,7 +222,33 @@ def read_folder(path: str, index: int, task: str, name: str | None = None) -> Fo
             f"{key}: {CONFIG} does not load as a {model_type} config ({_reason(err)}); {SAVE_AGAIN}"
         ) from None
     weights = _weight_files(folder, key)
-    return Folder(index, folder, name or folder.name, family, hf_class, hf_config, weights)
+    dtype = stored_dtype(weights, config)
+    return Folder(index, folder, name or folder.name, family, hf_class, hf_config, weights, dtype)
+
+
+# safetensors' names of the floating-point dtypes a folder may be stored in, as torch names them
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def stored_dtype(files: tuple[Path, ...], config: dict[str, Any]) -> str:
+    """The dtype the folder's weights are stored in, from the safetensors headers (what is stored, whatever
+    config.json's dtype or torch_dtype says): the floating-point dtype holding most of the values, or
+    config.json's where no tensor is floating-point."""
+    from safetensors import safe_open
+
+    counts: dict[str, int] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                part = handle.get_slice(name)
+                kind = part.get_dtype()
+                if kind.startswith(("F", "BF")):  # not the integer buffers some models store
+                    counts[kind] = counts.get(kind, 0) + math.prod(part.get_shape())
+    if counts:
+        kind = max(counts, key=counts.get)
+        return SAFETENSORS_DTYPES.get(kind, kind.lower())
+    declared = config.get("dtype") or config.get("torch_dtype")
+    return declared if isinstance(declared, str) and declared != "auto" else "float32"
 
 
 def evaluation_config(cfg: Config) -> Config:
@@ -290,7 +322,8 @@ def saved_vocabulary(folder: Path, key: str) -> tuple[dict[str, int], dict[str, 
 
 
 def load_model(f: Folder):
-    """The folder's model in float32, eval mode, from its safetensors files and local files only."""
+    """The folder's model in float32 (a bfloat16 or float16 folder is converted exactly: the alignment, its
+    checks and the evaluation run in float32), eval mode, from its safetensors files and local files only."""
     import torch
     import transformers
     from transformers.utils import logging as hf_logging
@@ -355,8 +388,27 @@ def _canonical(f: Folder, model):
         raise FolderError(f"{f.key}: the {f.family.name} family cannot convert this {f.hf_class} ({err})") from err
 
 
+def mixed_dtypes_warning(cfg: Config, folders: list[Folder]) -> str | None:
+    """What a run of folders stored in different dtypes does, naming each folder and its dtype; None when
+    they share one. Every model is loaded, aligned and evaluated in float32, which holds bfloat16 and
+    float16 values exactly, so the barrier is that of the stored models; an exported midpoint takes the
+    dtype of its pair's first folder (A), whose model it is written as."""
+    if len({f.dtype for f in folders}) < 2:
+        return None
+    listed = ", ".join(f"{f.key} in {f.dtype}" for f in folders)
+    export = ""
+    if cfg.merge.export:
+        export = (
+            "; merge.export writes the merged midpoint in the dtype of its pair's first folder (A), so a "
+            "float32 model merged into a half-precision A is rounded to A's dtype"
+        )
+    aligned = "every model is aligned and evaluated in float32"
+    return f"the folders are stored in different dtypes ({listed}): {aligned}{export}"
+
+
 def load_endpoints(cfg: Config, evaluator) -> list[Endpoint]:
-    """Every folder's model, converted to canonical form once and measured on the test split."""
+    """Every folder's model, in float32 whatever its stored dtype, converted to canonical form once and
+    measured on the test split."""
     from glmc.pipeline.endpoints import Endpoint
     from glmc.pipeline.folder_fit import check_pairs, read_folders  # checks the folders first
 
@@ -364,8 +416,12 @@ def load_endpoints(cfg: Config, evaluator) -> list[Endpoint]:
     for f in folders:
         model = load_model(f)
         endpoint = Endpoint(f.index, model, _canonical(f, model), float("nan"), None, False, f.name, str(f.path))
+        endpoint.dtype = f.dtype
         endpoints.append(endpoint)
     check_pairs(cfg, endpoints)  # before any evaluation
+    mixed = mixed_dtypes_warning(cfg, folders)
+    if mixed:
+        log.warning(mixed)
     for f, e in zip(folders, endpoints):
         e.test_loss, e.test_accuracy = evaluator.evaluate(e.model)
         log.info("%s: %s (%s), test loss %.4f", e.name, e.path, f.hf_class, e.test_loss)

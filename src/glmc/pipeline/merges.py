@@ -3,6 +3,7 @@ a pair's midpoint model: both run after a method's path has been evaluated."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import logging
@@ -61,6 +62,10 @@ def evaluate_merges(
     return out
 
 
+# the dtypes a midpoint is written in: the stored dtypes of the models glmc aligns
+EXPORT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
 def export_midpoint(
     alignment: Alignment,
     template: torch.nn.Module,
@@ -68,14 +73,19 @@ def export_midpoint(
     inputs: torch.Tensor,
     tokenizer: Any = None,
     tokenizer_folder: str | None = None,
+    dtype: str = "float32",
 ) -> dict:
-    """Write the pair's midpoint model as a Hugging Face folder and check that it loads back with the
-    same outputs; for text, the run's tokenizer goes beside it (save_tokenizer), so that the folder can
-    be an endpoint again. Methods without an HF-shaped midpoint (circuit interpolation, residual maps
-    that leave the mean-zero stream) are reported with the reason instead of failing the run."""
+    """Write the pair's midpoint model as a Hugging Face folder with weights in `dtype` (the endpoints'
+    stored dtype: the midpoint is computed in float32 and rounded once, when written) and check that it
+    loads back with the same outputs (read back in float32: the relative deviation then holds the
+    rounding to `dtype`); for text, the run's tokenizer goes beside it (save_tokenizer), so that the
+    folder can be an endpoint again. Methods without an HF-shaped midpoint (circuit interpolation,
+    residual maps that leave the mean-zero stream) are reported with the reason instead of failing the run."""
     from glmc.models.export import export_hf
 
-    mid = alignment.interpolate(0.5)
+    if dtype not in EXPORT_DTYPES:  # e.g. a float8 checkpoint: written in the dtype it was aligned in
+        dtype = "float32"
+    mid, stored = alignment.interpolate(0.5), getattr(torch, dtype)
     try:
         if isinstance(mid, CanonicalTransformer):
             if alignment.circuits:
@@ -83,18 +93,19 @@ def export_midpoint(
                     f"interpolated as circuits ({', '.join(alignment.circuits)}): the merged heads have rank "
                     "up to 2 d_head and no Hugging Face shape (set the method's qk=none vo=none to export)"
                 )
-            export_hf(mid, template, folder)
+            export_hf(mid, template, folder, dtype=stored)
         else:  # vanilla: the interpolated original model is already an HF model
-            mid.save_pretrained(folder)  # safetensors
+            rounded = mid if next(mid.parameters()).dtype == stored else copy.deepcopy(mid).to(stored)
+            rounded.save_pretrained(folder)  # safetensors
     except ValueError as err:
         log.warning("not exported to %s: %s", folder, err)
         return {"exported": False, "reason": str(err)}
-    loaded = type(template).from_pretrained(folder).eval()
+    loaded = type(template).from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
         expected = mid(inputs)
         expected = getattr(expected, "logits", expected)
         deviation = relative_deviation(loaded(inputs).logits, expected)
-    out = {"exported": True, "path": str(folder), "relative_deviation": deviation}
+    out = {"exported": True, "path": str(folder), "dtype": dtype, "relative_deviation": deviation}
     if tokenizer is not None:  # images need none
         out["tokenizer"] = save_tokenizer(tokenizer, Path(folder), tokenizer_folder)
     return out

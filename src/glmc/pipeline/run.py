@@ -44,9 +44,9 @@ from glmc.pipeline.pairing import seed_pairs
 from glmc.pipeline.run_folder import check_run_dir, remove_previous_outputs
 from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import validate_config
-from glmc.symmetry.family_defaults import resolve_run_symmetry
 from glmc.safe_files import atomic_write_text
 from glmc.symmetry.embed_width import match_widths, same_shapes
+from glmc.symmetry.family_defaults import resolve_run_symmetry
 from glmc.train.latent_fit import fit_latents
 from glmc.train.trainer import resolve_device, trainer_factory
 
@@ -333,7 +333,8 @@ def pair_paths(
     if cfg.merge.export and export:
         inputs = next(iter(run.data.test_dataloader()))[0][:8]
         folder, source = run.run_dir / name / f"hf_{label}", evaluation_config(cfg).data.tokenizer_path
-        result["export"] = export_midpoint(alignment, a.model, folder, inputs, run.data.tokenizer, source)
+        # written in A's stored dtype: the folders' own (mixed dtypes: hf_folders.mixed_dtypes_warning)
+        result["export"] = export_midpoint(alignment, a.model, folder, inputs, run.data.tokenizer, source, a.dtype)
     return result
 
 
@@ -352,6 +353,18 @@ def _evaluators(cfg: Config, data: DataModule, device: torch.device) -> tuple[Ev
     return test, evaluator
 
 
+# what the barrier's losses were computed in, by eval.precision: the models are float32 throughout (a
+# folder stored in bfloat16 or float16 is converted exactly at load), and autocast runs matmuls in half
+EVAL_DTYPES = {"32": "float32", "bf16": "bfloat16 autocast", "16": "float16 autocast"}
+
+
+def stored_dtype(endpoints: list[Endpoint]) -> str:
+    """The dtype the endpoints' weights are stored in (trained endpoints: float32), or "mixed" (each
+    endpoint's own is in results.json's endpoints)."""
+    dtypes = {e.dtype for e in endpoints}
+    return dtypes.pop() if len(dtypes) == 1 else "mixed"
+
+
 def _results(
     cfg: Config, endpoints: list[Endpoint], device: torch.device, methods: dict[str, Any], multi: dict | None
 ) -> dict[str, Any]:
@@ -364,10 +377,13 @@ def _results(
         "task": task,
         "split": cfg.eval.split,
         "device": str(device),
+        "eval_dtype": EVAL_DTYPES[str(cfg.eval.precision)],
+        "stored_dtype": stored_dtype(endpoints),
         "endpoints": [
             {
                 "seed": e.seed,
                 **({"name": e.name, "path": e.path} if e.name is not None else {}),
+                "stored_dtype": e.dtype,
                 "width": e.canonical.width,
                 "test_loss": e.test_loss,
                 "test_accuracy": e.test_accuracy if task == "classification" else None,

@@ -60,7 +60,7 @@ def config_as_saved(cfg: Config) -> dict[str, Any]:
 
 # keys added to the schema after runs were recorded, with the value those runs had: a results.json
 # without them records that value
-LATER_KEYS = {"endpoints.source": "trained", "endpoints.paths": []}
+LATER_KEYS = {"endpoints.source": "trained", "endpoints.paths": [], "data.path": None}
 # classes that moved to another module after runs were recorded: a results.json naming the old path
 # names the same class
 MOVED_TARGETS = {"glmc.matching.canonical.CanonicalMatcher": "glmc.matching.unaligned.CanonicalMatcher"}
@@ -69,7 +69,7 @@ MOVED_TARGETS = {"glmc.matching.canonical.CanonicalMatcher": "glmc.matching.unal
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`key: saved -> current` for every result-changing key that differs, in config order."""
     old, new = _flatten(saved), _flatten(current)
-    old = {**{k: v for k, v in LATER_KEYS.items() if "endpoints" not in saved}, **old}
+    old = {**{k: v for k, v in LATER_KEYS.items() if k in new and k not in old}, **old}
     old = {k: MOVED_TARGETS.get(v, v) if k.endswith("._target_") else v for k, v in old.items()}
     keys = list(new) + [k for k in old if k not in new]
     missing = "<absent>"
