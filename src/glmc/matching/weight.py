@@ -294,7 +294,8 @@ def gated_mlp_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
         a = a / a.norm(dim=1, keepdim=True).clamp_min(1e-12)
         return a @ (b / b.norm(dim=1, keepdim=True).clamp_min(1e-12)).T
 
-    return cosine("gate") + cosine("in") * cosine("out")
+    # in place, the same floats: two (units x units) matrices held instead of four (a 1B model's MLP)
+    return cosine("in").mul_(cosine("out")).add_(cosine("gate"))
 
 
 def unit_scales(pa: Params, pb: Params, layer: int) -> Diagonal:
