@@ -12,8 +12,6 @@ and an export writes an untied model.
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 from transformers import GemmaConfig, GemmaForCausalLM
 
@@ -25,37 +23,14 @@ class GemmaFamily(LlamaFamily):
     model_types = ("gemma",)
     hf_classes = ("GemmaForCausalLM",)
     norm_offset = 1.0
+    # GemmaConfig turns hidden_act "gelu" into its tanh approximation, which the canonical model then reads
+    config_class = GemmaConfig
+    model_class = GemmaForCausalLM
 
     def embed_scale(self, inner: nn.Module) -> float:
         # the normaliser is a float32 buffer cast to the weights' dtype before the product
         embed = inner.embed_tokens
         return float(embed.embed_scale.to(embed.weight.dtype))
-
-    def build(self, cfg: Any) -> GemmaForCausalLM:
-        kv_heads = cfg.num_kv_heads or cfg.num_heads
-        if cfg.num_heads % kv_heads:
-            raise ValueError(f"model.num_heads={cfg.num_heads} is not a multiple of model.num_kv_heads={kv_heads}")
-        config = GemmaConfig(
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.mlp_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=kv_heads,
-            head_dim=cfg.hidden_size // cfg.num_heads,
-            # GemmaConfig turns "gelu" into its tanh approximation, which the canonical model then reads
-            hidden_act=cfg.hidden_act,
-            max_position_embeddings=cfg.max_positions,
-            rms_norm_eps=cfg.layer_norm_eps,
-            tie_word_embeddings=cfg.tie_embeddings,
-            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-            attention_dropout=cfg.dropout,
-            # a character vocabulary has no special ids; a padding id would also freeze its embedding row
-            pad_token_id=None,
-            bos_token_id=None,
-            eos_token_id=None,
-        )
-        return GemmaForCausalLM(config)
 
 
 FAMILY = GemmaFamily()

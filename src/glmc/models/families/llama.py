@@ -255,11 +255,15 @@ class LlamaFamily(Family):
         """The factor the HF model multiplies its token embeddings by (Gemma: sqrt(hidden_size))."""
         return 1.0
 
-    def build(self, cfg) -> LlamaForCausalLM:
+    # the Hugging Face config and model classes `build` makes (a subclass family names its own)
+    config_class: Any = LlamaConfig
+    model_class: Any = LlamaForCausalLM
+
+    def build(self, cfg) -> nn.Module:
         kv_heads = cfg.num_kv_heads or cfg.num_heads
         if cfg.num_heads % kv_heads:
             raise ValueError(f"model.num_heads={cfg.num_heads} is not a multiple of model.num_kv_heads={kv_heads}")
-        config = LlamaConfig(
+        config = self.config_class(
             vocab_size=cfg.vocab_size,
             hidden_size=cfg.hidden_size,
             intermediate_size=cfg.mlp_size,
@@ -273,11 +277,12 @@ class LlamaFamily(Family):
             tie_word_embeddings=cfg.tie_embeddings,
             rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
             attention_dropout=cfg.dropout,
-            # a character vocabulary has no BOS/EOS ids of its own
+            # a character vocabulary has no special ids; a padding id would also freeze its embedding row
+            pad_token_id=None,
             bos_token_id=None,
             eos_token_id=None,
         )
-        return LlamaForCausalLM(config)
+        return self.model_class(config)
 
     def to_canonical(self, hf_model) -> CanonicalTransformer:
         return llama_to_canonical(hf_model, self)
