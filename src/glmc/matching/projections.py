@@ -15,9 +15,11 @@ from torch import Tensor
 from glmc.symmetry import Permutation
 
 
-def straight_through_permutation(latent: Tensor) -> Tensor:
-    """Hard permutation matrix whose gradient flows to the latent unchanged (Bengio et al. 2013)."""
-    hard = Permutation.project(latent).dense(latent.dtype).to(latent.device)
+def straight_through_permutation(latent: Tensor, perm: Tensor | None = None) -> Tensor:
+    """Hard permutation matrix whose gradient flows to the latent unchanged (Bengio et al. 2013); `perm`:
+    the latent's projection where the caller solved it already (else Permutation.project, on the host)."""
+    projected = Permutation.project(latent) if perm is None else Permutation(perm)
+    hard = projected.dense(latent.dtype).to(latent.device)
     # (latent - latent.detach()) is exactly zero, so the forward value is exactly the permutation
     return hard + (latent - latent.detach())
 

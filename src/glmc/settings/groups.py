@@ -54,6 +54,9 @@ class LearnedTraining:
     seed: int = setting(0, "seed")  # latent noise and the lambda sequence
     # after every epoch, log the midpoint's test loss (match_test_loss) on this many test batches; -1: all, 0: off
     epoch_test_batches: int = setting(16, "batches_or_all")
+    # where each step's hard permutations are solved: host (SciPy), device (the certified auction of
+    # glmc.matching.device_assignment, on the latents' device) or auto (device for CUDA latents, else host)
+    assignment: str = setting("auto", choices=("auto", "host", "device"))
 
 
 EDGE_LAMBDAS = ("uniform", "gaussian")
