@@ -87,8 +87,8 @@ def test_huge_lr_keeps_the_start_and_a_rerun_resumes_to_the_same(tmp_path, pair,
 def test_nan_loss_stops_at_its_step(tmp_path, pair, caplog, monkeypatch):
     original = LearnedMatchingModule.loss
 
-    def nan_at_step_2(self, inputs, targets, lam, aligned=None):
-        loss = original(self, inputs, targets, lam, aligned)
+    def nan_at_step_2(self, inputs, targets, lam, *built):
+        loss = original(self, inputs, targets, lam, *built)
         return loss * float("nan") if self.global_step == 2 else loss
 
     monkeypatch.setattr(LearnedMatchingModule, "loss", nan_at_step_2)

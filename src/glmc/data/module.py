@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from glmc.config import DataConfig
 from glmc.data import registry
+from glmc.data.device_batches import DeviceBatches, Positions, token_windows
 from glmc.data.step_sampler import StepSampler
 
 
@@ -55,10 +56,20 @@ def _fixed_masks(dataset: Dataset, cfg: DataConfig) -> Dataset:
     return dataset.with_fixed_masks(split_mask_seed(cfg.mask_seed, "train"))
 
 
+# worker processes of a loader that feeds a GPU where data.num_workers is 0 (at most the cores Lightning
+# suggests): enough that Lightning's "does not have many workers" warning no longer applies
+CUDA_WORKERS = 4
+
+
 class DataModule(L.LightningDataModule):
     """Train loader shuffled by a generator seeded from the endpoint seed (or continued from
     `train_generator_state` when training resumes, or positioned at `train_start_step` in the same
-    order); test loader fixed."""
+    order); test loader fixed.
+
+    Training on one CUDA device, the token windows of a text dataset are copied to the device once and
+    batched there (glmc.data.device_batches), in the loader's order; the loaders that remain pin their
+    batches and, where data.num_workers is 0 and a fetch draws nothing at random, get worker processes
+    (the same batches, sooner). On CPU the loaders are as data.num_workers makes them."""
 
     def __init__(self, cfg: DataConfig, seed: int = 0):
         super().__init__()
@@ -72,6 +83,9 @@ class DataModule(L.LightningDataModule):
         self.train_generator_state: torch.Tensor | None = None
         # set by learned matching: the training order is a function of the step, starting at this one
         self.train_start_step: int | None = None
+        # training batches sliced from the windows on the training device: None on one CUDA device,
+        # True wherever a one-process trainer runs (CPU included), False never
+        self.device_batches: bool | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
@@ -89,37 +103,65 @@ class DataModule(L.LightningDataModule):
     def vocab_size(self) -> int | None:
         return None if self.tokenizer is None else self.tokenizer.vocab_size
 
-    def train_dataloader(self) -> DataLoader:
-        drop_last = len(self.train_set) > self.cfg.batch_size
+    def train_dataloader(self) -> DataLoader | DeviceBatches:
+        device = self._batch_device()
+        windows = None if device is None else token_windows(self.train_set)
+        if windows is not None:  # the positions drawn as the windows' own loader draws them
+            return DeviceBatches(windows, self._train_loader(Positions(len(self.train_set)), {}), device)
+        return self._train_loader(self.train_set, self._loader_options(train=True))
+
+    def _train_loader(self, dataset: Dataset, options: dict[str, Any]) -> DataLoader:
+        drop_last = len(dataset) > self.cfg.batch_size
         if self.train_start_step is not None:
             # the same order as below, positioned by the step (glmc.data.step_sampler)
-            sampler = StepSampler(len(self.train_set), self.seed, self.cfg.batch_size, drop_last, self.train_start_step)
-            return DataLoader(
-                self.train_set,
-                batch_size=self.cfg.batch_size,
-                sampler=sampler,
-                num_workers=self.cfg.num_workers,
-                drop_last=drop_last,
-            )
+            sampler = StepSampler(len(dataset), self.seed, self.cfg.batch_size, drop_last, self.train_start_step)
+            return DataLoader(dataset, batch_size=self.cfg.batch_size, sampler=sampler, drop_last=drop_last, **options)
         generator = torch.Generator().manual_seed(self.seed)
         if self.train_generator_state is not None:
             generator.set_state(self.train_generator_state)
         return DataLoader(
-            self.train_set,
-            batch_size=self.cfg.batch_size,
-            shuffle=True,
-            generator=generator,
-            num_workers=self.cfg.num_workers,
-            drop_last=drop_last,
+            dataset, batch_size=self.cfg.batch_size, shuffle=True, generator=generator, drop_last=drop_last, **options
         )
+
+    def _training_device(self) -> tuple[torch.device | None, int]:
+        """The device and number of processes of the trainer this module is attached to (None, 1 without one)."""
+        if self.trainer is None:
+            return None, 1
+        return self.trainer.strategy.root_device, self.trainer.world_size
+
+    def _batch_device(self) -> torch.device | None:
+        """Where training batches are sliced from the windows (device_batches), None for a DataLoader;
+        always a DataLoader across processes, whose sampler Lightning shards."""
+        device, processes = self._training_device()
+        if self.device_batches is False or processes > 1:
+            return None
+        if self.device_batches:
+            return device or torch.device("cpu")
+        return device if device is not None and device.type == "cuda" else None
+
+    def _loader_options(self, train: bool) -> dict[str, Any]:
+        """A DataLoader's data.num_workers; training on CUDA, also pinned batches and, where data.num_workers
+        is 0 and fetching draws nothing at random (no augmentation, no masks drawn per training window),
+        persistent workers: they fetch the same batches in the same order."""
+        options: dict[str, Any] = {"num_workers": self.cfg.num_workers}
+        device, _ = self._training_device()
+        if device is None or device.type != "cuda":
+            return options
+        options["pin_memory"] = True
+        drawn = train and (self.cfg.augment or self.cfg.task == "masked_lm")
+        if self.cfg.num_workers == 0 and not drawn:
+            from lightning.fabric.utilities.data import suggested_max_num_workers
+
+            workers = min(CUDA_WORKERS, suggested_max_num_workers(1))
+            options.update(num_workers=workers, persistent_workers=workers > 0)
+        return options
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.test_set, batch_size=self.cfg.eval_batch_size, num_workers=self.cfg.num_workers)
 
     def val_dataloader(self) -> DataLoader:
-        if self.val_set is None:
-            return self.test_dataloader()
-        return DataLoader(self.val_set, batch_size=self.cfg.eval_batch_size, num_workers=self.cfg.num_workers)
+        val = self.test_set if self.val_set is None else self.val_set
+        return DataLoader(val, batch_size=self.cfg.eval_batch_size, **self._loader_options(train=False))
 
     def eval_dataloader(self, split: str) -> DataLoader:
         """A fixed-order loader of `split` (test or train) for evaluation: the training split

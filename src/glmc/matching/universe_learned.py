@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from glmc.interpolation import interpolate, merge_params
 from glmc.matching.base import MatchContext, require_factored, settings_hash
 from glmc.matching.learned import _changes, finite_list
-from glmc.matching.learned_module import DivergenceStop, LearnedMatchingModule, _key, worst_draw
+from glmc.matching.learned_module import DivergenceStop, LearnedMatchingModule, _key, full_precision, worst_draw
 from glmc.matching.projections import polar, straight_through_permutation
 from glmc.matching.universe import UniverseAlignment
 from glmc.metrics import loss_and_correct
@@ -152,7 +152,8 @@ class UniverseLearningModule(DivergenceStop, L.LightningModule):
         return out
 
     def loss(self, inputs: Tensor, targets: Tensor, alpha: list[float]) -> Tensor:
-        params = merge_params(self.member_params(), alpha, self.circuits)
+        with full_precision(self.device):  # only the merged model's forward in half (mixed trainer.precision)
+            params = merge_params(self.member_params(), alpha, self.circuits)
         total, _, count = loss_and_correct(canonical_forward(self.config, params, inputs), targets, self.task)
         return total / count
 
@@ -166,7 +167,7 @@ class UniverseLearningModule(DivergenceStop, L.LightningModule):
         alpha = draws[0]
         try:
             if len(draws) > 1:
-                with torch.no_grad():
+                with torch.no_grad(), full_precision(self.device):
                     members = self.member_params()
                 alpha = draws[worst_draw(self.config, self.task, self.circuits, members, *batch, draws)]
             loss = self.loss(*batch, alpha)

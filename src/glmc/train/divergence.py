@@ -1,6 +1,7 @@
 """Non-finite training: stop at the first non-finite loss, and never accept a non-finite endpoint.
 
-`DivergenceGuard` checks the training loss after every optimisation batch (one scalar read per step)
+`DivergenceGuard` checks the training loss after every optimisation batch (one scalar read per step;
+on a GPU the losses are kept on the device and read in groups, so that the steps never wait for it)
 and stops with `DivergenceError`, naming the step, instead of training on for epochs on NaN
 weights. `check_finite_endpoint` is the last check before an endpoint is cached.
 """
@@ -23,9 +24,13 @@ class DivergenceGuard(Callback):
 
     `label` says which run it is (e.g. "seed 3"), `hint` what to change (e.g. "lower train.lr")."""
 
+    # on an accelerator, the losses of this many steps are read at once (and at every epoch's end)
+    DEVICE_EVERY = 50
+
     def __init__(self, label: str, hint: str):
         self.label, self.hint = label, hint
         self.step = 0  # training batches seen (optimisation steps without gradient accumulation)
+        self._pending: list[tuple[int, int, int, torch.Tensor]] = []  # (step, epoch, batch, loss) not yet read
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step}  # a resumed run counts on
@@ -36,11 +41,30 @@ class DivergenceGuard(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         step, self.step = self.step, self.step + 1
-        if not isinstance(loss, torch.Tensor) or torch.isfinite(loss.detach()).all():
+        if not isinstance(loss, torch.Tensor):
             return
+        self._pending.append((step, trainer.current_epoch, batch_idx, loss.detach()))
+        if loss.device.type == "cpu" or len(self._pending) >= self.DEVICE_EVERY:
+            self.check_pending()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.check_pending()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.check_pending()
+
+    def check_pending(self) -> None:
+        """DivergenceError naming the first non-finite loss among those not yet read (one read)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        finite = torch.stack([torch.isfinite(loss).all() for *_, loss in pending])
+        if bool(finite.all()):
+            return
+        step, epoch, batch_idx, loss = pending[int((~finite).nonzero()[0])]
         raise DivergenceError(
-            f"{self.label}: training loss is {float(loss.detach().float().sum())} at step {step} "
-            f"(epoch {trainer.current_epoch}, batch {batch_idx}): training diverged; {self.hint}"
+            f"{self.label}: training loss is {float(loss.float().sum())} at step {step} "
+            f"(epoch {epoch}, batch {batch_idx}): training diverged; {self.hint}"
         )
 
 

@@ -20,10 +20,12 @@ def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
     (default_root_dir, logger, callbacks, max_steps, ...), which take precedence; every Trainer also
     closes the process group of spawned DDP ranks at the end of fit (glmc.train.process_group) and,
     with progress enabled and standard output not a terminal, logs its progress as lines
-    (glmc.train.progress_log) instead of drawing a bar."""
+    (glmc.train.progress_log) instead of drawing a bar. trainer.precision=auto is resolved here
+    (resolve_precision)."""
     from hydra.utils import instantiate
 
-    build = instantiate(trainer_cfg, _partial_=True)
+    precision = resolve_precision(trainer_cfg.get("precision", "32-true"), trainer_cfg.get("accelerator", "auto"))
+    build = instantiate(trainer_cfg, _partial_=True, precision=precision)
     progress_lines = trainer_cfg.get("enable_progress_bar", True) and not _is_terminal(sys.stdout)
 
     def make(**overrides) -> L.Trainer:
@@ -58,3 +60,55 @@ def resolve_device(accelerator: str) -> torch.device:
     if accelerator == "cpu":
         return torch.device("cpu")
     raise ValueError(f"trainer.accelerator={accelerator!r} is not one of cpu, gpu, cuda, mps, auto")
+
+
+# The trainer.precision values endpoints and learned latents train with. All keep float32 weights: the
+# mixed ones autocast the forward and keep float32 master weights, so alignment and evaluation read
+# float32 models whatever the training precision. "auto" is resolved at run time (resolve_precision).
+TRAIN_PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "16-mixed")
+
+
+def resolve_precision(precision: Any, accelerator: str) -> str:
+    """trainer.precision as Lightning takes it: `auto` is bf16-mixed on a CUDA device with native
+    bfloat16 (torch.cuda.is_bf16_supported), else 32-true (CPU, MPS, older cards). ValueError naming
+    trainer.precision for half-precision weights (bf16-true, 16-true), which the float32 alignment
+    would round-trip, and for 16-mixed on CPU, which Lightning silently turns into bf16-mixed (the
+    endpoint cache would then hold bfloat16-trained weights under a 16-mixed key)."""
+    precision, accelerator = str(precision), str(accelerator)
+    if precision not in TRAIN_PRECISIONS:
+        raise ValueError(
+            f"trainer.precision={precision}: use one of {', '.join(TRAIN_PRECISIONS)}; glmc trains float32 "
+            "weights (bf16-mixed and 16-mixed keep float32 master weights and autocast the forward)"
+        )
+    cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    if precision == "auto":
+        return "bf16-mixed" if cuda and _native_bf16() else "32-true"
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not cuda and not torch.backends.mps.is_available())
+    if precision == "16-mixed" and on_cpu:
+        raise ValueError(
+            "trainer.precision=16-mixed: float16 autocast needs a GPU (trainer=gpu); on CPU use "
+            "trainer.precision=bf16-mixed or 32-true"
+        )
+    return precision
+
+
+def trained_precision(trainer_cfg: DictConfig | Any) -> str:
+    """The precision a Trainer of `trainer_cfg` trains in (auto resolved on this machine): what the
+    endpoint cache key and results.json record; a value resolve_precision refuses is returned as
+    written (the config check reports it)."""
+    precision = str(trainer_cfg.get("precision", "32-true"))
+    try:
+        return resolve_precision(precision, trainer_cfg.get("accelerator", "auto"))
+    except ValueError:
+        return precision
+
+
+def _native_bf16() -> bool:
+    """Whether the current CUDA device computes in bfloat16 natively (Ampere and later): emulated
+    bfloat16 on older cards is slower than float32."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # a torch without the argument
+        return bool(torch.cuda.is_bf16_supported())

@@ -1,0 +1,127 @@
+"""Training batches sliced from the token windows on the training device (glmc.data.device_batches) are
+the DataLoader's batches in the DataLoader's order, so training on them gives the same losses; on CPU the
+training loader stays the DataLoader unless asked."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import DataLoader, Subset, TensorDataset
+
+from glmc.data.device_batches import DeviceBatches, token_windows
+from glmc.data.module import DataModule
+from glmc.data.text import TokenWindows
+from glmc.models.build import build_model
+from glmc.train.divergence import DivergenceError, DivergenceGuard
+from glmc.train.endpoint import EndpointModule
+from glmc.train.trainer import trainer_factory
+
+from conftest import compose_config
+
+TEXT = ("experiment=demo_text", "debug=fast")
+
+
+def _data(*overrides: str, device_batches: bool | None = None, **state) -> DataModule:
+    data = DataModule(compose_config(*TEXT, *overrides).data, seed=3)
+    data.setup()
+    data.device_batches = device_batches
+    for name, value in state.items():
+        setattr(data, name, value)
+    return data
+
+
+def _same_epochs(loader, sliced, epochs: int = 2) -> None:
+    for _ in range(epochs):  # the generator carries on into the next epoch alike
+        pairs = list(zip(loader, sliced, strict=True))
+        assert pairs and all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in pairs)
+        if loader.generator is not None:
+            assert torch.equal(loader.generator.get_state(), sliced.generator.get_state())
+
+
+def test_sliced_batches_are_the_loaders_in_its_order():
+    loader, sliced = _data().train_dataloader(), _data(device_batches=True).train_dataloader()
+    assert isinstance(loader, DataLoader) and isinstance(sliced, DeviceBatches) and len(loader) == len(sliced)
+    _same_epochs(loader, sliced)
+
+
+def test_positioned_and_resumed_orders_are_kept():
+    """Learned matching positions the order at a step; a resumed endpoint continues the generator."""
+    positioned = _data(train_start_step=5).train_dataloader()
+    _same_epochs(positioned, _data(device_batches=True, train_start_step=5).train_dataloader())
+    first = _data().train_dataloader()
+    list(first)
+    state = first.generator.get_state()
+    resumed = _data(train_generator_state=state).train_dataloader()
+    _same_epochs(resumed, _data(device_batches=True, train_generator_state=state).train_dataloader(), epochs=1)
+
+
+def test_only_plain_token_windows_are_sliced():
+    windows = TokenWindows(torch.arange(12), 4)
+    assert torch.equal(token_windows(Subset(windows, [2, 0])), windows.windows[[2, 0]])
+
+    class Drawn(TokenWindows):  # a subclass may fetch otherwise, as masked-LM windows draw masks
+        pass
+
+    assert token_windows(Drawn(torch.arange(12), 4)) is None
+    data = DataModule(compose_config(*TEXT).data, seed=0)
+    data.train_set, data.device_batches = TensorDataset(torch.zeros(8, 2), torch.zeros(8)), True
+    assert isinstance(data.train_dataloader(), DataLoader)
+
+
+class _Losses(Callback):
+    def __init__(self):
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
+
+
+def _first_losses(device_batches: bool | None, steps: int = 4) -> tuple[list[float], type]:
+    cfg = compose_config(*TEXT)
+    L.seed_everything(0, verbose=False)
+    module = EndpointModule(build_model(cfg.model), cfg.train, cfg.data.task)
+    data = DataModule(cfg.data, seed=0)
+    data.device_batches = device_batches
+    record = _Losses()
+    trainer = trainer_factory(cfg.trainer)(
+        max_steps=steps, logger=False, enable_checkpointing=False, callbacks=[record], limit_val_batches=0
+    )
+    trainer.fit(module, datamodule=data)
+    assert not any(group.get("fused") for group in trainer.optimizers[0].param_groups)  # CPU: the default AdamW
+    return record.losses, type(trainer.train_dataloader)
+
+
+def test_cpu_training_keeps_the_loader_and_the_sliced_path_its_losses():
+    losses, kind = _first_losses(None)
+    assert kind is DataLoader  # on CPU, as before
+    sliced, kind = _first_losses(True)
+    assert kind is DeviceBatches and sliced == losses and len(losses) == 4
+
+
+def test_divergence_on_a_device_is_named_at_its_first_step_when_read():
+    guard = DivergenceGuard("seed 3", "lower train.lr")
+    guard._pending = [(7, 0, 7, torch.tensor(1.0)), (8, 0, 8, torch.tensor(float("nan"))), (9, 1, 0, torch.tensor(1.0))]
+    with pytest.raises(DivergenceError, match=r"seed 3: training loss is nan at step 8 \(epoch 0, batch 8\)"):
+        guard.check_pending()
+    guard.check_pending()  # read once: nothing left
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_batches_are_sliced_there_with_fused_adamw_and_float32_weights():
+    cfg = compose_config(*TEXT, "trainer=gpu")
+    L.seed_everything(0, verbose=False)
+    module = EndpointModule(build_model(cfg.model), cfg.train, cfg.data.task)
+    data = DataModule(cfg.data, seed=0)
+    trainer = trainer_factory(cfg.trainer)(max_steps=3, logger=False, enable_checkpointing=False, limit_val_batches=0)
+    trainer.fit(module, datamodule=data)
+    assert isinstance(trainer.train_dataloader, DeviceBatches) and trainer.train_dataloader.windows.is_cuda
+    assert all(group["fused"] for group in trainer.optimizers[0].param_groups)
+    native = torch.cuda.is_bf16_supported(including_emulation=False)
+    assert trainer.precision == ("bf16-mixed" if native else "32-true")  # trainer=gpu: precision auto
+    assert {p.dtype for p in module.model.parameters()} == {torch.float32}  # master weights
+    cpu = DataModule(cfg.data, seed=0)
+    cpu.setup()
+    for (a, b), (c, d) in zip(cpu.train_dataloader(), data.train_dataloader(), strict=True):
+        assert torch.equal(a, c.cpu()) and torch.equal(b, d.cpu())
