@@ -77,6 +77,7 @@ LONG_FILES = (
     "test_learned.py",
     "test_pretrained_endpoints.py",
     "test_pipeline.py",
+    "test_parallel_endpoints.py",
     "test_roberta_finetune_report.py",
     "test_early_errors.py",
     "test_evaluator.py",

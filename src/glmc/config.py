@@ -117,6 +117,9 @@ class TrainConfig:
     gradient_clip_val: float = 1.0
     accumulate_grad_batches: int = 1
     early_stopping_patience: int | None = None  # validations without a better val_loss before stopping
+    # endpoints trained at once, each in its own process (glmc.pipeline.side_by_side); 1: one after another
+    # in this process. How fast, not what: not part of the cache key
+    parallel_endpoints: int = 1
 
 
 @dataclass
@@ -142,6 +145,8 @@ class TrainerConfig:
     devices: Any = 1
     strategy: str = "auto"
     num_nodes: int = 1
+    # 32-true, bf16-mixed, 16-mixed (GPU only) or auto: bf16-mixed on a card with native bfloat16, else
+    # 32-true (glmc.train.trainer.resolve_precision); the weights stay float32 in every case
     precision: str = "32-true"
     enable_progress_bar: bool = True
     deterministic: bool = True

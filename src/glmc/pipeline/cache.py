@@ -56,6 +56,7 @@ KEY_VERSION = 2  # bumped when the key's layout changes, so that older entries a
 NOT_WEIGHTS = {
     "data": ("root", "download", "eval_batch_size", "limit_test", "tokenizer_path", "path"),
     "trainer": ("_target_", "enable_progress_bar", "log_every_n_steps"),
+    "train": ("parallel_endpoints",),  # how many endpoints train at once, each as it would alone
 }
 
 
@@ -69,7 +70,7 @@ def endpoint_key(
         "version": KEY_VERSION,
         "model": model_cfg,
         "data": keep("data", data_cfg),
-        "train": train_cfg,
+        "train": keep("train", train_cfg),
         "trainer": keep("trainer", trainer_cfg),
         "sources": dict(sources),
     }

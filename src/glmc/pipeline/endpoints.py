@@ -3,7 +3,8 @@ load N Hugging Face model folders instead (glmc.pipeline.hf_folders), never trai
 
 Training checkpoints after every epoch into the cache's `.train_seed_<n>` folder of its config
 (glmc.pipeline.cache), so the same command run again after a kill resumes there; the folder is
-removed once the endpoint is cached."""
+removed once the endpoint is cached. With train.parallel_endpoints=N > 1 the seeds not cached yet train
+first, N at a time in worker processes (glmc.pipeline.side_by_side), and are then loaded from the cache."""
 
 from __future__ import annotations
 
@@ -30,11 +31,12 @@ from glmc.models.canonical import CanonicalTransformer
 from glmc.models.convert import to_canonical
 from glmc.models.families import family_named, family_names
 from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
+from glmc.pipeline.side_by_side import train_side_by_side
 from glmc.train.best_epoch import BestEpochWeights
 from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
 from glmc.train.endpoint import EndpointModule
 from glmc.train.resume import EpochCheckpoint, resumable
-from glmc.train.trainer import trainer_factory
+from glmc.train.trainer import trained_precision, trainer_factory
 from glmc.train.warm_start import load_encoder
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,9 @@ def cache_key(cfg: Config) -> dict[str, Any]:
             for key in family_named(name).own_model_keys:
                 if key not in reads:
                     model.pop(key, None)
-    return endpoint_key(model, as_dict(cfg.data), train, as_dict(cfg.trainer), sources)
+    trainer = as_dict(cfg.trainer)
+    trainer["precision"] = trained_precision(cfg.trainer)  # auto: keyed by what it trains in here
+    return endpoint_key(model, as_dict(cfg.data), train, trainer, sources)
 
 
 def pretrain_config(cfg: Config) -> Config:
@@ -201,6 +205,8 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
     endpoints = []
     # the model fine-tuned endpoints start from: loaded (or trained) once, when the first needs it
     pretrained = functools.cache(functools.partial(pretrained_model, shared, run_dir, tracker))
+    # train.parallel_endpoints > 1: the seeds not cached yet train side by side first; loaded below
+    fresh = train_side_by_side(shared, run_dir, pretrained)
     for index, seed in enumerate(shared.seeds):
         cfg = endpoint_config(shared, index)
         key = cache_key(cfg)
@@ -217,6 +223,7 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
                 pretrained,
             )
         model.eval()
+        cached = cached and seed not in fresh  # trained side by side by this run: not a cache hit
         endpoint = Endpoint(seed, model, to_canonical(model), metrics["test_loss"], metrics["test_accuracy"], cached)
         endpoint.kept = metrics.get("kept")
         endpoints.append(endpoint)

@@ -48,7 +48,7 @@ from glmc.safe_files import atomic_write_text
 from glmc.symmetry.embed_width import match_widths, same_shapes
 from glmc.symmetry.family_defaults import resolve_run_symmetry
 from glmc.train.latent_fit import fit_latents
-from glmc.train.trainer import resolve_device, trainer_factory
+from glmc.train.trainer import resolve_device, trained_precision, trainer_factory
 
 log = logging.getLogger(__name__)
 
@@ -377,6 +377,8 @@ def _results(
         "task": task,
         "split": cfg.eval.split,
         "device": str(device),
+        # what endpoints and learned latents trained in (trainer.precision=auto resolved); weights are float32
+        "train_precision": trained_precision(cfg.trainer),
         "eval_dtype": EVAL_DTYPES[str(cfg.eval.precision)],
         "stored_dtype": stored_dtype(endpoints),
         "endpoints": [

@@ -35,6 +35,8 @@ NOT_RESULTS = (
     "trainer.enable_progress_bar",
     "trainer.log_every_n_steps",
     "threads",  # how fast, not what: numbers may differ in the last bits only
+    "train.parallel_endpoints",  # how many endpoints train at once, each as it would alone
+    "pretrain.train.parallel_endpoints",
 )
 
 
