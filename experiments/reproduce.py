@@ -245,6 +245,7 @@ artefacts, and are reused when a command runs again; `--rerun` runs them anew. E
 how long its runs took and on how many cores."""
 
 DEVICE_CHECK = "device_check.md"  # written by benchmarks/device_check.py --write-report
+BEYOND_PAPERS = "beyond_papers.md"  # methods of our own against the papers' (written by hand from its runs)
 LINK = re.compile(r"\]\((?!https?://|/|#)([^)]+)\)")
 
 
@@ -252,8 +253,9 @@ def write_report(out: Path) -> Path:
     """REPORT.md beside the output folder (the repository root for the default `report/`): the
     sections in NAMES order, their relative links rewritten to point into `<out>/<name>/`, after
     `<out>/conditions.md` where it exists (what else shared the machine while the times were taken:
-    a fact no run records), and `<out>/device_check.md` last where it exists (what
-    benchmarks/device_check.py measured on a GPU, or that it is pending)."""
+    a fact no run records), `<out>/beyond_papers.md` where it exists (our methods beside the papers'),
+    and `<out>/device_check.md` last where it exists (what benchmarks/device_check.py measured on a
+    GPU, or that it is pending)."""
     target = out.parent / "REPORT.md"
     parts, missing = [REPORT_INTRO], []
     conditions = out / "conditions.md"
@@ -269,9 +271,9 @@ def write_report(out: Path) -> Path:
         parts.append(LINK.sub(lambda m, p=prefix: f"]({p}/{m.group(1)})", section.read_text().strip()))
     if missing:
         parts.insert(head, "Not generated yet: " + ", ".join(f"`{n}`" for n in missing) + ".")
-    device = out / DEVICE_CHECK
-    if device.is_file():
-        parts.append(device.read_text().strip())
+    for extra in (BEYOND_PAPERS, DEVICE_CHECK):
+        if (out / extra).is_file():
+            parts.append((out / extra).read_text().strip())
     return atomic_write_text(target, "\n\n".join(parts) + "\n")
 
 

@@ -39,9 +39,9 @@ from tiny_hf import tiny_vit
 
 # Values that conf/ sets on purpose over the schema defaults, and nothing else may differ:
 # conf/config.yaml tunes learned matching for the demo ViT (docs/experiments.md, "Choosing the demo model"), and
-# learned_perm / learned_sinkhorn follow matcher.learned by interpolation.
+# learned_perm / learned_sinkhorn / learned_dual follow matcher.learned by interpolation.
 DEMO_LEARNED = {"max_steps": 600, "lr": 0.01, "lambda_scheme": "uniform", "lambda_candidates": 2}
-INTENDED_MATCHER = {"learned": DEMO_LEARNED, "learned_perm": DEMO_LEARNED, "learned_sinkhorn": DEMO_LEARNED}
+INTENDED_MATCHER = {name: DEMO_LEARNED for name in ("learned", "learned_perm", "learned_sinkhorn", "learned_dual")}
 # conf/config.yaml: run.py's universe refinement puts half its steps on an edge, near its midpoint
 # (measured on digits, docs/experiments.md); the Python default (learned_universe) draws from the Dirichlet alone.
 INTENDED_MULTI = {"edge_share": 0.5, "edge_lambda": "gaussian"}

@@ -178,9 +178,7 @@ class LearnedMatcher:
         spec = SymmetrySpec.from_model(b)
         kinds = {s.name: self.kinds[s.kind] for s in spec if self.kinds.get(s.kind, "none") != "none"}
         begun = self.begin(a, b, spec, kinds, context)
-        module = LearnedMatchingModule(
-            a, begun.b_fixed, {n: _dense(begun.start[n]) for n in kinds}, kinds, self.settings, b.task, self.circuits
-        )
+        module = self.build_module(a, begun, kinds, b.task)
         run = self.fit(module, a, b, context)
         module = module.cpu()
         diverged = module.divergence()
@@ -209,7 +207,8 @@ class LearnedMatcher:
             start = begun.start
             correction = _dense(hard["residual"]).cpu().double() @ _dense(start["residual"]).cpu().double().T
             diagnostics["correction_angles"] = eigen_angles(correction)
-        hard_alignment = Alignment(reference=a, model=aligned, transform=hard, circuits=self.circuits)
+        reference = self.reference(module, a, inputs, diagnostics)
+        hard_alignment = Alignment(reference=reference, model=aligned, transform=hard, circuits=self.circuits)
         if "sinkhorn" not in kinds.values():
             return self.guarded(a, b, begun.start, hard_alignment, diagnostics, context)
         soft_b, diagnostics["endpoint_deviation"] = soft_model(b, begun.b_fixed, module, spec, inputs, logits_b)
@@ -222,6 +221,17 @@ class LearnedMatcher:
             function_preserving=False,
             variants={"hard_projection": hard_alignment},
         )
+
+    def build_module(self, a: CanonicalTransformer, begun: _Begun, kinds: dict, task: str) -> LearnedMatchingModule:
+        """The LightningModule whose latents learn B's transform, from the start."""
+        init = {n: _dense(begun.start[n]) for n in kinds}
+        return LearnedMatchingModule(a, begun.b_fixed, init, kinds, self.settings, task, self.circuits)
+
+    def reference(
+        self, module: LearnedMatchingModule, a: CanonicalTransformer, inputs: Tensor, diagnostics: dict
+    ) -> CanonicalTransformer:
+        """The path's other end after training: A itself (learned_dual transforms it too)."""
+        return a
 
     def begin(
         self, a: CanonicalTransformer, b: CanonicalTransformer, spec: SymmetrySpec, kinds: dict, context: MatchContext
@@ -334,8 +344,9 @@ def finite_list(values: Tensor) -> list[float | None]:
 
 
 GUARD_LAMBDAS = (0.25, 0.5, 0.75)  # interior points: the endpoints are the same for both paths
-# settings that only log: a run that differs in them alone resumes the same checkpoint
-UNHASHED = ("epoch_test_batches",)
+# settings that only log, or choose where the same optimum is computed: a run that differs in them alone
+# resumes the same checkpoint
+UNHASHED = ("epoch_test_batches", "assignment")
 
 
 def _changes(start: Transform, final: Transform) -> dict[str, float]:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from glmc.choices import LambdaScheme
 from glmc.interpolation import merge_configs, merge_params
 from glmc.matching.assignment import assign_layers
+from glmc.matching.device_assignment import DeviceAssignments
 from glmc.matching.latent_apply import LatentApplier
 from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
 from glmc.matching.warm_assignment import WarmAssignments
@@ -61,6 +62,13 @@ def sample_lambda(scheme: str, generator: torch.Generator) -> float:
     raise ValueError(f"lambda_scheme={scheme!r} is not one of {', '.join(LambdaScheme)}")
 
 
+def full_precision(device: torch.device):
+    """Autocast off for what builds the merged parameters (the latents' projections, B's transform, the
+    interpolation): under a mixed trainer.precision these stay float32, and only the merged model's
+    forward runs in half, as an endpoint's does."""
+    return torch.autocast(device.type, enabled=False)
+
+
 @torch.no_grad()
 def worst_draw(
     config, task: str, circuits, members: list[dict[str, Tensor]], inputs, targets, candidates, configs=None
@@ -71,10 +79,11 @@ def worst_draw(
     `configs`: one per member where they may differ in norm_eps (merge_configs); else `config` for all."""
     configs = configs or [config] * len(members)
     ends = [batch_loss(c, task, params, inputs, targets) for c, params in zip(configs, members)]
+    with full_precision(inputs.device):
+        merged = [merge_params(members, c, circuits) for c in candidates]
     excess = [
-        batch_loss(merge_configs(configs, c), task, merge_params(members, c, circuits), inputs, targets)
-        - sum(ci * li for ci, li in zip(c, ends))
-        for c in candidates
+        batch_loss(merge_configs(configs, c), task, params, inputs, targets) - sum(ci * li for ci, li in zip(c, ends))
+        for c, params in zip(candidates, merged)
     ]
     return max(range(len(candidates)), key=excess.__getitem__)
 
@@ -87,6 +96,10 @@ def batch_loss(config, task: str, params: dict[str, Tensor], inputs, targets) ->
 
 def _key(space: str) -> str:
     return space.replace(".", "_")  # ParameterDict keys cannot hold dots
+
+
+# latents of A's own transform (learned_dual) are keyed by this prefix and the space's key
+REFERENCE = "reference_"
 
 
 def nonfinite_latent(latents: nn.ParameterDict) -> str | None:
@@ -170,6 +183,9 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
     circuits, as the pipeline evaluates the path (rotary heads stack as circuits too). Only
     spaces without per-head elements can be learned (apply_dense): residual, heads (key/value groups
     for grouped-query models, their query heads moving along) and mlp.
+
+    `reference_init` (learned_dual): a dense start per space of A's own transform T_A, learned beside
+    B's (latents keyed REFERENCE + space): the path then runs from T_A(theta_A) to T(theta_B).
     """
 
     def __init__(
@@ -181,6 +197,7 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         settings: LearnedSettings,
         task: str,
         circuits: tuple[str, ...] = ("qk", "vo"),
+        reference_init: dict[str, Tensor] | None = None,
     ):
         super().__init__()
         if model_a.config.form != "factored" or model_b.config.form != "factored":
@@ -210,8 +227,16 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
             else:
                 z = start + settings.init_noise * torch.randn(start.shape, generator=generator)
             self.latents[_key(name)] = nn.Parameter(z)
+        # A's side after B's, so that B's latents start as they do without it
+        self.reference_spaces = list(reference_init or {})
+        for name in self.reference_spaces:
+            start = reference_init[name].detach().float()
+            z = start + settings.init_noise * torch.randn(start.shape, generator=generator)
+            self.latents[REFERENCE + _key(name)] = nn.Parameter(z)
+        self._reference_applier: LatentApplier | None = None
         self._applier: LatentApplier | None = None  # built on first use, on the latents' device
         self._kept = WarmAssignments()  # the last hard permutations, kept while still optimal
+        self._auction = DeviceAssignments()  # the same on the device: the last answers and their prices
         self.keep_assignments = True  # False: the solver every step (the earlier path, the same answers)
         self.dense_apply = False
         # per optimisation step: training loss and lambda; a buffer so that checkpoints and the
@@ -229,22 +254,22 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
             params = self._endpoints[which] = {k: v.to(self.device) for k, v in params.items()}
         return params
 
-    def elements(self) -> dict[str, Tensor | tuple[Tensor, Tensor]]:
+    def _latent_keys(self, side: str) -> dict[str, str]:
+        """Space name -> latent key of B's transform (`b`) or of A's (`a`, learned_dual)."""
+        if side == "b":
+            return {n: _key(n) for n in self.kinds}
+        return {n: REFERENCE + _key(n) for n in self.reference_spaces}
+
+    def elements(self, side: str = "b") -> dict[str, Tensor | tuple[Tensor, Tensor]]:
         """The projected latents as LatentApplier takes them: straight-through permutations as
-        (latent, hard index), the others as dense matrices."""
-        s, out = self.settings, {}
-        straight = {n: self.latents[_key(n)].detach() for n, k in self.kinds.items() if k == "permutation"}
-        hard = {n: Permutation.from_row_maxima(z) for n, z in straight.items()}
-        # the rest need the solver unless the last step's permutation is still optimal (certified on
-        # the latents' device); the problems are independent: side by side (SciPy releases the GIL)
-        solve = [n for n, p in hard.items() if p is None]
-        if self.keep_assignments:
-            project = lambda i: self._kept.project(solve[i], straight[solve[i]])  # noqa: E731
-        else:
-            project = lambda i: Permutation.project(straight[solve[i]])  # noqa: E731
-        hard.update(zip(solve, assign_layers(project, range(len(solve)))))
-        for name, kind in self.kinds.items():
-            z = self.latents[_key(name)]
+        (latent, hard index), the others as dense matrices; B's transform's, or A's (`side="a"`)."""
+        s, out, keys = self.settings, {}, self._latent_keys(side)
+        kinds = {n: self.kinds[n] for n in keys}
+        tag = "" if side == "b" else REFERENCE  # the kept assignments of the two sides apart
+        straight = {n: self.latents[keys[n]].detach() for n, k in kinds.items() if k == "permutation"}
+        hard = self.hard_permutations(straight, tag)
+        for name, kind in kinds.items():
+            z = self.latents[keys[name]]
             if kind == "orthogonal":
                 out[name] = polar(z)
             elif kind == "permutation":
@@ -253,15 +278,47 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
                 out[name] = sinkhorn(z, s.sinkhorn_iters, s.sinkhorn_temperature)
         return out
 
+    def hard_permutations(self, straight: dict[str, Tensor], tag: str = "") -> dict[str, Permutation]:
+        """The hard permutation of each (detached) straight-through latent: the rows' maxima where they
+        fall in distinct columns; else, where `on_device` says so, the certified auction of
+        glmc.matching.device_assignment on the latents' device (batched by size, each started from its
+        last answer); else SciPy's solver on the host. `tag` keeps A's and B's latents' answers apart."""
+        hard = {n: Permutation.from_row_maxima(z) for n, z in straight.items()}
+        solve = [n for n, p in hard.items() if p is None]
+        if self.on_device(straight):
+            for name, p in hard.items():
+                if p is not None:  # the next auction starts from this step's answer
+                    self._auction.remember(tag + name, p)
+            found = self._auction.project(
+                {tag + n: straight[n] for n in solve if straight[n].shape[0] == straight[n].shape[1]}
+            )
+            hard.update({n: found[tag + n] for n in solve if tag + n in found})
+            solve = [n for n in solve if tag + n not in found]
+        # the rest need the solver unless the last step's permutation is still optimal (certified on
+        # the latents' device); the problems are independent: side by side (SciPy releases the GIL)
+        if self.keep_assignments:
+            project = lambda i: self._kept.project(tag + solve[i], straight[solve[i]])  # noqa: E731
+        else:
+            project = lambda i: Permutation.project(straight[solve[i]])  # noqa: E731
+        hard.update(zip(solve, assign_layers(project, range(len(solve)))))
+        return hard
+
+    def on_device(self, straight: dict[str, Tensor]) -> bool:
+        """Whether hard permutations are solved on the latents' device (settings.assignment)."""
+        mode = str(self.settings.assignment)
+        return mode == "device" or (mode == "auto" and any(z.device.type == "cuda" for z in straight.values()))
+
     def matrices(self) -> dict[str, Tensor]:
         """The projected latents, dense and differentiable."""
         s, out = self.settings, {}
+        straight = {n: self.latents[_key(n)].detach() for n, k in self.kinds.items() if k == "permutation"}
+        hard = self.hard_permutations(straight) if self.on_device(straight) else {}
         for name, kind in self.kinds.items():
             z = self.latents[_key(name)]
             if kind == "orthogonal":
                 out[name] = polar(z)
             elif kind == "permutation":
-                out[name] = straight_through_permutation(z)
+                out[name] = straight_through_permutation(z, hard[name].perm if name in hard else None)
             else:
                 out[name] = sinkhorn(z, s.sinkhorn_iters, s.sinkhorn_temperature)
         return out
@@ -277,17 +334,41 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
             self._applier = LatentApplier(self.spec, self.endpoint_params("b"), list(self.kinds), dense)
         return self._applier.to(self.device)(self.elements())
 
-    def loss(self, inputs: Tensor, targets: Tensor, lam: float, aligned: dict[str, Tensor] | None = None) -> Tensor:
+    def reference_params(self) -> dict[str, Tensor]:
+        """The path's other end: theta_A, or T_A(theta_A) inside the graph where A's side is learned."""
+        if not self.reference_spaces:
+            return self.endpoint_params("a")
+        if self._reference_applier is None:
+            dense = "residual" in self.reference_spaces and self.kinds["residual"] == "orthogonal"
+            # A has B's architecture (learned_dual checks it), so B's spaces act on A's tensors
+            self._reference_applier = LatentApplier(self.spec, self.endpoint_params("a"), self.reference_spaces, dense)
+        return self._reference_applier.to(self.device)(self.elements("a"))
+
+    def loss(
+        self,
+        inputs: Tensor,
+        targets: Tensor,
+        lam: float,
+        aligned: dict[str, Tensor] | None = None,
+        reference: dict[str, Tensor] | None = None,
+    ) -> Tensor:
         """Task loss of lam * theta_A + (1 - lam) * T(theta_B) on one batch (`aligned`: T(theta_B) when
-        already built)."""
-        total, count = self._summed_loss(inputs, targets, lam, aligned)
+        already built; `reference`: reference_params when already built)."""
+        total, count = self._summed_loss(inputs, targets, lam, aligned, reference)
         return total / count
 
     def _summed_loss(
-        self, inputs: Tensor, targets: Tensor, lam: float, aligned: dict[str, Tensor] | None = None
+        self,
+        inputs: Tensor,
+        targets: Tensor,
+        lam: float,
+        aligned: dict[str, Tensor] | None = None,
+        reference: dict[str, Tensor] | None = None,
     ) -> tuple[Tensor, int]:
-        aligned = self.aligned_params() if aligned is None else aligned
-        params = merge_params([self.endpoint_params("a"), aligned], [lam, 1.0 - lam], self.circuits)
+        with full_precision(self.device):
+            aligned = self.aligned_params() if aligned is None else aligned
+            reference = self.reference_params() if reference is None else reference
+            params = merge_params([reference, aligned], [lam, 1.0 - lam], self.circuits)
         total, _, count = loss_and_correct(canonical_forward(self.path_config(lam), params, inputs), targets, self.task)
         return total, count
 
@@ -300,9 +381,9 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
     ) -> float:
         """The candidate whose loss on this batch lies furthest above the straight line between the
         endpoints' losses on it: the barrier's own measure, so that steps go where the path is worst."""
-        with torch.no_grad():
+        with torch.no_grad(), full_precision(self.device):
             aligned = self.aligned_params() if aligned is None else {k: v.detach() for k, v in aligned.items()}
-            members = [self.endpoint_params("a"), aligned]
+            members = [{k: v.detach() for k, v in self.reference_params().items()}, aligned]
         coefficients = [[lam, 1.0 - lam] for lam in candidates]
         configs = [self.config, self.config_b]
         worst = worst_draw(self.config, self.task, self.circuits, members, inputs, targets, coefficients, configs)
@@ -312,15 +393,16 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         """The loss at the worst of `candidates` (the only one when there is one, else as worst_lambda
         chooses), and that lambda. T(theta_B) is built once, and each candidate's loss is computed
         once, in the graph: the chosen one is the loss, the others are dropped."""
-        aligned = self.aligned_params()
+        with full_precision(self.device):
+            aligned, reference = self.aligned_params(), self.reference_params()
         if len(candidates) == 1:
-            return self.loss(inputs, targets, candidates[0], aligned), candidates[0]
+            return self.loss(inputs, targets, candidates[0], aligned, reference), candidates[0]
         with torch.no_grad():  # the endpoints' losses, as worst_draw takes them
-            members = (self.endpoint_params("a"), {k: v.detach() for k, v in aligned.items()})
+            members = tuple({k: v.detach() for k, v in p.items()} for p in (reference, aligned))
             ends = [batch_loss(c, self.task, p, inputs, targets) for c, p in zip((self.config, self.config_b), members)]
         best, worst = -math.inf, None
         for lam in candidates:
-            total, count = self._summed_loss(inputs, targets, lam, aligned)
+            total, count = self._summed_loss(inputs, targets, lam, aligned, reference)
             excess = float(total.detach()) / count - (lam * ends[0] + (1.0 - lam) * ends[1])
             if excess > best:
                 best, worst = excess, (total / count, lam)
@@ -358,7 +440,7 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         # a DataLoader's iterator draws its base seed from the global generator, which augmentation
         # of the training batches also uses: fork it so that the next epoch sees the same draws
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            params = merge_params([self.endpoint_params("a"), self.aligned_params()], [0.5, 0.5], self.circuits)
+            params = merge_params([self.reference_params(), self.aligned_params()], [0.5, 0.5], self.circuits)
             for i, (inputs, targets) in enumerate(datamodule.test_dataloader()):
                 if i == n:
                     break
@@ -386,14 +468,16 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
             checkpoint["state_dict"]["history"] = resized
 
     @torch.no_grad()
-    def hard_transform(self) -> Transform:
-        """The final group elements: Hungarian for permutation and Sinkhorn latents, U V^T for orthogonal.
+    def hard_transform(self, side: str = "b") -> Transform:
+        """The final group elements: Hungarian for permutation and Sinkhorn latents, U V^T for orthogonal;
+        of B's transform, or of A's (`side="a"`, learned_dual).
 
         Hungarian on a Sinkhorn latent Z equals Hungarian on log Sinkhorn(Z), which differs from Z
         by row and column constants only: the most likely permutation under the soft one.
         """
         out = Transform()
-        for name, kind in self.kinds.items():
-            z = self.latents[_key(name)].detach().cpu().double()
+        for name, key in self._latent_keys(side).items():
+            kind = self.kinds[name]
+            z = self.latents[key].detach().cpu().double()
             out[name] = Orthogonal.project(z) if kind == "orthogonal" else Permutation.project(z)
         return out

@@ -71,6 +71,32 @@ class WeightMatcherConfig:
 
 
 @dataclass
+class WeightRefinedMatcherConfig:
+    """Weight matching, then its residual map refined without data (glmc.matching.weight_refined): J =
+    weight matching's relative squared distance + proxy_weight * the midpoint's stream-gain loss, over
+    weight matching's start, the permuted residual's and `starts` random ones."""
+
+    _target_: str = "glmc.matching.weight_refined.WeightRefinedMatcher"
+    name: str = "weight_refined"
+    residual: ResidualClass = "${symmetry.residual}"  # type: ignore[assignment]
+    heads: UnitClass = "${symmetry.heads}"  # type: ignore[assignment]
+    mlp: UnitClass = "${symmetry.mlp}"  # type: ignore[assignment]
+    qk: HeadForm = "${symmetry.qk}"  # type: ignore[assignment]
+    vo: HeadForm = "${symmetry.vo}"  # type: ignore[assignment]
+    max_iter: int = setting("${matcher.weight.max_iter}", "count")
+    tol: float = setting("${matcher.weight.tol}", "nonnegative")
+    vocabulary: str = setting("${matcher.weight.vocabulary}", choices=("train", "all"))
+    # gain: the midpoint's readers' loss of gain against the endpoints'; stream: B's readers and writers
+    # compared with A's on the stream A's weights predict (it raised the text demo's barrier: docs/methods.md)
+    proxy: str = setting("gain", choices=("gain", "stream"))
+    proxy_weight: float = setting(0.1, "nonnegative")  # 0: weight matching's objective alone
+    starts: int = setting(1, "count0")  # random orthogonal starts beside weight matching's and weight_perm's
+    rounds: int = setting(4, "count")  # alternations of unit assignments and residual steps per start
+    steps: int = setting(25, "count")  # Riemannian steps of the residual map per round
+    seed: int = setting(0, "seed")  # the random starts
+
+
+@dataclass
 class LearnedMatcherConfig(LearnedTraining):
     """Paper 001 §4.2 learned matching: the training settings of LearnedTraining (their defaults and
     meaning are declared there) and which spaces are learned, from what start."""
@@ -86,6 +112,15 @@ class LearnedMatcherConfig(LearnedTraining):
     init: LearnedInit = LearnedInit.weight
     weight_max_iter: int = setting("${matcher.weight.max_iter}", "count")
     weight_tol: float = setting("${matcher.weight.tol}", "nonnegative")
+
+
+@dataclass
+class LearnedDualMatcherConfig(LearnedMatcherConfig):
+    """Learned matching of both endpoints' transforms (glmc.matching.learned_dual): learned's settings,
+    shared with matcher.learned by interpolation, so both train for the same steps."""
+
+    _target_: str = "glmc.matching.learned_dual.LearnedDualMatcher"
+    name: str = "learned_dual"
 
 
 @dataclass
@@ -143,6 +178,7 @@ METHODS: dict[str, Method] = {
     "canonical": Method(CanonicalMatcherConfig, CanonicalMatcherConfig),
     "weight_perm": _variant("weight", WeightMatcherConfig, name="weight_perm", residual=ResidualClass.permutation),
     "weight": Method(WeightMatcherConfig, WeightMatcherConfig),
+    "weight_refined": Method(WeightRefinedMatcherConfig, WeightRefinedMatcherConfig),
     "activation": Method(ActivationMatcherConfig, ActivationMatcherConfig),
     "activation_orth": _variant(
         "activation", ActivationMatcherConfig, name="activation_orth", residual_map=ResidualMap.orthogonal
@@ -151,6 +187,7 @@ METHODS: dict[str, Method] = {
     "learned": Method(LearnedMatcherConfig, LearnedMatcherConfig),
     "learned_perm": _variant("learned", LearnedMatcherConfig, name="learned_perm", residual=ResidualClass.permutation),
     "learned_sinkhorn": _variant("learned", LearnedMatcherConfig, name="learned_sinkhorn", units=UnitLatent.sinkhorn),
+    "learned_dual": _variant("learned", LearnedDualMatcherConfig, name="learned_dual"),
 }
 
 # the classes the registry's methods build: a `_target_` may name these without further checks
