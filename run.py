@@ -15,14 +15,25 @@ register_configs()
 def main(cfg: DictConfig) -> float:
     from hydra.types import RunMode
 
-    from glmc.pipeline.refusals import exit_if_refused
+    from glmc.pipeline.refusals import exit_if_refused, is_refusal, message_of
+    from glmc.pipeline.sweep_report import clear_failed_job, record_failed_job
 
+    hydra_cfg = HydraConfig.get()
+    job_dir = hydra_cfg.runtime.output_dir
     try:
-        return run(cfg)
+        value = run(cfg)
     except Exception as err:
-        if HydraConfig.get().mode == RunMode.RUN:  # a sweep reports its failed jobs at its end, as Hydra does
+        if hydra_cfg.mode == RunMode.RUN:
             exit_if_refused(err)
-        raise
+            raise
+        # a sweep tells each failed job at once and goes on; SweepReport lists them all at its end
+        record_failed_job(job_dir, hydra_cfg.job.num, list(hydra_cfg.overrides.task), message_of(err))
+        if is_refusal(err):
+            return float("nan")
+        raise  # a fault inside a library keeps Hydra's traceback
+    if hydra_cfg.mode != RunMode.RUN:
+        clear_failed_job(job_dir)
+    return value
 
 
 def run(cfg: DictConfig) -> float:

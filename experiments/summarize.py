@@ -3,8 +3,10 @@
     .venv/bin/python experiments/summarize.py multirun/<experiment>/<time> [--out summary]
 
 Every results.json below the folder contributes its seed pairs; pairs are pooled per
-(experiment, model, dataset, method), so a sweep over seeds gives mean ± s.e. over all of them
-(the same seed pair evaluated by several runs counts once).
+(experiment, model, dataset, method, settings), where `settings` names every config value that differs
+between runs of the same method (a grid over data.seq_len gives one row per length), so a sweep over
+seeds gives mean ± s.e. over all of them (the same seed pair evaluated by several runs counts once).
+Jobs that started but wrote no results (failed, or still running) are listed under the table.
 Writes <out>.md and <out>.png next to the folder unless --out says otherwise.
 """
 
@@ -16,23 +18,32 @@ from pathlib import Path
 import numpy as np
 
 from glmc.eval.barrier_plot import plot_barrier_curves
-from glmc.report.results import collect, mean_se
+from glmc.report.results import collect, mean_se, unfinished_jobs
 
 
 def table(pooled) -> str:
-    vanilla = {k[:3]: mean_se([p["barrier"] for p in v])[0] for k, v in pooled.items() if k[3] == "vanilla"}
+    vanilla = {(*k[:3], k[4]): mean_se([p["barrier"] for p in v])[0] for k, v in pooled.items() if k[3] == "vanilla"}
     lines = [
-        "| experiment | model | dataset | method | pairs | barrier | ratio to vanilla | barrier vs mean |",
-        "|---|---|---|---|---|---|---|---|",
+        "| experiment | model | dataset | method | settings | pairs | barrier | ratio to vanilla | barrier vs mean |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for (exp, model, data, method), pairs in sorted(pooled.items()):
+    for (exp, model, data, method, shared, own), pairs in sorted(pooled.items()):
         b, se = mean_se([p["barrier"] for p in pairs])
         bm, _ = mean_se([p["barrier_vs_mean"] for p in pairs])
-        base = vanilla.get((exp, model, data))
+        base = vanilla.get((exp, model, data, shared))
         ratio = f"{b / base:.3f}" if base else "-"
         spread = f" ± {se:.3f}" if se is not None else ""
-        lines.append(f"| {exp} | {model} | {data} | {method} | {len(pairs)} | {b:.3f}{spread} | {ratio} | {bm:.3f} |")
+        shown = ", ".join(s for s in (shared, own) if s) or "-"
+        lines.append(
+            f"| {exp} | {model} | {data} | {method} | {shown} | {len(pairs)} | {b:.3f}{spread} | {ratio} | {bm:.3f} |"
+        )
     return "\n".join(lines)
+
+
+def failures(folder: Path) -> str:
+    """The jobs below `folder` without results, one line each (empty when every job finished)."""
+    jobs = unfinished_jobs(folder)
+    return "\n".join([f"\n{len(jobs)} jobs without results:", *(f"- {j}" for j in jobs)]) if jobs else ""
 
 
 def main() -> None:
@@ -45,11 +56,12 @@ def main() -> None:
     except FileNotFoundError as err:
         raise SystemExit(str(err)) from err
     out = args.out or args.folder / "summary"
-    text = table(pooled)
+    text = table(pooled) + failures(args.folder)
     out.with_suffix(".md").write_text(text + "\n")
     curves = {}
-    for (_, _, _, method), pairs in pooled.items():
-        curves[method] = {
+    for (_, _, _, method, *settings), pairs in pooled.items():
+        label = ", ".join(s for s in settings if s)
+        curves[f"{method} ({label})" if label else method] = {
             "lambdas": pairs[0]["lambdas"],
             "test_loss": list(np.mean([p["test_loss"] for p in pairs], axis=0)),
             "test_accuracy": list(np.mean([p["test_accuracy"] for p in pairs], axis=0))

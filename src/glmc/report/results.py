@@ -36,20 +36,84 @@ def grid_results(folder: Path) -> list[dict[str, Any]]:
     return [run_results(job) for job in jobs]
 
 
-def collect(root: Path) -> dict[tuple[str, str, str, str], list[dict]]:
-    """Seed pairs per (experiment, model, dataset, method) from every results.json below `root`;
-    a pair seen in several runs counts once (the later file wins)."""
-    pooled: dict[tuple[str, str, str, str], dict] = defaultdict(dict)
+# keys pooled over rather than told apart: seed pairs are the samples of a row
+POOLED_KEYS = ("seeds",)
+
+
+def flat_config(node: Any, prefix: str = "") -> dict[str, Any]:
+    """`{"a.b": value}` for every leaf of a nested config (lists are leaves)."""
+    if not isinstance(node, dict):
+        return {prefix[:-1]: node}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(flat_config(value, f"{prefix}{key}."))
+    return out
+
+
+def _method_settings(results: dict[str, Any], method: str) -> dict[str, str]:
+    """The settings that produced `method`'s numbers: the whole config but other methods' matcher
+    settings, the seeds and the keys that change no number."""
+    from glmc.pipeline.run_folder import NOT_RESULTS  # keys that change no number never split a row
+
+    own = f"matcher.{method}."
+    unsplit = POOLED_KEYS + NOT_RESULTS + ("matcher.methods",)
+    settings = {}
+    for key, value in flat_config(results.get("config") or {}).items():
+        others = key.startswith("matcher.") and not key.startswith(own)
+        if not others and not any(key == k or key.startswith(k + ".") for k in unsplit):
+            settings[key] = json.dumps(value)
+    return settings
+
+
+def _label(settings: dict[str, str], keys: list[str]) -> str:
+    return ", ".join(f"{k}={json.loads(settings[k]) if k in settings else '<absent>'}" for k in keys)
+
+
+def collect(root: Path) -> dict[tuple[str, str, str, str, str, str], list[dict]]:
+    """Seed pairs per (experiment, model, dataset, method, shared settings, method settings) from every
+    results.json below `root`. The settings name (as `key=value, ...`) every config key whose value differs
+    between the runs of one (experiment, model, dataset, method), so runs of a grid over, say, data.seq_len
+    are never pooled; the method's own `matcher.<method>.*` keys are kept apart from the shared ones.
+    A pair seen in several runs of the same settings counts once (the later file wins)."""
     files = sorted(Path(root).rglob("results.json"))
     if not files:
         raise FileNotFoundError(f"no results.json under {root}")
+    runs = []  # (row without settings, its settings, its pairs)
     for path in files:
         results = json.loads(path.read_text())
         for method, m in results["methods"].items():
-            key = (results["experiment"], results["model"], results["dataset"], method)
-            for pair in m.get("pairs") or [m]:
-                pooled[key][tuple(pair.get("seeds", ()))] = pair
+            row = (results["experiment"], results["model"], results["dataset"], method)
+            runs.append((row, _method_settings(results, method), m.get("pairs") or [m]))
+    values: dict[tuple, dict[str, set]] = defaultdict(lambda: defaultdict(set))
+    for row, settings, _ in runs:
+        for key in set(settings) | set(values[row]):
+            values[row][key].add(settings.get(key, "<absent>"))
+    pooled: dict[tuple, dict] = defaultdict(dict)
+    for row, settings, pairs in runs:
+        differing = sorted(k for k, seen in values[row].items() if len(seen) > 1)
+        shared = _label(settings, [k for k in differing if not k.startswith("matcher.")])
+        own = _label(settings, [k for k in differing if k.startswith("matcher.")])
+        for pair in pairs:
+            pooled[(*row, shared, own)][tuple(pair.get("seeds", ()))] = pair
     return {key: list(pairs.values()) for key, pairs in pooled.items()}
+
+
+def unfinished_jobs(root: Path) -> list[str]:
+    """Run folders below `root` that Hydra started (they hold .hydra/) but that wrote no results.json,
+    each with the reason recorded by a failed job of a sweep (glmc.pipeline.sweep_report) if any."""
+    from glmc.pipeline.sweep_report import FAILED_FILE
+
+    lines = []
+    for hydra_dir in sorted(Path(root).rglob(".hydra")):
+        job = hydra_dir.parent
+        if (job / "results.json").is_file():
+            continue
+        try:
+            reason = "failed: " + json.loads((job / FAILED_FILE).read_text())["message"]
+        except (OSError, ValueError, KeyError, TypeError):
+            reason = "no results.json (still running, or stopped before it finished)"
+        lines.append(f"{job.relative_to(root) if job != Path(root) else job}: {reason}")
+    return lines
 
 
 @dataclass(frozen=True)
