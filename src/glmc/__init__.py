@@ -1,8 +1,7 @@
 """glmc: symmetry-aware alignment of Transformers and loss barriers along linear paths."""
 
-from glmc.api import align, evaluate, evaluate_path
+from glmc.api import align, evaluate, evaluate_path, to_canonical
 from glmc.eval.evaluator import Evaluator
 from glmc.interpolation import interpolate
-from glmc.models.convert import to_canonical
 
 __all__ = ["Evaluator", "align", "evaluate", "evaluate_path", "interpolate", "to_canonical"]

@@ -2,13 +2,16 @@
 
 from glmc import to_canonical, align, interpolate, evaluate, evaluate_path
 
-Inputs and labels are checked against the model before any work: a token sequence longer than a
-GPT-2 model's positions, a token id outside its vocabulary or a label outside a ViT's classes is a
-ValueError that says so, not an IndexError deep inside a forward pass.
+Models and inputs are checked before any work: a model without its head (GPT2Model rather than
+GPT2LMHeadModel) or without its weights (meta device) is refused, and so is a token sequence longer
+than a GPT-2 model's positions, a token id outside its vocabulary, an image of other channels or
+size than a ViT's, a label outside its classes or a loader with nothing to score: an error that
+says so, not one from deep inside a forward pass.
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -26,9 +29,17 @@ from glmc.matching.registry import METHODS, build_matcher, default_method_config
 from glmc.metrics import IGNORE_INDEX, is_token_task
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.compatibility import check_compatible
-from glmc.models.convert import to_canonical
+from glmc.models.convert import to_canonical as _convert
 from glmc.models.families import family_named, family_of_model_type
 from glmc.symmetry.family_defaults import resolve_residual
+
+
+def to_canonical(hf_model: torch.nn.Module, name: str = "the model") -> CanonicalTransformer:
+    """The canonical form of a Hugging Face model (glmc.models.convert.to_canonical; a canonical one is
+    returned as it is) after the checks align and evaluate make (check_model): a model without its head
+    or with its weights on the meta device is refused, naming `name`."""
+    check_model(hf_model, name)
+    return _convert(hf_model, name)
 
 
 def align(
@@ -74,7 +85,7 @@ def align(
         )
     check_model(model_a, "model_a")
     check_model(model_b, "model_b")
-    a, b = to_canonical(model_a, "model_a"), to_canonical(model_b, "model_b")
+    a, b = _convert(model_a, "model_a"), _convert(model_b, "model_b")
     if node is not None:
         # residual=auto (the default): the widest class the family admits (activation matching's
         # `residual` says which states it reads, not a class)
@@ -141,21 +152,59 @@ def evaluate_path(
 
 def model_limits(model: Any) -> dict[str, Any]:
     """What a model accepts, as its family states it: positions and vocabulary (language models),
-    classes (classifiers); empty for a model of no known family (nothing is checked then)."""
+    classes, channels and image size (image classifiers); empty for a model of no known family
+    (nothing is checked then)."""
     if isinstance(model, CanonicalTransformer):
-        return family_named(model.config.family).input_limits(model.params())
+        family = family_named(model.config.family)
+        return {**family.input_limits(model.params()), **_image_limits(model, family)}
     config = getattr(model, "config", None)
     try:
         family = family_of_model_type(getattr(config, "model_type", None))
     except ValueError:
         return {}
-    return family.hf_input_limits(config)
+    return {**family.hf_input_limits(config), **_image_limits(model, family)}
+
+
+def _image_limits(model: Any, family: Any) -> dict[str, Any]:
+    """An image model's channels and (height, width): from its HF config, or from a canonical model's
+    patch size and position table (a square grid of patches, plus the class token)."""
+    if family.data_kind != "images":
+        return {}
+    config = model.config
+    if not isinstance(model, CanonicalTransformer):
+        size = config.image_size
+        size = tuple(size) if isinstance(size, Sequence) else (size, size)
+        return {"channels": config.num_channels, "image_size": size}
+    patches = model.params()["embed.pos"].shape[0] - 1
+    side = math.isqrt(patches)
+    limits = {"channels": config.num_channels}
+    if side * side == patches:  # a grid of another shape is left to the forward's own check
+        limits["image_size"] = (side * config.patch_size,) * 2
+    return limits
+
+
+def check_image_shape(limits: dict[str, Any], inputs: torch.Tensor) -> None:
+    """ValueError for images [batch, channels, height, width] of other channels or size than the model
+    `limits` describes (model_limits) reads."""
+    channels, size = limits.get("channels"), limits.get("image_size")
+    if channels is None or inputs.dim() != 4:
+        return
+    if inputs.shape[1] == channels and (size is None or tuple(inputs.shape[2:]) == size):
+        return
+    height, width = size or ("height", "width")
+    expected = f"[batch, {channels}, {height}, {width}]"
+    raise ValueError(
+        f"inputs of shape {tuple(inputs.shape)} do not fit the model, which reads images of shape {expected} "
+        f"({channels} channel{'s' * (channels != 1)}{f', {height}x{width} pixels' if size else ''}): "
+        "prepare the images with the model's own image processor (its channels and size)"
+    )
 
 
 def check_batch(limits: dict[str, Any], inputs: Any, targets: Any, task: str) -> None:
     """ValueError when a batch does not fit the model `limits` describes (model_limits)."""
     if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
         return
+    check_image_shape(limits, inputs)
     if "vocab" in limits:
         positions, vocab = limits.get("positions"), limits["vocab"]  # rotary models: no position table
         if positions is not None and inputs.dim() >= 1 and inputs.shape[-1] > positions:
@@ -186,31 +235,63 @@ def check_batch(limits: dict[str, Any], inputs: Any, targets: Any, task: str) ->
             )
 
 
+EMPTY_HINT = (
+    "pass a non-empty iterable of (inputs, targets) batches (an empty list, a generator already used up, or a "
+    "DataLoader with drop_last=True over fewer samples than batch_size yields none)"
+)
+
+
+def scores_something(targets: torch.Tensor, task: str) -> bool:
+    """Whether a batch's targets hold a prediction the loss counts (metrics.loss_and_correct): a label, a
+    token not marked IGNORE_INDEX (causal LM: after the first position, which nothing predicts)."""
+    if not is_token_task(task):
+        return targets.numel() > 0
+    counted = targets[:, 1:] if task == "causal_lm" and targets.dim() >= 2 else targets
+    return bool((counted != IGNORE_INDEX).any())
+
+
+_NOTHING_SCORED = {
+    "classification": "every batch is empty (no labels); pass batches of at least one input",
+    "masked_lm": f"every target is {IGNORE_INDEX}; give the masked positions their token ids",
+    "causal_lm": f"every target after the first position is {IGNORE_INDEX} (causal LM predicts token t+1 from "
+    "tokens up to t, so sequences of one token score nothing); give the positions to score their token ids",
+}
+
+
 class CheckedBatches:
-    """`loader`'s batches (inputs, targets), each checked against `model` (check_batch) as it is read."""
+    """`loader`'s batches (inputs, targets), each checked against `model` (check_batch) as it is read;
+    ValueError at the end of a pass that yielded no batch, or none with a target to score."""
 
     def __init__(self, loader: Iterable, model: Any, task: str):
         self.loader, self.limits, self.task = loader, model_limits(model), task
         self.family = family_of(model)
 
     def __iter__(self) -> Iterator[Any]:
+        seen = scored = False
         for batch in self.loader:
             inputs, targets = check_pair(self.family, batch, self.task, "loader")
             check_batch(self.limits, inputs, targets, self.task)
+            seen, scored = True, scored or scores_something(targets, self.task)
             yield batch
+        if not seen:
+            raise ValueError(f"loader yielded no batches: {EMPTY_HINT}")
+        if not scored:
+            raise ValueError(f"loader's batches hold nothing to score: {_NOTHING_SCORED[self.task]}")
 
 
 def check_data(model: CanonicalTransformer, data: Any) -> None:
     """align's training data against `model`: a DataLoader of a TensorDataset whole, other data
     (a DataLoader, a list of batches) by its first batch, with every random state that drawing it
-    advances (the global generator, the loader's own) restored; a LightningDataModule is left to
-    its loaders."""
+    advances (the global generator, the loader's own) restored; ValueError for data that yields no
+    batch. A LightningDataModule is left to its loaders."""
     if hasattr(data, "train_dataloader"):
         return
     check_loader(data, "data")
     limits, task = model_limits(model), model.task
     dataset = getattr(data, "dataset", None)
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
+        if len(data) == 0:
+            raise ValueError(f"data yields no batches (its dataset has {len(dataset)} samples): {EMPTY_HINT}")
         inputs, targets = check_pair(family_of(model), dataset.tensors[:2], task, "data")
         check_batch(limits, inputs, targets, task)
         return
@@ -222,9 +303,10 @@ def check_data(model: CanonicalTransformer, data: Any) -> None:
     finally:
         if state is not None:
             generator.set_state(state)
-    if batch is not None:
-        inputs, targets = check_pair(family_of(model), batch, task, "data")
-        check_batch(limits, inputs, targets, task)
+    if batch is None:
+        raise ValueError(f"data yielded no batches: {EMPTY_HINT}")
+    inputs, targets = check_pair(family_of(model), batch, task, "data")
+    check_batch(limits, inputs, targets, task)
 
 
 def _trainer(overrides: dict[str, Any] | None):

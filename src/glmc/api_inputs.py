@@ -1,6 +1,7 @@
 """What the public API (glmc.api) accepts, checked where it enters.
 
-Models must hold their weights (not on the meta device), the task must be one the model is built for
+Models must have the head their family reads (GPT2LMHeadModel, not the bare GPT2Model) and hold their
+weights (not on the meta device), the task must be one the model is built for
 (read from the model when not given), and each batch must be an (inputs, targets) pair of the form
 the model's family reads: integer token ids [batch, time] for text, float images [batch, channels,
 height, width] for images, with targets of the shape the task compares. Each problem is a TypeError
@@ -32,13 +33,16 @@ INPUT_FORMS = {
 
 
 def check_model(model: Any, name: str) -> None:
-    """TypeError for anything but a torch module; ValueError for a model whose weights are on the meta
-    device (built without data, e.g. under init_empty_weights or device="meta")."""
+    """TypeError for anything but a torch module, or for a Hugging Face model of a known family in a class
+    the family does not read (the bare body without its head, e.g. GPT2Model); ValueError for a model
+    whose weights are on the meta device (built without data, e.g. under init_empty_weights or
+    device="meta")."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(
             f"{name} is a {type(model).__name__}, not a torch.nn.Module: pass a Hugging Face model of a known "
             "family or a canonical one (glmc.to_canonical)"
         )
+    _check_head(model, name)
     tensors = chain(model.named_parameters(), model.named_buffers())
     meta = next((key for key, t in tensors if t.is_meta), None)
     if meta is not None:
@@ -47,6 +51,20 @@ def check_model(model: Any, name: str) -> None:
             "or init_empty_weights?): pass a model with its weights loaded, e.g. from_pretrained(path), or "
             "model.to_empty(device='cpu') followed by model.load_state_dict(state_dict)"
         )
+
+
+def _check_head(model: torch.nn.Module, name: str) -> None:
+    family = None if isinstance(model, CanonicalTransformer) else family_of(model)
+    if family is None or any(c.__name__ in family.hf_classes for c in type(model).__mro__):
+        return
+    given, classes = type(model).__name__, " or ".join(family.hf_classes)
+    if getattr(model, "base_model", None) is model:  # HF: a model with a head holds its body as base_model
+        raise TypeError(
+            f"{name} is a {given}, the bare {family.name} body without its head (it returns hidden states, not "
+            f"logits): pass the model with its head, {classes} (e.g. {family.hf_classes[0]}.from_pretrained(path) "
+            f"rather than {given}.from_pretrained(path))"
+        )
+    raise TypeError(f"{name} is a {given}, a head the {family.name} family does not read: pass {classes}")
 
 
 def family_of(model: Any) -> Family | None:

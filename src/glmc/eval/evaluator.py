@@ -53,7 +53,15 @@ class _Functional:
         if self.canonical:
             return canonical_forward(config or self.config, params, inputs)
         out = torch.func.functional_call(self.module, params, (inputs,))
-        return out.logits if hasattr(out, "logits") else out
+        if isinstance(out, Tensor):
+            return out
+        if not hasattr(out, "logits"):  # a body without its head returns hidden states
+            raise TypeError(
+                f"{type(self.module).__name__} returned a {type(out).__name__} without logits: evaluate the model "
+                "with its head (e.g. GPT2LMHeadModel rather than GPT2Model, ViTForImageClassification rather "
+                "than ViTModel)"
+            )
+        return out.logits
 
 
 class Evaluator:
