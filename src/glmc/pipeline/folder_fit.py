@@ -1,17 +1,18 @@
 """Whether the model folders of an endpoints=pretrained run fit the data and each other
 (glmc.pipeline.hf_folders reads them).
 
-Before any data is loaded (`folder_problems`, called by glmc.pipeline.validate), from config.json and
-the safetensors headers only: that every folder exists and holds an intact config and weights of a
-family that glmc reads, that the models share their family, layers, vocabulary, positions and classes,
-that they fit the data (its kind and task, the window length, image size, channels and classes, as its
-entry in glmc.data.registry gives them), and that models of different widths can be aligned (the
-narrower one is embedded into the wider one first, as for `endpoint_models`); for text, that every
-folder's saved tokenizer (read from its JSON files) has the vocabulary and special tokens of the one the
-text is encoded with, unless data.tokenizer_path names that one on purpose (then `check_tokenizer` warns
-that a folder's own tokenizer is not used). After the tokenizer is loaded (`check_tokenizer`): that its
-ids fit every model's vocabulary. When the weights are loaded (`check_pairs`): that the canonical models
-of every pair fit together (glmc.models.compatibility). Every message names the folder
+Before any data is loaded (`folder_problems`, called by glmc.pipeline.validate), from config.json and the
+safetensors headers only: that every folder exists and holds an intact config and weights of a family
+that glmc reads, that the models share their family, layers, vocabulary, positions and classes, that they
+fit the data (its kind and task, the window length, image size, channels and classes, as its entry in
+glmc.data.registry gives them), and that models of different widths can be aligned (the narrower one is
+embedded into the wider one first, as for `endpoint_models`); for text, that every folder's saved
+tokenizer (read from its JSON files) asks for no code of its own and has the vocabulary and special
+tokens of the one the text is encoded with, unless data.tokenizer_path names that one on purpose (then
+`check_tokenizer` warns that a folder's own tokenizer is not used), and that the command line asks for no
+tokenizer built from the corpus (data.tokenizer=char). After the tokenizer is loaded (`check_tokenizer`):
+that its ids fit every model's vocabulary. When the weights are loaded (`check_pairs`): that the
+canonical models of every pair fit together (glmc.models.compatibility). Every message names the folder
 (`endpoints.paths[i]`).
 """
 
@@ -31,6 +32,7 @@ from glmc.pipeline.hf_folders import (
     folder_names,
     read_folder,
     saved_vocabulary,
+    tokenizer_asks_for_code,
 )
 from glmc.pipeline.pairing import seed_pairs
 
@@ -81,7 +83,7 @@ def folder_problems(cfg: Config) -> tuple[list[Folder], list[str]]:
                 "model twice; give every endpoint its own folder"
             )
         seen.setdefault(resolved, i)
-    problems += _pairing_problems(cfg, len(paths))
+    problems += _pairing_problems(cfg, len(paths)) + _tokenizer_kind_problems(cfg)
     folders = []
     names = folder_names(paths)
     for i, path in enumerate(paths):
@@ -93,14 +95,62 @@ def folder_problems(cfg: Config) -> tuple[list[Folder], list[str]]:
         return folders, problems
     problems += [p for f in folders for p in _data_problems(cfg, f)]
     problems += _shared_problems(cfg, folders)
-    if not cfg.data.tokenizer_path:  # named on purpose: check_tokenizer warns instead
-        problems += [
-            f"{line}: every folder's model would read the text as the ids of one tokenizer, which this one was "
-            "not trained with; give folders that share a tokenizer, or set data.tokenizer_path=<folder> to encode "
-            "the text for every model with that folder's tokenizer on purpose"
-            for line in tokenizer_differences(cfg, folders)
-        ]
+    if not cfg.data.tokenizer_path and dataset(cfg.data.name).is_text:  # named on purpose: checked when loaded
+        problems += _folder_tokenizer_problems(cfg, folders)
     return folders, problems
+
+
+def command_line_value(key: str) -> Any:
+    """The value the command line gave `key` (e.g. data.tokenizer=char), or None where it gave none or the
+    config was not composed from a command line (the Python API)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    if not HydraConfig.initialized():
+        return None
+    try:
+        overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
+    except OverrideParseException:
+        return None
+    given = [o.value() for o in overrides if o.key_or_group == key and not o.is_delete()]
+    return given[-1] if given else None
+
+
+def _tokenizer_kind_problems(cfg: Config) -> list[str]:
+    """A tokenizer built from the corpus (data.tokenizer=char, or wordpiece without data.tokenizer_path),
+    asked for on the command line: its ids are not those the folders' embedding tables were trained on."""
+    kind = str(cfg.data.tokenizer)
+    if not dataset(cfg.data.name).is_text or command_line_value("data.tokenizer") != kind:
+        return []  # a dataset's own default is replaced by the folders' tokenizer (evaluation_config)
+    if kind == "char" or (kind == "wordpiece" and not cfg.data.tokenizer_path):
+        return [
+            f"data.tokenizer={kind}: builds its ids from the corpus, and a pretrained model's embedding table "
+            "reads the ids of the tokenizer it was trained with; leave data.tokenizer unset (the text is encoded "
+            "with the first folder's tokenizer) or set data.tokenizer_path=<folder> to encode it with the "
+            "tokenizer saved there"
+        ]
+    return []
+
+
+def _folder_tokenizer_problems(cfg: Config, folders: list[Folder]) -> list[str]:
+    """Without data.tokenizer_path, every folder's tokenizer is the one the text is encoded with (the first's)
+    or must map text to its ids: none may ask for code of its own, and all must agree."""
+    problems = [
+        f"{f.key}: its tokenizer_config.json asks for the folder's own code (auto_map), and glmc never runs code "
+        "from a model folder; save a tokenizer of the transformers library there, or set data.tokenizer_path="
+        "<folder> to encode the text for every model with the tokenizer saved there"
+        for f in folders
+        if tokenizer_asks_for_code(f.path, f.key)
+    ]
+    if problems:
+        return problems
+    return [
+        f"{line}: every folder's model would read the text as the ids of one tokenizer, which this one was "
+        "not trained with; give folders that share a tokenizer, or set data.tokenizer_path=<folder> to encode "
+        "the text for every model with that folder's tokenizer on purpose"
+        for line in tokenizer_differences(cfg, folders)
+    ]
 
 
 def _pairing_problems(cfg: Config, n: int) -> list[str]:

@@ -14,8 +14,9 @@ midpoint is written back in the folder's dtype (glmc.pipeline.merges.export_midp
 
 This module reads a folder (`read_folder`: config.json and the safetensors headers only; `saved_vocabulary`:
 its tokenizer's JSON files) and loads its model (`load_model`, `load_endpoints`): every weight of the class
-must be in the files and finite, and the family must convert the model. Whether the folders fit the data
-and each other is glmc.pipeline.folder_fit's. Every message names the folder (`endpoints.paths[i]`).
+must be in the files and finite, and the family must convert the model; where some models' heads are tied to
+their embeddings and others' not, the tied ones are untied (`untie_mixed_heads`). Whether the folders fit the
+data and each other is glmc.pipeline.folder_fit's. Every message names the folder (`endpoints.paths[i]`).
 
 The endpoints are never trained and never cached: pairs are formed over the folders in order, as over
 seeds, and each endpoint is labelled with its folder's name in results.json and the report.
@@ -188,6 +189,7 @@ def read_folder(path: str, index: int, task: str, name: str | None = None) -> Fo
     from transformers import AutoConfig
 
     from glmc.models.families import family_of_model_type
+    from glmc.models.families.llama import ROTARY_TYPES, unread_rope_type
 
     key = f"endpoints.paths[{index}]={path}"
     folder = Path(path).expanduser()
@@ -214,6 +216,12 @@ def read_folder(path: str, index: int, task: str, name: str | None = None) -> Fo
         family = family_of_model_type(model_type)
     except ValueError as err:
         raise FolderError(f"{key}: {err}") from None
+    unread = unread_rope_type(config)
+    if unread:
+        raise FolderError(
+            f"{key}: its {CONFIG} names the rotary type {unread[0]}={unread[1]!r}, which glmc does not read; it "
+            f"reads {', '.join(ROTARY_TYPES)}: give a model saved with one of them"
+        )
     hf_class = _hf_class(family, config, task, key)
     try:
         hf_config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
@@ -299,6 +307,13 @@ def _model_vocab(folder: Path, key: str) -> dict[str, int] | None:
     return None
 
 
+def tokenizer_asks_for_code(folder: Path, key: str) -> bool:
+    """Whether the folder's tokenizer_config.json asks for code of its own (auto_map), which is never run."""
+    file = folder / "tokenizer_config.json"
+    content = _read_json(file, key) if file.is_file() else None
+    return isinstance(content, dict) and bool(content.get("auto_map"))
+
+
 def saved_vocabulary(folder: Path, key: str) -> tuple[dict[str, int], dict[str, str | None]] | None:
     """(token -> id, special token role -> token) of the tokenizer save_pretrained wrote in `folder`, read
     from its JSON files only (nothing runs); None when the folder holds no tokenizer."""
@@ -379,6 +394,31 @@ def _check_finite(f: Folder, model) -> None:
     )
 
 
+def head_is_tied(model) -> bool:
+    """Whether the model's output head is its token embedding (one tensor, tie_word_embeddings)."""
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and embedding is not None and head.weight is embedding.weight
+
+
+def untie_mixed_heads(folders: list[Folder], models: list) -> list:
+    """`models`, where some have a head tied to their embedding and others not, with the tied heads made
+    tensors of their own holding the embedding's values: a tied model is an untied one whose head equals
+    its embedding, so its function is kept, and the models then share their parameters' names (the
+    original models are interpolated parameter by parameter). Unchanged where the models agree."""
+    import torch
+
+    tied = [head_is_tied(m) for m in models]
+    if all(tied) or not any(tied):
+        return models
+    for f, model, is_tied in zip(folders, models, tied):
+        if is_tied:
+            head = model.get_output_embeddings()
+            head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+            model.config.tie_word_embeddings = False  # kept apart where the library would tie them again
+            log.info("%s: its output head is tied to its embedding; untied to pair it with untied models", f.key)
+    return models
+
+
 def _canonical(f: Folder, model):
     from glmc.models.convert import to_canonical
 
@@ -413,8 +453,8 @@ def load_endpoints(cfg: Config, evaluator) -> list[Endpoint]:
     from glmc.pipeline.folder_fit import check_pairs, read_folders  # checks the folders first
 
     folders, endpoints = read_folders(cfg), []
-    for f in folders:
-        model = load_model(f)
+    models = untie_mixed_heads(folders, [load_model(f) for f in folders])
+    for f, model in zip(folders, models):
         endpoint = Endpoint(f.index, model, _canonical(f, model), float("nan"), None, False, f.name, str(f.path))
         endpoint.dtype = f.dtype
         endpoints.append(endpoint)

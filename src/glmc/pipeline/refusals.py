@@ -12,6 +12,7 @@ its full traceback, as Hydra does.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -62,9 +63,35 @@ def exit_if_refused(err: BaseException) -> None:
     raise SystemExit(1) from None
 
 
+def _hydra_quoted(text: str) -> str:
+    """`text` as one quoted Hydra string: in single quotes, or double quotes where it holds a single one."""
+    return f"'{text}'" if "'" not in text else f'"{text}"'
+
+
+def _quoted_form(value: str) -> tuple[str, object] | None:
+    """(the value with its text quoted for Hydra, what Hydra should read from it): a list's elements are
+    quoted one by one, since a list quoted whole is read as one string; None for a dict or a nested list,
+    whose quoting is left to the user."""
+    if value[:1] == "{":
+        return None
+    if value[:1] == "[" and value[-1:] == "]":
+        inner = value[1:-1].strip()
+        elements = [e.strip() for e in inner.split(",")] if inner else []
+        if any(e[:1] in ("[", "{") for e in elements):
+            return None
+        return "[" + ",".join(map(_hydra_quoted, elements)) + "]", elements
+    return _hydra_quoted(value), value
+
+
+def _for_shell(arg: str) -> str:
+    """`arg` quoted for a POSIX shell: in double quotes where nothing in it is special there."""
+    return f'"{arg}"' if not any(c in arg for c in '"$`\\!') else shlex.quote(arg)
+
+
 def unquoted_override_problem(arg: str) -> str | None:
     """Why Hydra's lexer would refuse the override `arg` where a quoted value would pass (a path with
-    accents, brackets or spaces), with the quoted form to use; None for any other argument."""
+    accents, brackets or spaces), with the quoted form to use (a list's elements quoted one by one); None
+    for any other argument, and where the quoted form would not read as the intended value."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -77,15 +104,20 @@ def unquoted_override_problem(arg: str) -> str | None:
         return None
     except OverrideParseException:
         pass
-    quoted = f"{key}='{value}'" if "'" not in value else f'{key}="{value}"'
+    form = _quoted_form(value)
+    if form is None:
+        return None
+    quoted = f"{key}={form[0]}"
     try:
-        parser.parse_overrides([quoted])
+        if parser.parse_overrides([quoted])[0].value() != form[1]:
+            return None
     except OverrideParseException:
         return None  # quoting would not help: Hydra's own message says more
     odd = sorted({c for c in value if not c.isascii()})
     holds = f" (it holds {''.join(odd)})" if odd else ""
+    what = "each element of the list" if isinstance(form[1], list) else "its value"
     return (
-        f'the override {arg} cannot be read unquoted{holds}: quote its value, e.g. "{quoted}" '
+        f"the override {arg} cannot be read unquoted{holds}: quote {what}, e.g. {_for_shell(quoted)} "
         "(the outer quotes are for the shell, the inner ones for Hydra)"
     )
 

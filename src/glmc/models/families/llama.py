@@ -28,6 +28,23 @@ from glmc.models.families.base import Family, layer_sizes
 from glmc.models.families.roles import GATED_GROUPED, Acts, Role
 from glmc.models.rotary import SCALED_TYPES
 
+# the rotary types the canonical form computes, as a Hugging Face config's rope_type names them
+ROTARY_TYPES = ("default", *SCALED_TYPES)
+
+
+def unread_rope_type(config: dict[str, Any]) -> tuple[str, Any] | None:
+    """(the key, e.g. "rope_scaling.rope_type", and its value) where a config.json as saved names a rotary
+    type other than ROTARY_TYPES; None where it names none or one of them. Read from the file itself, before
+    transformers loads it, which fails on an unknown type only when the model is built."""
+    for name in ("rope_parameters", "rope_scaling"):
+        params = config.get(name)
+        if not isinstance(params, dict):
+            continue
+        for field in ("rope_type", "type"):
+            if field in params:
+                return None if params[field] in ROTARY_TYPES else (f"{name}.{field}", params[field])
+    return None
+
 
 def rope_theta(cfg: Any) -> float:
     """The rotary base of a Hugging Face config; NotImplementedError for rotary types the canonical form
