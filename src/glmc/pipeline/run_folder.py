@@ -3,8 +3,10 @@
 `check_run_dir` refuses a run folder that cannot be written, that holds a symbolic link leading out of
 it, or that already holds the results of a different config unless `overwrite=true`
 (`config_differences` names the keys that differ; NOT_RESULTS lists those that may); with overwrite=true,
-`remove_previous_outputs` clears what the replaced config wrote. `RunFolderGuard` (a Hydra callback,
-conf/config.yaml) runs the same check before Hydra writes the run's .hydra/ files into that folder.
+`remove_previous_outputs` clears what the replaced config wrote and nothing else. `RunFolderGuard` (a
+Hydra callback, conf/config.yaml) locks the folder for the run's duration (`hold_run_dir`: a second run
+into it is refused) and runs the same check, on the config as the run resolves it, before Hydra writes
+the run's .hydra/ files into that folder.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import copy
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -37,6 +41,7 @@ NOT_RESULTS = (
     "threads",  # how fast, not what: numbers may differ in the last bits only
     "train.parallel_endpoints",  # how many endpoints train at once, each as it would alone
     "pretrain.train.parallel_endpoints",
+    "symmetry.name",  # the group's label (auto, orthogonal, ...): its classes, compared resolved, are what ran
 )
 
 
@@ -149,68 +154,182 @@ def check_run_dir(cfg: Config, run_dir: Path) -> bool:
         return True
     raise FileExistsError(
         f"{run_dir} already holds the results of a different config ({shown}): pass overwrite=true to "
-        "replace them (other files there are kept), or choose another folder (hydra.run.dir=...)"
+        "replace them (it removes only what that run wrote: results.json, barrier.csv and the plots, and in "
+        "each method folder its diagnostics_*.json, hf_* exports and checkpoint folders; your own files "
+        "there are kept), or choose another folder (hydra.run.dir=...)"
     )
 
 
 # what a run writes into its folder besides one folder per method (glmc.pipeline.run, .outputs, .multi)
 RESULT_FILES = ("results.json", "barrier.csv", "barrier.png", "simplex.png")
 KEPT_FOLDERS = ("logs", "wandb", ".hydra")  # logs of earlier runs and Hydra's record stay
+# checkpoint folders of learned matching (pair_<hash>) and of the universe refinement (universe_<hash>),
+# named by glmc.matching.base.settings_hash
+CHECKPOINT_FOLDER = re.compile(r"(pair|universe)_[0-9a-f]{12}")
 
 
-def previous_outputs(run_dir: Path) -> list[Path]:
-    """What the run recorded in `run_dir`/results.json wrote there: its result files, one folder per
-    method (learned checkpoints, hf_<seeds> exports, diagnostics) and universe/ of a multi-model run."""
-    run_dir = Path(run_dir)
+def _pair_labels(saved: dict[str, Any]) -> set[str]:
+    """The labels of every pair in `saved`'s methods (`<a>-<b>`: seeds, or the folders' names), which
+    name the diagnostics files and exports that run wrote."""
+    labels = set()
+    for method in (saved.get("methods") or {}).values():
+        for pair in (method.get("pairs") or []) if isinstance(method, dict) else []:
+            ends = (pair.get("endpoints") or pair.get("seeds")) if isinstance(pair, dict) else None
+            if isinstance(ends, list) and ends:
+                labels.add("-".join(str(e) for e in ends))
+    return labels
+
+
+def _method_outputs(folder: Path, labels: set[str]) -> list[Path]:
+    """What a run wrote inside a method folder: `diagnostics_<label>.json`, `hf_<label>` exports and
+    checkpoint folders. Anything else there (the user's own files) is not listed."""
+    files = {f"diagnostics_{label}.json" for label in labels}
+    exports = {f"hf_{label}" for label in labels}
+    found = []
+    for path in sorted(folder.iterdir()):
+        if path.is_symlink():
+            continue  # never followed (check_links refuses those leading out)
+        if path.is_file() and path.name in files:
+            found.append(path)
+        elif path.is_dir() and (path.name in exports or CHECKPOINT_FOLDER.fullmatch(path.name)):
+            found.append(path)
+    return found
+
+
+def _saved_results(run_dir: Path) -> dict[str, Any]:
     try:
-        saved = json.loads((run_dir / "results.json").read_text())
+        saved = json.loads((Path(run_dir) / "results.json").read_text())
     except (OSError, ValueError):
-        saved = {}
-    names = list(saved.get("methods") or {}) if isinstance(saved, dict) else []
-    if isinstance(saved, dict) and saved.get("multi"):
-        names.append("universe")
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def method_folders(run_dir: Path) -> list[Path]:
+    """The folders of the methods recorded in `run_dir`/results.json (and universe/ of a multi-model run)."""
+    saved = _saved_results(run_dir)
+    names = list(saved.get("methods") or {}) + (["universe"] if saved.get("multi") else [])
     folders = [
-        run_dir / n
+        Path(run_dir) / n
         for n in names
         if isinstance(n, str) and n and Path(n).name == n and not n.startswith(".") and n not in KEPT_FOLDERS
     ]
-    found = [p for p in folders if p.is_dir() and not p.is_symlink()]
-    return found + [run_dir / f for f in RESULT_FILES if (run_dir / f).is_file()]
+    return [p for p in folders if p.is_dir() and not p.is_symlink()]
+
+
+def previous_outputs(run_dir: Path) -> list[Path]:
+    """What the run recorded in `run_dir`/results.json wrote there: inside each of its method folders the
+    diagnostics files, hf_<label> exports and checkpoint folders (`_method_outputs`), then its result
+    files. Files of the user's own in those folders are not listed."""
+    run_dir = Path(run_dir)
+    labels = _pair_labels(_saved_results(run_dir))
+    inside = [p for folder in method_folders(run_dir) for p in _method_outputs(folder, labels)]
+    return inside + [run_dir / f for f in RESULT_FILES if (run_dir / f).is_file()]
 
 
 def remove_previous_outputs(run_dir: Path) -> None:
     """Remove `previous_outputs`: with overwrite=true, nothing of the replaced config's results (an
-    export, a diagnostics file, a method the new config does not run) is left beside the new ones."""
+    export, a diagnostics file, a method the new config does not run) is left beside the new ones. A
+    method folder left empty is removed; one holding files of the user's own keeps them."""
+    folders = method_folders(run_dir)
     for path in previous_outputs(run_dir):
         log.info("overwrite=true: removing %s of the replaced results", path)
         if path.is_dir():
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+    for folder in folders:
+        if not any(folder.iterdir()):
+            folder.rmdir()
+
+
+LOCK_NAME = ".glmc-run.lock"  # hidden: never a result, and kept after the run (a name other runs share)
+
+
+def hold_run_dir(run_dir: Path) -> tuple[FileLock, bool]:
+    """Lock `run_dir` for one run: (the held lock, whether this call created its file LOCK_NAME there).
+    The holder writes its pid into the file. FileExistsError naming the folder and that pid when another
+    run holds it; release with `release_run_dir`, or the lock goes with the process."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_NAME
+    created = not path.exists()
+    lock = FileLock(str(path), thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        try:
+            pid = path.read_text().strip()
+        except OSError:
+            pid = ""
+        holder = f" (pid {pid})" if pid.isdigit() else ""
+        raise FileExistsError(
+            f"another run{holder} is writing into the run folder {run_dir} (it holds {path}): wait for it to "
+            "finish, or choose another folder (hydra.run.dir=...)"
+        ) from None
+    with open(path, "w") as file:  # the holder's pid, for the refusal above
+        file.write(f"{os.getpid()}\n")
+    return lock, created
+
+
+def release_run_dir(lock: FileLock, remove: bool = False) -> None:
+    """Release `hold_run_dir`'s lock; `remove`: also delete its file (a refused run that created it leaves
+    the folder as it was)."""
+    if remove:
+        Path(lock.lock_file).unlink(missing_ok=True)  # while held: no other run is between the two
+    lock.release(force=True)
+
+
+def _first_rank() -> bool:
+    """Whether this process is a run's first: the other ranks of a multi-process run (torchrun, SLURM,
+    Lightning's DDP launcher starting run.py again) write into the folder rank 0 holds."""
+    return all(int(os.environ.get(name, 0)) == 0 for name in ("RANK", "LOCAL_RANK", "NODE_RANK"))
 
 
 class RunFolderGuard(Callback):
-    """`check_run_dir` for a single run started by run.py, before Hydra saves .hydra/config.yaml there:
-    a refused run leaves the folder as it was. Hydra turns a callback's exception into a warning and
-    goes on, so a refusal exits here (glmc.pipeline.refusals)."""
+    """For a single run started by run.py, before Hydra saves .hydra/config.yaml in its folder: locks
+    the folder until the run ends (`hold_run_dir`; a second run into it is refused) and runs
+    `check_run_dir` on the config as run_pipeline resolves it (symmetry=auto replaced by the family's
+    class, as results.json records it). A refused run leaves the folder as it was. Hydra turns a
+    callback's exception into a warning and goes on, so a refusal exits here (glmc.pipeline.refusals)."""
+
+    def __init__(self) -> None:
+        self._lock: tuple[FileLock, bool] | None = None  # (the held lock, whether its file is this run's)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from glmc.pipeline.refusals import exit_if_refused
+        from glmc.pipeline.refusals import exit_if_refused, is_refusal
 
         try:
             self._check(config)
         except Exception as err:
+            if is_refusal(err):
+                self._release(refused=True)
             exit_if_refused(err)
             raise
 
-    @staticmethod
-    def _check(config: DictConfig) -> None:
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._release()
+
+    def _release(self, refused: bool = False) -> None:
+        if self._lock is not None:
+            lock, created = self._lock
+            self._lock = None
+            release_run_dir(lock, remove=refused and created)
+
+    def _check(self, config: DictConfig) -> None:
+        from glmc.pipeline.validate import validate_config
+        from glmc.symmetry.family_defaults import check_residual_classes, resolve_run_symmetry
+
         run_dir = Path(str(config.hydra.run.dir))
         check_writable(run_dir)
         check_links(run_dir)
-        if not (run_dir / "results.json").is_file():
-            return
         task = copy.deepcopy(config)  # the task function's config: everything but the `hydra` node
         with read_write(task), open_dict(task):
             del task["hydra"]
+        check_residual_classes(task)  # before the folder is touched
+        if _first_rank():
+            self._lock = hold_run_dir(run_dir)
+        if not (run_dir / "results.json").is_file():
+            return
+        with read_write(task):  # compared as run_pipeline compares it: validated, symmetry=auto resolved
+            resolve_run_symmetry(task, validate_config(task))
         check_run_dir(task, run_dir)

@@ -2,7 +2,13 @@
 of the family's residual stream (its `residual_classes`, widest first): orthogonal for the pre-norm
 families, whose stream passes through a parameter-free RMS norm before every reader, permutation for
 the post-norm ones (BERT, RoBERTa), whose stream is a LayerNorm's output. An explicit class is kept, so
-one the family cannot take is still refused by the config check or by `apply`."""
+one the family cannot take is still refused by the config check or by `apply`.
+
+A method's residual class follows `symmetry.residual` by interpolation unless the method has its own
+(weight_perm, learned_perm: permutation) or the command line sets one (`matcher.weight.residual=...`).
+Set against an explicit `symmetry.residual` such a setting is refused (results.json's `symmetry` would
+name a class the method did not use); under symmetry=auto it is allowed. Every run method whose class
+differs from the run's is recorded per method (results.json: symmetry.methods)."""
 
 from __future__ import annotations
 
@@ -23,12 +29,62 @@ def resolve_residual(value: Any, family: Any) -> tuple[str, str]:
     return str(value), "chosen"
 
 
-def resolve_run_symmetry(cfg: Any, family: Any) -> dict[str, str]:
-    """Replace `auto` in a run config (symmetry.residual, and any method node set to auto itself) by the
-    family's widest class; returns what results.json records: {"residual", "source"}. Nothing changes
-    where the family is not known."""
+def _run_methods(cfg: Any) -> list[str]:
+    """The methods a run builds: matcher.methods, and with pairing=universe the pairwise one."""
+    names = list(cfg.matcher.methods)
+    if cfg.get("pairing") == "universe" and "multi" in cfg and cfg.multi.pairwise in cfg.matcher:
+        names.append(str(cfg.multi.pairwise))
+    return list(dict.fromkeys(names))
+
+
+def _follows_symmetry(name: str) -> bool:
+    """Whether registered method `name` takes symmetry.residual unless told otherwise (weight, learned),
+    rather than a class of its own (weight_perm, rotation) or another kind of setting (activation)."""
+    from glmc.settings.methods import METHODS
+
+    method = METHODS.get(name)
+    return method is not None and getattr(method.make(), "residual", None) == "${symmetry.residual}"
+
+
+def residual_contradictions(cfg: Any) -> list[str]:
+    """For an explicit symmetry.residual (not auto): every run method that follows the symmetry group
+    but was set to another residual class (`matcher.<name>.residual=...`), as a message naming both keys."""
     from omegaconf import OmegaConf
 
+    chosen = str(cfg.symmetry.residual)
+    if chosen == AUTO:
+        return []
+    problems = []
+    for name in _run_methods(cfg):
+        node = cfg.matcher.get(name)
+        if node is None or "residual" not in node or OmegaConf.is_interpolation(node, "residual"):
+            continue
+        value = str(node.residual)
+        if _follows_symmetry(name) and value not in (AUTO, chosen):
+            problems.append(
+                f"matcher.{name}.residual={value} contradicts symmetry.residual={chosen}: {name} would run "
+                f"{value} while results.json records {chosen}; drop matcher.{name}.residual to follow the "
+                f"symmetry group, or choose symmetry.residual={value} (symmetry=auto records a method's own "
+                "class per method)"
+            )
+    return problems
+
+
+def check_residual_classes(cfg: Any) -> None:
+    """ValueError listing `residual_contradictions`, if any."""
+    problems = residual_contradictions(cfg)
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def resolve_run_symmetry(cfg: Any, family: Any) -> dict[str, Any]:
+    """Replace `auto` in a run config (symmetry.residual, and any method node set to auto itself) by the
+    family's widest class; returns what results.json records: {"residual", "source", "family"}, and
+    "methods" {name: class} for run methods whose residual class is another one. Nothing changes where
+    the family is not known. First `check_residual_classes`."""
+    from omegaconf import OmegaConf
+
+    check_residual_classes(cfg)
     if family is None:
         return {}
     residual, source = resolve_residual(cfg.symmetry.residual, family)
@@ -37,4 +93,11 @@ def resolve_run_symmetry(cfg: Any, family: Any) -> dict[str, str]:
         if OmegaConf.is_dict(node) and "residual" in node and not OmegaConf.is_interpolation(node, "residual"):
             if str(node.residual) == AUTO:
                 node.residual = residual
-    return {"residual": residual, "source": source, "family": family.name}
+    record: dict[str, Any] = {"residual": residual, "source": source, "family": family.name}
+    own = {}
+    for name in _run_methods(cfg):
+        node = cfg.matcher.get(name)
+        key = "residual_map" if node is not None and "residual_map" in node else "residual"
+        if node is not None and key in node and str(node[key]) != residual:
+            own[name] = str(node[key])  # e.g. weight_perm's permutation beside an orthogonal run
+    return {**record, "methods": own} if own else record
