@@ -14,6 +14,10 @@ entry waits, then loads what the first one cached.
 Training in progress checkpoints into `<hash>/.train_seed_<n>/last.ckpt` (`training_dir`), which a
 rerun of the same config resumes from and which is removed once the entry is cached.
 
+Files and folders of the cache take the user's file mode (0o666 / 0o777 less the umask), as any file
+the user creates would. A disk without room for an entry is a refusal that names the folder and the
+size needed (glmc.train.storage); the temporary folder is removed.
+
 meta.json records the sha256 of model.safetensors, the seed and the key. An entry whose meta.json
 records no checksum (nothing could vouch for its weights), another seed or another key, whose checksum
 does not match, whose files are truncated, missing or unreadable, or whose weights are not finite is
@@ -41,7 +45,8 @@ from filelock import FileLock, Timeout
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
-from glmc.safe_files import move_aside
+from glmc.safe_files import current_umask, move_aside
+from glmc.train.storage import no_room_error, state_bytes
 
 log = logging.getLogger(__name__)
 
@@ -213,14 +218,25 @@ class EndpointCache:
             )
 
     def save(self, key: dict[str, Any], seed: int, model: torch.nn.Module, metrics: dict[str, Any]) -> Path:
+        """Write the entry of `seed` into a temporary folder and rename it into place; NoRoomError
+        (glmc.train.storage) where the disk has no room for it."""
         final = self.entry(key, seed)
         bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
         if bad:
             raise ValueError(f"refusing to cache seed {seed} at {final}: {bad[0]} is not finite")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+        what, umask = f"the endpoint of seed {seed}", current_umask()
         try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+        except OSError as err:
+            refusal = no_room_error(err, what, final.parent, state_bytes(model))
+            if refusal is not None:
+                raise refusal from err
+            raise
+        try:
+            os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the entry from the user's group
             save_model(model, str(tmp / WEIGHTS))
+            os.chmod(tmp / WEIGHTS, 0o666 & ~umask)  # safetensors writes 0600
             meta = {"key": key, "seed": seed, "metrics": metrics, "sha256": file_sha256(tmp / WEIGHTS)}
             # allow_nan=False: non-finite metrics are an error, not a JSON extension
             (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True, allow_nan=False))
@@ -228,7 +244,11 @@ class EndpointCache:
                 shutil.rmtree(tmp)
             else:
                 os.replace(tmp, final)
-        except BaseException:
+        except BaseException as err:
+            room = isinstance(err, (OSError, SafetensorError))  # measured before the partial entry goes
+            refusal = no_room_error(err, what, final.parent, state_bytes(model)) if room else None
             shutil.rmtree(tmp, ignore_errors=True)
+            if refusal is not None:
+                raise refusal from err
             raise
         return final

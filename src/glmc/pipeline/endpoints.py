@@ -230,6 +230,39 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
     return endpoints
 
 
+def _seeds(seeds: list[int]) -> str:
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+
+
+def training_kept(cfg: Config) -> str:
+    """What endpoint training has kept so far, for the message of an interrupted run: the seeds whose
+    endpoints are cached, the checkpoints of those part-trained, and the seeds with neither."""
+    cache = EndpointCache(Path(cfg.cache_dir))
+    cached: dict[Path, list[int]] = {}
+    checkpoints, nothing = {}, []
+    for index, seed in enumerate(cfg.seeds):
+        key = cache_key(endpoint_config(cfg, index))
+        last = cache.training_dir(key, seed) / "last.ckpt"
+        if cache.entry(key, seed).is_dir():  # entries are renamed into place only when complete
+            cached.setdefault(cache.entry(key, seed).parent, []).append(seed)
+        elif last.exists():
+            checkpoints[seed] = str(last)
+        else:
+            nothing.append((seed, cache.training_dir(key, seed).parent))
+    kept = [f"{_seeds(seeds)} cached in {folder}" for folder, seeds in cached.items()]
+    if checkpoints:
+        epochs = "epochs" if len(checkpoints) > 1 else "epoch"
+        paths = ", ".join(checkpoints.values())
+        kept.append(f"the last finished {epochs} of {_seeds(list(checkpoints))} checkpointed in {paths}")
+    if nothing:
+        folders = sorted({str(folder) for _, folder in nothing})
+        kept.append(
+            f"{_seeds([seed for seed, _ in nothing])} with no finished epoch yet "
+            f"(checkpoints go to {', '.join(f'{f}/.train_seed_<n>/last.ckpt' for f in folders)})"
+        )
+    return "; ".join(kept)
+
+
 def cached_endpoints(cfg: Config, step: str | None = None) -> list[torch.nn.Module]:
     """Every seed's endpoint of the run config `cfg` (the trained HF models, in eval mode), read from
     the endpoint cache and never trained: for reports on the endpoints of finished runs. A missing

@@ -34,7 +34,7 @@ from glmc.metrics import is_token_task
 from glmc.models.canonical import relative_deviation
 from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.cache import config_hash
-from glmc.pipeline.endpoints import Endpoint, cache_key, endpoint_ids, get_endpoints
+from glmc.pipeline.endpoints import Endpoint, cache_key, endpoint_ids, get_endpoints, training_kept
 from glmc.pipeline.folder_fit import check_tokenizer
 from glmc.pipeline.hf_folders import evaluation_config, is_pretrained
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
@@ -162,15 +162,9 @@ def interrupted_message(cfg: Config, run_dir: Path, stage: dict[str, str]) -> st
             )
         return "interrupted: run the same command again (the endpoints are the folders of endpoints.paths)"
     cache = Path(cfg.cache_dir) / config_hash(cache_key(cfg))
-    if stage.get("name") == "endpoints":
-        found = sorted(str(p) for p in cache.glob(".train_seed_*/last.ckpt"))
-        where = (
-            f"the endpoints' last finished epochs are checkpointed in {', '.join(found)}"
-            if found
-            else f"no epoch had finished yet (checkpoints go to {cache}/.train_seed_<n>/last.ckpt)"
-        )
+    if stage.get("name") == "endpoints":  # say what was kept: cached seeds, checkpoints, seeds not begun
         return (
-            f"interrupted while training endpoints: {where}; run the same command again to resume "
+            f"interrupted while training endpoints: {training_kept(cfg)}; run the same command again to resume "
             "(cached endpoints are reused)"
         )
     if stage.get("name") == "matching" and "checkpoint_every" not in cfg.matcher[stage["method"]]:

@@ -7,7 +7,8 @@ the same `_load_or_train`, from the same seed and data order, and it leaves its 
 seed goes to one worker only, so no two processes write one entry (and the entry's lock keeps other runs
 out as before). On a GPU the workers share the card; each worker gets torch threads = this process's
 threads // N, so that N workers do not oversubscribe the cores. Workers send their log records to this
-process, which writes them where its own go.
+process, which writes them where its own go. A worker ends with this process, even one killed with
+SIGKILL (glmc.train.parent_watch), so that no orphan trains on holding its seed's lock.
 
 A worker that fails reports the seed it trained; the seeds not started by then are not started, those
 running finish (their entries stay cached for the next run), and the error names every failed seed.
@@ -30,6 +31,7 @@ import torch
 
 from glmc.config import Config
 from glmc.pipeline.cache import EndpointCache
+from glmc.train.parent_watch import end_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +97,7 @@ def _run_workers(cfg: Config, run_dir: Path, todo: list, workers: int, threads: 
     failed: list[SeedFailed] = []
     futures: dict[Any, int] = {}
     level = logging.getLogger().getEffectiveLevel()
-    start = (records, threads, level)
+    start = (records, threads, level, os.getpid())
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=start)
     try:
         futures = {pool.submit(train_seed, cfg, index, key, str(run_dir)): seed for index, seed, key in todo}
@@ -138,8 +140,10 @@ class _Relay:
         logging.getLogger(record.name).handle(record)
 
 
-def _start_worker(records, threads: int, level: int) -> None:
-    """A worker's set-up, before it imports Lightning (which keeps its own handler where the root has none)."""
+def _start_worker(records, threads: int, level: int, parent: int) -> None:
+    """A worker's set-up, before it imports Lightning (which keeps its own handler where the root has none);
+    the worker ends with `parent`, the run's process, however that ends (glmc.train.parent_watch)."""
+    end_with_parent(parent)
     root = logging.getLogger()
     root.handlers[:] = [QueueHandler(records)]
     root.setLevel(level)

@@ -81,7 +81,7 @@ def fit_latents(module, context, folder: Path, settings, logger) -> tuple[float,
     callbacks = [checkpoints, _SaveLast(last), clock]
     exact = hasattr(context.data, "train_generator_state")  # glmc.data.module.DataModule
     if exact:
-        callbacks.append(EpochCheckpoint(epoch, context.data))
+        callbacks.append(EpochCheckpoint(epoch, context.data, setting="the run folder (hydra.run.dir)"))
     make_trainer = context.trainer or _default_trainer
     trainer = make_trainer(
         default_root_dir=str(folder),

@@ -6,13 +6,13 @@ number generators. `EpochCheckpoint` adds them (torch, CUDA, numpy, Python, and 
 shuffles the training loader) to its own state in the checkpoint and puts them back when training
 resumes: the loader's generator before the loader's first iterator draws from it, the global ones at
 the start of the first resumed epoch. It also carries the early-stopping decision of the last epoch.
-The file is written beside its place and renamed, so a kill while writing leaves the previous one.
+The file is written beside its place and renamed, so a kill while writing leaves the previous one; a
+disk without room for it is a refusal naming the folder (glmc.train.storage), the partial file removed.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Checkpoint
 
-from glmc.safe_files import move_aside
+from glmc.safe_files import current_umask, move_aside
+from glmc.train.storage import checkpoint_bytes, no_room_error
 
 
 def _numpy_state() -> list[Any]:
@@ -49,11 +50,13 @@ class EpochCheckpoint(Checkpoint):
 
     `data` is the DataModule (glmc.data.module) whose training loader is shuffled by a generator: its
     state is saved from the trainer's loader and handed back through `data.train_generator_state`.
-    A Checkpoint subclass, so Lightning runs it after the other callbacks (early stopping included)."""
+    A Checkpoint subclass, so Lightning runs it after the other callbacks (early stopping included).
+    `setting` is what chooses the folder of `path`, named when the disk has no room for it."""
 
-    def __init__(self, path: Path, data: Any = None):
+    def __init__(self, path: Path, data: Any = None, setting: str = "cache_dir"):
         self.path = Path(path)
         self.data = data
+        self.setting = setting
         self._pending: dict[str, Any] | None = None
         self._should_stop = False
         self._loader_state: torch.Tensor | None = None
@@ -91,22 +94,34 @@ class EpochCheckpoint(Checkpoint):
         self._should_stop = bool(trainer.should_stop)
         generator = getattr(trainer.train_dataloader, "generator", None)
         self._loader_state = None if generator is None else generator.get_state()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        trainer.save_checkpoint(tmp, weights_only=False)  # every rank calls it; rank 0 writes
-        if trainer.is_global_zero:
-            os.replace(tmp, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            trainer.save_checkpoint(tmp, weights_only=False)  # every rank calls it; rank 0 writes
+            if trainer.is_global_zero:
+                os.chmod(tmp, 0o666 & ~current_umask())  # the user's file mode, whoever created the file
+                os.replace(tmp, self.path)
+        except OSError as err:
+            needed = self.path.stat().st_size if self.path.exists() else checkpoint_bytes(pl_module)
+            refusal = no_room_error(err, "the training checkpoint", self.path.parent, needed, self.setting)
+            tmp.unlink(missing_ok=True)  # a partial file: the previous last.ckpt stays the one to resume from
+            if refusal is not None:
+                raise refusal from err
+            raise
 
 
 def resumable(last: Path) -> Path | None:
-    """`last` if it exists and loads as a checkpoint of tensors and plain data; a damaged one (a run
-    killed while writing it, a full disk) is moved aside with a warning, so the rerun starts afresh
-    instead of failing in Lightning's restore."""
+    """`last` if it exists and loads as a Lightning checkpoint of tensors and plain data; a damaged one
+    (a run killed while writing it, a full disk, a flipped byte) is moved aside with a warning, so the
+    rerun starts afresh instead of failing in Lightning's restore. Whatever loading it raises counts:
+    a damaged pickle fails in many ways (IndexError, KeyError, UnicodeDecodeError...)."""
     if not last.exists():
         return None
     try:
-        torch.load(last, map_location="cpu", weights_only=True)
-    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as err:
+        checkpoint = torch.load(last, map_location="cpu", weights_only=True)
+        if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+            raise ValueError("not a training checkpoint: it holds no state_dict")
+    except Exception as err:
         reason = f"cannot be resumed from ({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]})"
         try:
             move_aside(last, reason)
