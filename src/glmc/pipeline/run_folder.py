@@ -12,6 +12,7 @@ the run's .hydra/ files into that folder.
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import logging
 import os
@@ -91,6 +92,14 @@ def check_writable(run_dir: Path) -> None:
     """PermissionError naming `run_dir` when it cannot be created or written (a probe file is
     created and removed there, or in the nearest folder above it that exists)."""
     run_dir = Path(run_dir)
+    try:
+        os.stat(run_dir)
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # exists() would read the loop as "missing" and look above it
+            raise PermissionError(
+                f"the run folder {run_dir} cannot be created: a symbolic link on this path leads back to itself "
+                "(a loop); remove the link or choose another folder (hydra.run.dir=...)"
+            ) from None
     existing = run_dir
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

@@ -19,11 +19,19 @@ method, within one experiment or across a sweep (see glmc.pipeline.workspace).
 
 `Tracker` is a context manager: on exit the open W&B run is finished (exit code 1 when an exception
 is propagating), so the next job of a multirun starts a fresh run instead of logging into a dead one.
+
+W&B writes its logs, settings, artifact staging and downloads under the home directory by default.
+While a tracker is open, every such folder the user has not named (WANDB_DIR, WANDB_CACHE_DIR,
+WANDB_CONFIG_DIR, WANDB_DATA_DIR, WANDB_ARTIFACT_DIR) lies inside the run folder, so a run writes
+nothing outside it but W&B's own temporary files; on exit the variables are restored. W&B's background
+service keeps the cache folder it started with for its logs: when that folder is the run's, the service
+lives as long as the tracker.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -40,6 +48,14 @@ MODES = ("offline", "online", "disabled")
 EVALUATE = "evaluate"
 CURVE = "curve"
 RESULT_FILES = ("results.json", "barrier.csv", "barrier.png")
+SERVICE_LOGS = "WANDB_CACHE_DIR"  # where W&B's background service writes its logs
+# W&B's folders besides its runs, by the variable that names each: inside <run dir>/wandb/ unless set
+WANDB_FOLDERS = {
+    "WANDB_CACHE_DIR": "cache",
+    "WANDB_CONFIG_DIR": "config",
+    "WANDB_DATA_DIR": "data",
+    "WANDB_ARTIFACT_DIR": "artifacts",
+}
 
 
 def _artifact_name(text: str) -> str:
@@ -64,6 +80,7 @@ class Tracker:
             raise ValueError(f"logger.mode={cfg.logger.mode!r} is not one of {', '.join(MODES)}")
         self.run: Any = None
         self.runs: list[Any] = []
+        self._set_env: list[str] = []  # the W&B folder variables this tracker set (`_own_folders`)
 
     # -- context manager -------------------------------------------------------------------------
 
@@ -73,6 +90,10 @@ class Tracker:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             self._finish(exit_code=1 if exc_type is not None else 0)
+            if self.runs and SERVICE_LOGS in self._set_env:
+                import wandb
+
+                wandb.teardown()  # its service would write the next tracker's logs into this run folder
         except Exception:
             if exc_type is None:
                 raise
@@ -80,6 +101,26 @@ class Tracker:
             log.exception("could not finish the W&B run while handling another error")
         finally:
             self.run = None
+            for var in self._set_env:
+                os.environ.pop(var, None)
+            self._set_env = []
+
+    def _own_folders(self) -> str:
+        """Point every W&B folder variable the user has not set into the run folder (WANDB_DIR: the run
+        folder, which holds wandb/; the others: WANDB_FOLDERS) until exit. Returns WANDB_DIR.
+
+        W&B's background service writes its logs into the cache folder it started with: when that folder is
+        this run's, a service started before is shut down first, and this one on exit."""
+        folders = {"WANDB_DIR": self.run_dir, **{v: self.run_dir / "wandb" / f for v, f in WANDB_FOLDERS.items()}}
+        for var, folder in folders.items():
+            if not os.environ.get(var):
+                os.environ[var] = str(folder)
+                self._set_env.append(var)
+                if var == SERVICE_LOGS:
+                    import wandb
+
+                    wandb.teardown()
+        return os.environ["WANDB_DIR"]
 
     # -- W&B runs ----------------------------------------------------------------------------------
 
@@ -98,6 +139,7 @@ class Tracker:
 
         config: the run's W&B config; the resolved pipeline config when None.
         """
+        root = self._own_folders()  # before W&B reads its settings
         import wandb
 
         self._finish()
@@ -112,7 +154,7 @@ class Tracker:
             name=f"{self.cfg.experiment}/{name}",
             tags=[str(t) for t in (lcfg.tags or [])],
             mode=str(lcfg.mode),
-            dir=str(self.run_dir),
+            dir=root,
             config=config,
             reinit="finish_previous",  # also closes a run some other code left open
         )

@@ -3,29 +3,34 @@
 `validate_config` refuses settings that would crash or mislead hours later (duplicate seeds, a
 barrier without an interior point, empty data slices, learning rates that are not positive and
 finite, out-of-range settings of every method and of multi-model runs, endpoints of different
-widths that cannot be embedded into the first, keys the schema does not know; with
-endpoints=pretrained, model folders that cannot be read or do not fit the data or each other, through
-glmc.pipeline.folder_fit). What a dataset allows comes from its entry in glmc.data.registry. The run
-folder is checked by glmc.pipeline.run_folder.
+widths that cannot be embedded into the first, keys the schema does not know, a `_target_` naming
+anything but the classes glmc builds (glmc.pipeline.targets), a cache_dir that loops, is a file or
+cannot be written; with endpoints=pretrained, model folders that loop, cannot be read or do not fit the
+data or each other, through glmc.pipeline.folder_fit). What a dataset allows comes from its entry in
+glmc.data.registry. The run folder is checked by glmc.pipeline.run_folder.
 """
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
+import os
+import tempfile
 import typing
 from collections import Counter
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from glmc.config import Config, ModelConfig, MultiConfig, TrainerConfig
 from glmc.data.registry import IMAGES, MASKED_LM, TEXT, dataset, datasets_for, example_option
-from glmc.matching.registry import matcher_target_problem
 from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.pairing import seed_pairs  # the pipeline's own pairing: its errors name the seeds
-from glmc.settings.methods import METHODS, MULTI_METHODS, default_target
+from glmc.pipeline.targets import target_problems, trainer_target_allowed
+from glmc.settings.methods import METHODS, MULTI_METHODS
 from glmc.settings.ranges import RULES, SEED_LIMIT, finite_number, setting_problems
 from glmc.symmetry.family_defaults import AUTO
 
@@ -99,7 +104,8 @@ def _problems(cfg: Config) -> tuple[list[str], Any]:
         from glmc.pipeline.folder_fit import folder_problems
         from glmc.pipeline.hf_folders import evaluation_config
 
-        folders, problems = folder_problems(cfg)
+        loops = _path_problems(cfg)  # a folder that loops would stop the folders' reader itself
+        folders, problems = ([], loops) if loops else folder_problems(cfg)
         family = folders[0].family if folders else None
         where = f"the {family.name} family (endpoints.paths)" if family else ""
         problems += _pretrained_setting_problems(cfg)
@@ -107,7 +113,7 @@ def _problems(cfg: Config) -> tuple[list[str], Any]:
     else:
         family = family_named(str(cfg.model.family))
         where = f"model.family={family.name}"
-        problems = _seed_problems(cfg) + _pairing_problems(cfg)
+        problems = _seed_problems(cfg) + _pairing_problems(cfg) + _path_problems(cfg)
         if cfg.endpoints.paths:
             problems.append(
                 f"endpoints.paths={list(cfg.endpoints.paths)}: model folders are read with endpoints=pretrained only; "
@@ -156,6 +162,50 @@ def _problems(cfg: Config) -> tuple[list[str], Any]:
     problems += _parallel_problems(cfg)
     problems += _unknown_keys(cfg, Config, "")
     return problems, family
+
+
+def symlink_loop(path: str | Path) -> bool:
+    """Whether `path`, or a folder on the way to it, is a symbolic link that leads back to itself."""
+    try:
+        os.stat(Path(path).expanduser())
+    except OSError as err:
+        return err.errno == errno.ELOOP
+    return False
+
+
+LOOP = "a symbolic link on this path leads back to itself (a loop), so nothing can be read or written there"
+
+
+def _path_problems(cfg: Config) -> list[str]:
+    """The folders a run reads or writes besides its run folder (glmc.pipeline.run_folder): with
+    endpoints=pretrained the folders of endpoints.paths must not loop; with trained endpoints cache_dir
+    must not loop, must be a folder (or one that can be created) and must be writable, since the cache
+    takes a lock file even to load an endpoint."""
+    if str(cfg.endpoints.source) == "pretrained":
+        return [
+            f"endpoints.paths[{i}]={path}: {LOOP}; remove the link or give the model folder itself"
+            for i, path in enumerate(cfg.endpoints.paths)
+            if symlink_loop(str(path))
+        ]
+    key, path = f"cache_dir={cfg.cache_dir}", Path(str(cfg.cache_dir)).expanduser()
+    if symlink_loop(path):
+        return [f"{key}: {LOOP}; remove the link or set cache_dir=<another folder>"]
+    existing = path
+    while not existing.exists() and existing != existing.parent:  # the cache is created below this one
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"cannot be created: {existing} is a file"
+        return [f"{key}: {what}, not a folder; set cache_dir=<a folder> to cache the trained endpoints in"]
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".glmc-write-probe-"):
+            pass
+    except OSError as err:
+        what = "is not writable" if existing == path else f"cannot be created in {existing}"
+        return [
+            f"{key}: {what} ({err.strerror or err}); the trained endpoints are cached there: make it writable "
+            "or set cache_dir=<a writable folder>"
+        ]
+    return []
 
 
 def _parallel_problems(cfg: Config) -> list[str]:
@@ -534,8 +584,6 @@ def _method_problems(cfg: Config, family: Any = None, where: str = "") -> list[s
     problems = []
     for name in names:
         node = cfg.matcher[name]
-        target = matcher_target_problem(node, f"matcher.{name}", default_target(name))  # nothing is called
-        problems += [target] if target else []
         key = "residual_map" if "residual_map" in node else "residual"
         if family is not None and node.get(key) not in (None, "none", AUTO, *family.residual_classes) and key in node:
             problems.append(
@@ -573,6 +621,8 @@ def _multi_problems(cfg: Config) -> list[str]:
 
 def _known_keys(schema: type, node: Any) -> set[str]:
     known = {f.name for f in fields(schema)}
+    if schema is TrainerConfig and not trainer_target_allowed(node):  # refused by target_problems, not imported
+        return known | set(node.keys())
     if schema is TrainerConfig:  # `+trainer.<argument>=...` reaches the Trainer its _target_ names
         from hydra.utils import get_class
 
@@ -642,7 +692,9 @@ def _image_size_problems(cfg: Config, pretrained: bool = False) -> list[str]:
 def validate_config(cfg: Config) -> Any:
     """ConfigError listing every setting that cannot work, before any data or training; returns the
     endpoints' model family."""
+    targets = target_problems(cfg)  # first: what a `_target_` names is imported by no other check
     problems, family = _problems(cfg)
+    problems = targets + problems
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
     return family

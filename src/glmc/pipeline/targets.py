@@ -1,0 +1,118 @@
+"""What a `_target_` in the run config may name: the classes glmc builds from it, nothing else.
+
+`hydra.utils.instantiate` calls whatever a `_target_` names, so a config could otherwise run any
+function (`+trainer.callbacks=[{_target_: shutil.copy, ...}]` would copy a file while the Trainer is
+built). `target_problems` walks the whole composed config (except the `hydra` node, which Hydra itself
+reads) and refuses, by key path and value, every `_target_` that is not on the allow-list:
+
+- `matcher.<method>._target_`: a matcher class, as glmc.matching.registry's `matcher_target_problem`
+  decides (the registry's classes, or a class that declares the matcher interface);
+- `trainer._target_`: Lightning's Trainer;
+- anywhere else (`trainer.callbacks`, `trainer.plugins`, ...): a callback class of
+  lightning.pytorch.callbacks or a plugin class of lightning.pytorch.plugins.
+
+A name outside the `lightning` package is refused without importing it; nothing named is called.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from glmc.matching.registry import matcher_target_problem
+from glmc.settings.methods import METHODS, default_target
+
+TARGET = "_target_"
+TRAINER = "lightning.pytorch.Trainer"
+CALLBACKS, PLUGINS = "lightning.pytorch.callbacks.", "lightning.pytorch.plugins."
+# lightning.pytorch.plugins re-exports Fabric's checkpoint IO and cluster environments
+PLUGIN_MODULES = ("lightning.pytorch.plugins.", "lightning.fabric.plugins.")
+FIX = {
+    True: f"set it back to {TRAINER}, the only class glmc builds there",
+    False: "name a callback class of lightning.pytorch.callbacks (e.g. lightning.pytorch.callbacks.EarlyStopping) "
+    "or a plugin class of lightning.pytorch.plugins, or remove the node",
+}
+
+
+def _targets(node: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
+    """(key path of the node, the node, its `_target_` value) for every node below `node` that has one."""
+    if isinstance(node, DictConfig):
+        if TARGET in node:
+            try:
+                value = node[TARGET]
+            except Exception as err:  # an interpolation that does not resolve
+                value = f"<unresolved: {err}>"
+            yield path, node, value
+        for key in node.keys():
+            if key != TARGET and not (path == "" and key == "hydra"):
+                yield from _targets(_child(node, key), f"{path}.{key}" if path else str(key))
+    elif isinstance(node, ListConfig):
+        for index in range(len(node)):
+            yield from _targets(_child(node, index), f"{path}[{index}]")
+
+
+def _child(node: DictConfig | ListConfig, key: Any) -> Any:
+    """node[key] as instantiate reads it (interpolations resolved); None where it cannot be read."""
+    try:
+        return node[key]
+    except Exception:  # a missing value (???) or a broken interpolation: the schema's checks name it
+        return None
+
+
+def _lightning_class(target: str) -> Any:
+    """The class `target` names, imported only when it lies in the lightning package; None otherwise."""
+    from hydra.utils import get_class
+
+    if not target.startswith("lightning."):
+        return None
+    try:
+        return get_class(target)
+    except Exception:  # not importable, or not a class
+        return None
+
+
+def _reason(target: Any, trainer: bool) -> str | None:
+    """Why `target` is refused at a node outside matcher.<method> (`trainer`: at trainer._target_)."""
+    if not isinstance(target, str):
+        return f"is a {type(target).__name__}, not the dotted path of a class"
+    found = _lightning_class(target)
+    if trainer:
+        import lightning.pytorch as pl
+
+        return None if found is pl.Trainer else "is not Lightning's Trainer"
+    if found is not None and inspect.isclass(found):
+        from lightning.pytorch.callbacks import Callback
+
+        module = found.__module__ + "."
+        if target.startswith(CALLBACKS) and issubclass(found, Callback) and module.startswith(CALLBACKS):
+            return None
+        if target.startswith(PLUGINS) and module.startswith(PLUGIN_MODULES):
+            return None
+    return "is not a class glmc builds from the config"
+
+
+def target_problems(cfg: DictConfig) -> list[str]:
+    """One message per `_target_` of `cfg` that the allow-list (module docstring) refuses, each naming the
+    key path and the value; nothing named is called."""
+    problems = []
+    for path, node, target in _targets(cfg, ""):
+        head, _, rest = path.partition(".")
+        if head == "matcher" and rest and "." not in rest and "[" not in rest:
+            name = rest
+            problem = matcher_target_problem(node, path, default_target(name) if name in METHODS else None)
+            problems += [problem] if problem else []
+            continue
+        trainer = path == "trainer"
+        reason = _reason(target, trainer)
+        if reason:
+            problems.append(f"{path}._target_={target}: {reason}; {FIX[trainer]}")
+    return problems
+
+
+def trainer_target_allowed(trainer: DictConfig) -> bool:
+    """Whether trainer._target_ names Lightning's Trainer (read without importing anything else)."""
+    target = OmegaConf.select(trainer, TARGET, default=TRAINER)
+    return _reason(target, trainer=True) is None
