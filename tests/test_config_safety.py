@@ -184,3 +184,24 @@ def test_a_run_folder_that_loops_is_refused_on_the_command_line(tmp_path, loop, 
     assert code == 1 and "Traceback" not in err
     assert f"Error: the run folder {loop} cannot be created: {LOOP}" in err
     assert not (tmp_path / "cache").exists()
+
+
+def test_configured_callbacks_join_every_trainer_as_new_instances():
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    from glmc.train.trainer import trainer_factory
+
+    cfg = compose_config("+trainer.callbacks=[{_target_: lightning.pytorch.callbacks.LearningRateMonitor}]")
+    make = trainer_factory(cfg.trainer)
+
+    first, second = (make(logger=False) for _ in range(2))
+    found = [[c for c in t.callbacks if isinstance(c, LearningRateMonitor)] for t in (first, second)]
+    assert len(found[0]) == len(found[1]) == 1
+    assert found[0][0] is not found[1][0]  # no state shared between trainers
+
+
+def test_the_python_api_trainer_passes_the_same_allow_list():
+    from glmc.api import _trainer
+
+    with pytest.raises(ValueError, match=r"trainer\._target_=shutil\.copy: is not Lightning's Trainer"):
+        _trainer({"_target_": "shutil.copy"})

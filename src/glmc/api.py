@@ -313,9 +313,13 @@ def _trainer(overrides: dict[str, Any] | None):
     from omegaconf import OmegaConf
 
     from glmc.config import TrainerConfig
+    from glmc.pipeline.targets import target_problems
     from glmc.train.trainer import trainer_factory
 
     cfg = OmegaConf.structured(TrainerConfig(accelerator="auto"))
     OmegaConf.set_struct(cfg, True)
     cfg.merge_with(overrides or {})  # a misspelled Trainer setting fails here, naming it
+    problems = target_problems(OmegaConf.create({"trainer": cfg}))  # the run config's allow-list
+    if problems:
+        raise ValueError("trainer: " + "; ".join(problems))
     return trainer_factory(cfg)

@@ -17,7 +17,8 @@ from glmc.train.progress_log import ProgressLog
 
 def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
     """A factory of Trainers with the group's settings; callers add their own arguments
-    (default_root_dir, logger, callbacks, max_steps, ...), which take precedence; every Trainer also
+    (default_root_dir, logger, max_steps, ...), which take precedence, and callbacks, which join the
+    group's own `trainer.callbacks` (each Trainer gets new instances of those); every Trainer also
     closes the process group of spawned DDP ranks at the end of fit (glmc.train.process_group) and,
     with progress enabled and standard output not a terminal, logs its progress as lines
     (glmc.train.progress_log) instead of drawing a bar. trainer.precision=auto is resolved here
@@ -25,11 +26,13 @@ def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
     from hydra.utils import instantiate
 
     precision = resolve_precision(trainer_cfg.get("precision", "32-true"), trainer_cfg.get("accelerator", "auto"))
-    build = instantiate(trainer_cfg, _partial_=True, precision=precision)
+    configured = trainer_cfg.get("callbacks") or []  # trainer.callbacks: built anew for every Trainer
+    build = instantiate(trainer_cfg, _partial_=True, precision=precision, callbacks=None)
     progress_lines = trainer_cfg.get("enable_progress_bar", True) and not _is_terminal(sys.stdout)
 
     def make(**overrides) -> L.Trainer:
-        callbacks = [*(overrides.pop("callbacks", None) or []), CloseProcessGroup()]
+        own = list(instantiate(configured)) if configured else []
+        callbacks = [*own, *(overrides.pop("callbacks", None) or []), CloseProcessGroup()]
         if progress_lines and overrides.get("enable_progress_bar", True):
             callbacks.append(ProgressLog())
             # the lines replace the bar, whose redraws would fill a log file with control characters
