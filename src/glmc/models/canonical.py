@@ -102,6 +102,9 @@ class CanonicalConfig:
     sliding_layers: list[int] | None = None
     # partial rotary (GPT-NeoX): only the first rotary_dims dims of each rope_dim block rotate; None: all
     rotary_dims: int | None = None
+    # the n of the rotary frequencies theta^(-2i/n) where it is not the rotating dims: GPT-NeoX with an odd
+    # int(head_dim * rotary_pct) = n rotates n + 1 dims at n's frequencies (glmc.models.rotary); None: the same
+    rotary_freq_dim: int | None = None
     # Hugging Face's rotary scaling, JSON-able: rope_type (linear, dynamic, yarn, llama3) and its parameters
     # (glmc.models.rotary.rotary_frequencies); None: unscaled
     rope_scaling: dict | None = None
@@ -178,7 +181,7 @@ def _attention_grouped(config, p, pre, h, record=None):
     k = torch.einsum("btd,hed->bhte", h, p[pre + "k_w"]) + p[pre + "k_b"][:, None]
     v = torch.einsum("btd,hed->bhte", h, p[pre + "v_w"]) + p[pre + "v_b"][:, None]
     if config.rope_theta is not None:
-        rotary = (config.rope_theta, config.rope_dim, config.rotary_dims, config.rope_scaling)
+        rotary = (config.rope_theta, config.rope_dim, config.rotary_dims, config.rope_scaling, config.rotary_freq_dim)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     window = layer_window(config, pre)

@@ -12,7 +12,10 @@ rotary heads are interpolated as circuits.
 
 Partial rotary (GPT-NeoX, Pythia): only the first r dims of a head rotate, as pairs (i, i + r/2) with
 f_i = theta^(-2i/r); the other d - r dims pass through, so a score is a rotary form on the first r
-dims plus a plain bilinear form q_p^T k_p on the rest. A map of the query space survives when it is a
+dims plus a plain bilinear form q_p^T k_p on the rest. Where Hugging Face's count int(d * rotary_pct)
+= n is odd, its tables hold the ceil(n / 2) frequencies theta^(-2i/n) side by side, so r = n + 1 dims
+rotate as pairs (i, i + r/2) at the frequencies of n (`freq_dim` = n, `rotating_dims`): every rotating
+dim is in a pair, and the maps below are the same. A map of the query space survives when it is a
 rotation-scaling per pair on the rotary dims and any invertible map on the pass-through dims (keys
 getting its inverse transpose), never one mixing the two. Hugging Face's scaled rotary types (linear,
 dynamic, yarn, llama3) change only the frequencies (and yarn multiplies cos and sin by a constant), so
@@ -28,10 +31,49 @@ from torch import Tensor
 
 
 def inverse_frequencies(head_dim: int, theta: float, dtype: torch.dtype = torch.float32) -> Tensor:
-    """f_i = theta^(-2i/d) for the d/2 pairs (computed in float32 as Hugging Face does, unless float64)."""
-    if head_dim % 2:
-        raise ValueError(f"rotary embeddings need an even head dimension, got {head_dim}")
+    """f_i = theta^(-2i/d) for i < ceil(d/2), the pairs' frequencies (computed in float32 as Hugging Face
+    does, unless float64); an odd d is Hugging Face's odd partial rotary count (`rotating_dims`)."""
+    if head_dim < 1:
+        raise ValueError(f"rotary embeddings need at least one dimension, got {head_dim}")
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=dtype) / head_dim))
+
+
+def rotating_dims(hf_dims: int) -> int:
+    """The dims Hugging Face's rotate-half rotates when a config gives `hf_dims` = int(head_dim *
+    partial_rotary_factor): its cos and sin tables repeat the ceil(hf_dims / 2) frequencies twice, and
+    that many leading dims of the head rotate, so an odd count rotates one dim more."""
+    return hf_dims + hf_dims % 2
+
+
+# scaled types whose frequencies are a function of each unscaled frequency alone (not of the pair's index
+# or the count of dims), so equal unscaled frequencies stay equal under them
+ELEMENTWISE_TYPES = ("linear", "llama3")
+
+
+def same_frequency_pairs(pairs: int, freq_dim: int, to_pairs: int, to_freq_dim: int, scaling: dict | None) -> list[int]:
+    """For each of `pairs` rotary pairs at theta^(-2i/freq_dim) (i < pairs), the index j < to_pairs of the
+    pair at theta^(-2j/to_freq_dim) that turns at the same frequency at every position, for any theta:
+    j = i * to_freq_dim / freq_dim. ValueError saying which pair has none, or which scaling reads the
+    count of dims (dynamic, yarn) when the counts differ."""
+    if freq_dim == to_freq_dim and pairs <= to_pairs:
+        return list(range(pairs))
+    kind = None if scaling is None else scaling.get("rope_type")
+    if kind not in (None, "default", *ELEMENTWISE_TYPES):
+        raise ValueError(
+            f"rotary scaling {kind!r} computes its frequencies from the count of rotary dims ({freq_dim} here, "
+            f"{to_freq_dim} there): no pair of the one has the other's frequencies"
+        )
+    out = []
+    for i in range(pairs):
+        j, rest = divmod(i * to_freq_dim, freq_dim)
+        if rest or j >= to_pairs:
+            raise ValueError(
+                f"rotary pair {i} turns at theta^(-{2 * i}/{freq_dim}), which no pair of a head rotating at "
+                f"theta^(-2j/{to_freq_dim}) (j < {to_pairs}) does: the frequencies match only where "
+                f"{to_freq_dim} is a multiple of {freq_dim}"
+            )
+        out.append(j)
+    return out
 
 
 # Hugging Face's rope_type values whose frequencies rotary_frequencies computes
@@ -133,20 +175,27 @@ def apply_rotary(
     head_dim: int | None = None,
     rotary_dims: int | None = None,
     scaling: dict | None = None,
+    freq_dim: int | None = None,
 ) -> Tensor:
     """Rotate (..., T, d) head vectors by their positions 0 .. T-1. With `head_dim` < d, the vector holds
     d / head_dim heads stacked (circuit interpolation, glmc.interpolation) and each is rotated as its own.
     `rotary_dims`: only the first r dims of each head rotate, as pairs (i, i + r/2), the rest pass
-    through (GPT-NeoX's partial rotary); `scaling`: rotary_frequencies' scaling."""
+    through (GPT-NeoX's partial rotary); `scaling`: rotary_frequencies' scaling; `freq_dim`: the n of the
+    frequencies theta^(-2i/n) where it is not r (Hugging Face's odd count, r = n + 1: rotating_dims)."""
     if head_dim is not None and head_dim != x.shape[-1]:
         blocks = x.unflatten(-1, (-1, head_dim)).transpose(-2, -3)  # (..., n, T, head_dim)
-        return apply_rotary(blocks, theta, None, rotary_dims, scaling).transpose(-2, -3).flatten(-2)
+        return apply_rotary(blocks, theta, None, rotary_dims, scaling, freq_dim).transpose(-2, -3).flatten(-2)
     if rotary_dims is not None and rotary_dims != x.shape[-1]:
-        rotated = apply_rotary(x[..., :rotary_dims], theta, scaling=scaling)
+        rotated = apply_rotary(x[..., :rotary_dims], theta, scaling=scaling, freq_dim=freq_dim)
         return torch.cat([rotated, x[..., rotary_dims:]], dim=-1)
+    d = x.shape[-1]
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     positions = torch.arange(x.shape[-2], device=x.device, dtype=dtype)
-    inverse, factor = rotary_frequencies(x.shape[-1], theta, scaling, x.shape[-2], dtype)
+    inverse, factor = rotary_frequencies(d if freq_dim is None else freq_dim, theta, scaling, x.shape[-2], dtype)
+    if 2 * inverse.numel() != d:  # each frequency turns one pair (i, i + d/2)
+        raise ValueError(
+            f"{d} rotating dims cannot hold {inverse.numel()} rotary pairs: they need {2 * inverse.numel()}"
+        )
     freqs = positions[:, None] * inverse.to(x.device)[None]
     angles = torch.cat([freqs, freqs], dim=-1)
     cos, sin = angles.cos(), angles.sin()

@@ -4,7 +4,8 @@ A block has two LayerNorms with gain and offset, folded as GPT-2's are (fold.py:
 centred, so the stream is mean-zero and each LayerNorm is an RMS norm whose gain and offset fold into the
 readers after it); one fused query_key_value layer whose output holds, per head h, the rows [q_h; k_h;
 v_h]; rotary positions on the first r = int(head_dim * partial_rotary_factor) dims of every head (the
-rotate-half layout over those r dims, the rest passing through: glmc.models.rotary); a plain MLP with
+rotate-half layout over those r dims, the rest passing through: glmc.models.rotary; an odd r rotates r + 1
+dims at the frequencies of r, as Hugging Face's tables do); a plain MLP with
 biases; and a parallel residual, x + attn(ln1(x)) + mlp(ln2(x)) with both sublayers reading the block's
 input (use_parallel_residual, Pythia's), or the sequential one. Both norms normalise the same centred
 stream, so under the parallel residual attention and the MLP read one RMS-normalised state, each with its
@@ -12,10 +13,11 @@ own LayerNorm's gain and offset folded in (CanonicalConfig.parallel_residual).
 
 The canonical block is grouped-query attention with one query head per key/value head and a plain MLP
 (roles.GROUPED_PLAIN): q_w (H, 1, dh, D), k_w, v_w (H, dh, D), o_w (H, 1, D, dh), with the 1/sqrt(dh)
-attention scale folded into q. The rotary dims per head travel in CanonicalConfig.rotary_dims (None when
-every dim rotates), the base and any rotary scaling as Llama's do. Canonical embedding tensors:
-embed.tokens (V, D); head.w (V, D), head.b (V), the untied unembedding (embed_out in Pythia's checkpoints)
-with final_layer_norm folded in; an export moves head.b back into that norm's offset.
+attention scale folded into q. The rotating dims per head travel in CanonicalConfig.rotary_dims (None when
+every dim rotates) and an odd r in rotary_freq_dim, the base and any rotary scaling as Llama's do.
+Canonical embedding tensors: embed.tokens (V, D); head.w (V, D), head.b (V), the untied unembedding
+(embed_out in Pythia's checkpoints) with final_layer_norm folded in; an export moves head.b back into
+that norm's offset.
 """
 
 from __future__ import annotations
@@ -32,18 +34,43 @@ from glmc.models.families.base import Family, layer_sizes
 from glmc.models.families.fold import center, common_eps, fold_norm
 from glmc.models.families.llama import rope_scaling, rope_theta
 from glmc.models.families.roles import GROUPED_PLAIN, Acts, Role
+from glmc.models.rotary import rotating_dims
 
 QKV = ("q", "k", "v")
 
 
 def rotary_dims(cfg: Any) -> int:
-    """The rotating dims of each head, int(head_dim * partial_rotary_factor) as Hugging Face computes them."""
+    """The rotary dims of each head, int(head_dim * partial_rotary_factor) as Hugging Face computes them (an
+    odd count rotates one more: glmc.models.rotary.rotating_dims). ValueError for an odd count over every
+    dim of an odd head, which Hugging Face's own forward cannot run (its tables are one dim wider)."""
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     factor = (getattr(cfg, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
-    dims = int(head_dim * factor)
-    if dims % 2:
-        raise NotImplementedError(f"partial rotary over {dims} dims of {head_dim}: rotary pairs need an even count")
+    return _checked_rotary(int(head_dim * factor), head_dim, f"partial_rotary_factor={factor}")
+
+
+def _checked_rotary(dims: int, head_dim: int, setting: str) -> int:
+    if rotating_dims(dims) > head_dim:
+        raise ValueError(
+            f"{setting} rotates {dims} dims of each head of {head_dim}: an odd count rotates one dim more, which "
+            "the head does not have; use an even head size or a smaller rotary share"
+        )
     return dims
+
+
+def _canonical_rotary(dims: int, head_dim: int) -> dict[str, int | None]:
+    """CanonicalConfig's rotary_dims and rotary_freq_dim for Hugging Face's count `dims` of `head_dim`."""
+    rotating = rotating_dims(dims)
+    return {
+        "rotary_dims": None if rotating == head_dim else rotating,
+        "rotary_freq_dim": dims if dims % 2 else None,
+    }
+
+
+def _hf_rotary_dims(c: CanonicalConfig) -> int:
+    """Hugging Face's int(head_dim * rotary_pct) of a canonical config (what _canonical_rotary wrote)."""
+    if c.rotary_freq_dim is not None:
+        return c.rotary_freq_dim
+    return c.rope_dim if c.rotary_dims is None else c.rotary_dims
 
 
 def _bias(linear: nn.Linear, size: int) -> Tensor:
@@ -108,7 +135,7 @@ def gpt_neox_to_canonical(model: GPTNeoXForCausalLM) -> CanonicalTransformer:
         pooling="none",
         rope_theta=rope_theta(cfg),
         rope_dim=head_dim,
-        rotary_dims=None if rotary == head_dim else rotary,
+        **_canonical_rotary(rotary, head_dim),
         rope_scaling=rope_scaling(cfg),
         parallel_residual=bool(cfg.use_parallel_residual),
     )
@@ -141,7 +168,7 @@ def _check_template(model: CanonicalTransformer, cfg: Any) -> None:
         "rotary scaling": rope_scaling(cfg),
         "parallel residual": bool(cfg.use_parallel_residual),
     }
-    own = (c.rope_theta, c.rope_dim if c.rotary_dims is None else c.rotary_dims, c.rope_scaling, c.parallel_residual)
+    own = (c.rope_theta, _hf_rotary_dims(c), c.rope_scaling, c.parallel_residual)
     for (what, theirs), mine in zip(template.items(), own):
         if theirs != mine:
             raise ValueError(f"the template's {what} {theirs} is not the model's {mine}")
@@ -200,12 +227,8 @@ class GPTNeoXFamily(Family):
     )
 
     def build(self, cfg) -> GPTNeoXForCausalLM:
-        rotary = int(cfg.hidden_size // cfg.num_heads * cfg.rotary_pct)
-        if rotary % 2:
-            raise ValueError(
-                f"model.rotary_pct={cfg.rotary_pct} rotates {rotary} dims of each head of "
-                f"{cfg.hidden_size // cfg.num_heads}: rotary pairs need an even count"
-            )
+        head_dim = cfg.hidden_size // cfg.num_heads
+        _checked_rotary(int(head_dim * cfg.rotary_pct), head_dim, f"model.rotary_pct={cfg.rotary_pct}")
         config = GPTNeoXConfig(
             vocab_size=cfg.vocab_size,
             hidden_size=cfg.hidden_size,
@@ -258,7 +281,7 @@ class GPTNeoXFamily(Family):
         yield "has a vocabulary of {} tokens", params["embed.tokens"].shape[0]
         yield "has {} outputs", params["head.w"].shape[0]
         yield "has rotary base {}", config.rope_theta
-        yield "rotates {} dims per head", config.rope_dim if config.rotary_dims is None else config.rotary_dims
+        yield "rotates {} dims per head", _hf_rotary_dims(config)
         yield "has rotary scaling {}", config.rope_scaling
         yield "has parallel_residual={}", config.parallel_residual
 
