@@ -493,6 +493,14 @@ def _model_problems(cfg: Config) -> list[str]:
                 f"into (pairing={cfg.pairing} aligns seed {cfg.seeds[b]} to seed {cfg.seeds[a]}); put the widest "
                 "model first (pairing=first aligns every endpoint to the first)"
             )
+            continue
+        from glmc.symmetry.embed_width import planned_width_problems
+
+        for problem in planned_width_problems(str(models[a].family), models[a], models[b]):
+            problems.append(
+                f"{where[b]} ({models[b].family}) cannot be embedded exactly into {where[a]}, which it is aligned to: "
+                f"{problem}; choose endpoint_models whose heads the first model's hold"
+            )
     return problems
 
 

@@ -19,10 +19,18 @@ were trained alike carry streams of one size. The scale sets how fast the wide m
 over along a path between them; on the digits ViTs the kept norm (s = 1) gave the lower barriers
 (docs/experiments.md, "Many models and different widths").
 
-Heads, head dimensions and MLP units are padded with zeros: padded heads and units write nothing
-through their zero output weights, whatever the activation gives at 0; zero query/key dimensions add
-0 to the scores; zero value dimensions meet zero columns of o_w. Padding goes at the end; a matcher
-permutes it into place.
+Heads (grouped-query attention: key/value groups and the query heads of each), head dimensions and MLP
+units are padded with zeros: padded heads and units write nothing through their zero output weights,
+whatever the activation gives at 0; zero query/key dimensions add 0 to the scores; zero value dimensions
+meet zero columns of o_w. Padding goes at the end; a matcher permutes it into place.
+
+Under rotary positions (Llama, GPT-NeoX) a query/key dimension is not free: dims i and i + r/2 turn
+together at theta^(-2i/n) (glmc.models.rotary). A wider head keeps each pair of the narrow one on the
+wide pair that turns at the same frequency (n' / n times its index: a wider head's frequencies include the
+narrow one's when n' is a multiple of n) and the pass-through dims of partial rotary on the first
+pass-through dims there; the dims left over are zero. The scores q^T R_{s-t} k are then the narrow
+model's, and the result carries the wide layout (CanonicalConfig.rope_dim, rotary_dims, rotary_freq_dim).
+Where no pair has a narrow pair's frequency the embedding is refused naming both layouts.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,18 +48,21 @@ from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.models.families.base import layer_sizes as family_layer_sizes
 from glmc.models.families.roles import HEAD_HIDDEN
+from glmc.models.rotary import rotating_dims, same_frequency_pairs
 from glmc.symmetry.apply import apply_params
 from glmc.symmetry.groups import Orthogonal, random_orthogonal
 from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import Transform
 
 PerLayer = Sequence[int] | int | None
-# the per-layer spaces and the names embed_width's sizes have for them
-SIZE_NAMES = {"heads": "heads", "qk": "qk_dim", "vo": "vo_dim", "mlp": "mlp"}
+# the per-layer spaces and the names embed_width's sizes have for them (a gated MLP's linear branch is
+# scaled per unit: its space is the units')
+SIZE_NAMES = {"heads": "heads", "qheads": "qheads", "qk": "qk_dim", "vo": "vo_dim", "mlp": "mlp", "mlp_scale": "mlp"}
 
 
 def layer_sizes(model: CanonicalTransformer) -> dict[str, list[int]]:
-    """Per layer: heads, qk_dim and vo_dim (factored form only) and mlp units."""
+    """Per layer: heads (grouped-query attention: key/value groups), qheads (grouped-query only: the query
+    heads of each group), qk_dim and vo_dim (factored form only) and mlp units."""
     layout = family_named(model.config.family).layout(model.config)
     sizes = family_layer_sizes(layout, model.params(), model.num_layers)
     return {SIZE_NAMES[kind]: values for kind, values in sizes.items()}
@@ -106,30 +118,96 @@ def _scale_readers(p: dict[str, Tensor], spec: SymmetrySpec, s: float) -> None:
         p[axis.param] = t
 
 
-@torch.no_grad()
-def embed_width(
-    model: CanonicalTransformer,
-    width: int,
-    heads: PerLayer = None,
-    mlp: PerLayer = None,
-    generator: torch.Generator | None = None,
-    residual_map: Tensor | None = None,
-    *,
-    qk_dim: PerLayer = None,
-    vo_dim: PerLayer = None,
-    norm_dim: int | None = None,
-    stream_scale: float = 1.0,
-) -> CanonicalTransformer:
-    """A model of residual width `width` computing exactly what `model` computes.
+def _placement(t: Tensor, axis: int, index: list[int], size: int) -> Tensor:
+    """t's entries along axis at positions `index` of a zero tensor of `size` there."""
+    shape = list(t.shape)
+    shape[axis] = size
+    out = t.new_zeros(shape)
+    out.index_copy_(axis, torch.tensor(index, dtype=torch.long), t)
+    return out
 
-    heads, qk_dim, vo_dim, mlp: per-layer sizes (an int for every layer, a list per layer, None to
-    keep), each at least the model's; qk_dim / vo_dim only in factored form. residual_map: the
-    (width, model.width) map with orthonormal columns (default Haar-random from `generator`).
-    norm_dim: the RMS reference width of the result (default `width`). stream_scale: the factor on
-    every residual writer (eps scaled by its square). Runs in float64 and casts back to each
-    tensor's dtype."""
-    config = model.config
-    m = model.width
+
+@dataclasses.dataclass(frozen=True)
+class RotaryHead:
+    """A query/key head's rotary layout: `size` dims, the first `rotating` turning as pairs (i, i +
+    rotating/2) at theta^(-2i/freq_dim), the rest passing through."""
+
+    size: int
+    rotating: int
+    freq_dim: int
+
+    @classmethod
+    def of(cls, config, size: int) -> RotaryHead:
+        rotating = size if config.rotary_dims is None else config.rotary_dims
+        return cls(size, rotating, rotating if config.rotary_freq_dim is None else config.rotary_freq_dim)
+
+    def __str__(self) -> str:
+        through = f", {self.size - self.rotating} passing through" if self.rotating < self.size else ""
+        return f"{self.size} dims ({self.rotating} rotating at the frequencies of {self.freq_dim}{through})"
+
+    def config_fields(self) -> dict[str, int | None]:
+        """CanonicalConfig's rope_dim, rotary_dims and rotary_freq_dim for heads of this layout."""
+        return {
+            "rope_dim": self.size,
+            "rotary_dims": None if self.rotating == self.size else self.rotating,
+            "rotary_freq_dim": None if self.freq_dim == self.rotating else self.freq_dim,
+        }
+
+
+def _rotary_target(config, sizes: list[int], target: list[int], rotary_dims, rotary_freq_dim) -> RotaryHead:
+    """The wide heads' layout: `rotary_dims` rotating (default: every dim where the model rotates every
+    dim, else the model's count) at the frequencies of `rotary_freq_dim` (default: the model's own where
+    the rotating dims stay, else rotary_dims)."""
+    if len(set(sizes)) > 1 or len(set(target)) > 1 or config.rope_dim not in (None, sizes[0]):
+        raise ValueError(
+            f"qk_dim={target}: a rotary model's heads share one rotary layout (rope_dim {config.rope_dim}, "
+            f"query/key dims {sizes}); give every layer the same qk_dim"
+        )
+    own, size = RotaryHead.of(config, sizes[0]), target[0]
+    rotating = rotary_dims if rotary_dims is not None else (size if config.rotary_dims is None else own.rotating)
+    freq_dim = (
+        rotary_freq_dim if rotary_freq_dim is not None else (own.freq_dim if rotating == own.rotating else rotating)
+    )
+    if rotating % 2 or not 0 < rotating <= size or freq_dim not in (rotating - 1, rotating):
+        raise ValueError(
+            f"rotary_dims={rotating}, rotary_freq_dim={freq_dim}: the rotating dims are an even count of at most "
+            f"qk_dim={size}, at the frequencies of that count or one less (Hugging Face's odd count)"
+        )
+    return RotaryHead(size, rotating, freq_dim)
+
+
+def rotary_index(narrow: RotaryHead, wide: RotaryHead, scaling: dict | None) -> list[int]:
+    """Where each query/key dim of a `narrow` head goes in a `wide` one: each rotary pair onto the wide pair
+    of the same frequency, the pass-through dims onto the first wide ones. ValueError when a pair has no
+    such partner or the pass-through dims do not fit."""
+    half, wide_half = narrow.rotating // 2, wide.rotating // 2
+    try:
+        pairs = same_frequency_pairs(half, narrow.freq_dim, wide_half, wide.freq_dim, scaling)
+    except ValueError as err:
+        raise ValueError(f"the query/key heads of {narrow} do not embed into {wide}: {err}") from None
+    through = narrow.size - narrow.rotating
+    if through > wide.size - wide.rotating:
+        raise ValueError(
+            f"the query/key heads of {narrow} pass {through} dims through unrotated, more than the "
+            f"{wide.size - wide.rotating} of {wide}"
+        )
+    return pairs + [wide_half + j for j in pairs] + list(range(wide.rotating, wide.rotating + through))
+
+
+def _targets(model: CanonicalTransformer, heads, qheads, mlp, qk_dim, vo_dim) -> dict[str, list[int]]:
+    """Per-layer target sizes by embed_width's names, each checked against the model's."""
+    current = layer_sizes(model)
+    if model.config.form == "circuit" and (qk_dim is not None or vo_dim is not None):
+        raise ValueError("qk_dim / vo_dim: a circuit-form model has no head dimensions to pad")
+    if qheads is not None and "qheads" not in current:
+        raise ValueError(f"qheads={qheads}: a {model.config.family} model has no grouped query heads")
+    given = {"heads": heads, "qheads": qheads, "mlp": mlp, "qk_dim": qk_dim, "vo_dim": vo_dim}
+    return {key: _per_layer(key, given[key], values) for key, values in current.items()}
+
+
+def _checked_stream(model, width, residual_map, stream_scale, norm_dim) -> int:
+    """The result's norm_dim, after refusing a stream the model's norm cannot be embedded with."""
+    config, m = model.config, model.width
     if not isinstance(width, int) or isinstance(width, bool) or width < m:
         raise ValueError(f"width={width!r}: must be an int of at least the model's width {m}")
     post = family_named(config.family).norm == "post"
@@ -144,19 +222,52 @@ def embed_width(
         raise ValueError(f"stream_scale={stream_scale!r}: must be a positive finite number")
     if not isinstance(norm_dim, int) or isinstance(norm_dim, bool) or norm_dim < 1:
         raise ValueError(f"norm_dim={norm_dim!r}: must be a positive int")
-    current = layer_sizes(model)
-    if config.form == "circuit" and (qk_dim is not None or vo_dim is not None):
-        raise ValueError("qk_dim / vo_dim: a circuit-form model has no head dimensions to pad")
-    target = {"heads": _per_layer("heads", heads, current["heads"]), "mlp": _per_layer("mlp", mlp, current["mlp"])}
-    if config.form == "factored":
-        target["qk_dim"] = _per_layer("qk_dim", qk_dim, current["qk_dim"])
-        target["vo_dim"] = _per_layer("vo_dim", vo_dim, current["vo_dim"])
+    return norm_dim
+
+
+@torch.no_grad()
+def embed_width(
+    model: CanonicalTransformer,
+    width: int,
+    heads: PerLayer = None,
+    mlp: PerLayer = None,
+    generator: torch.Generator | None = None,
+    residual_map: Tensor | None = None,
+    *,
+    qheads: PerLayer = None,
+    qk_dim: PerLayer = None,
+    vo_dim: PerLayer = None,
+    norm_dim: int | None = None,
+    stream_scale: float = 1.0,
+    rotary_dims: int | None = None,
+    rotary_freq_dim: int | None = None,
+) -> CanonicalTransformer:
+    """A model of residual width `width` computing exactly what `model` computes.
+
+    heads, qheads, qk_dim, vo_dim, mlp: per-layer sizes (an int for every layer, a list per layer, None to
+    keep), each at least the model's; qheads only for grouped-query attention, qk_dim / vo_dim only in
+    factored form. residual_map: the (width, model.width) map with orthonormal columns (default
+    Haar-random from `generator`). norm_dim: the RMS reference width of the result (default `width`).
+    stream_scale: the factor on every residual writer (eps scaled by its square). rotary_dims,
+    rotary_freq_dim: a rotary model's layout in the result (CanonicalConfig's fields; defaults in
+    _rotary_target). Runs in float64 and casts back to each tensor's dtype."""
+    config, m = model.config, model.width
+    norm_dim = _checked_stream(model, width, residual_map, stream_scale, norm_dim)
+    target = _targets(model, heads, qheads, mlp, qk_dim, vo_dim)
+    rotary = {}
+    if config.rope_theta is not None and "qk_dim" in target:
+        sizes = layer_sizes(model)["qk_dim"]
+        wide = _rotary_target(config, sizes, target["qk_dim"], rotary_dims, rotary_freq_dim)
+        index = rotary_index(RotaryHead.of(config, sizes[0]), wide, config.rope_scaling)
+        rotary = {"index": index, "fields": wide.config_fields()}
+    elif rotary_dims is not None or rotary_freq_dim is not None:
+        raise ValueError("rotary_dims / rotary_freq_dim: the model has no rotary query/key heads")
     u = _residual_map(residual_map, width, m, generator)
 
     original = model.params()
     p = {k: v.detach().double() for k, v in original.items()}
     spec = SymmetrySpec.from_params(config, p)
-    if not post:  # a post-norm stream stays as it is
+    if family_named(config.family).norm != "post":  # a post-norm stream stays as it is
         p = apply_params(Transform({"residual": Orthogonal(u)}), spec, p)
         _scale_readers(p, spec, math.sqrt(config.norm_dim / norm_dim))
     if stream_scale != 1.0:
@@ -164,23 +275,40 @@ def embed_width(
             if axis.side == "out":
                 p[axis.param] = p[axis.param] * stream_scale
 
-    # padding goes at the end of every head, head-dimension and unit axis
+    # padding goes at the end of every head, head-dimension and unit axis; rotary dims go to their pairs
     for space in spec:
         if space.kind in ("residual", HEAD_HIDDEN):  # the stream is mapped above; a task head's hidden state stays
             continue
         size = target[SIZE_NAMES[space.kind]][space.layer]
         for axis in space.acts_on:
-            p[axis.param] = _pad(p[axis.param], axis.axis, size)
+            if space.kind == "qk" and rotary:
+                p[axis.param] = _placement(p[axis.param], axis.axis, rotary["index"], size)
+            else:
+                p[axis.param] = _pad(p[axis.param], axis.axis, size)
 
     out = {k: v.to(original[k].dtype) for k, v in p.items()}
     factor = stream_scale**2 * config.norm_dim / norm_dim
     eps = config.norm_eps if math.isclose(factor, 1.0, rel_tol=1e-12) else config.norm_eps * factor
-    new_config = dataclasses.replace(config, norm_dim=norm_dim, norm_eps=eps)
+    new_config = dataclasses.replace(config, norm_dim=norm_dim, norm_eps=eps, **rotary.get("fields", {}))
     return CanonicalTransformer(new_config, out)
 
 
 STREAM_CHOICES = tuple(s.value for s in EmbedStream)  # the config's embed_stream values
-_SAME_CONFIG = ("family", "form", "activation", "causal", "pooling", "patch_size", "num_channels")
+# what the embedded model takes from the narrow one and must share with the wide one
+_SAME_CONFIG = (
+    "family",
+    "form",
+    "activation",
+    "causal",
+    "pooling",
+    "patch_size",
+    "num_channels",
+    "rope_theta",
+    "rope_scaling",
+    "sliding_window",
+    "sliding_layers",
+    "parallel_residual",
+)
 
 
 @torch.no_grad()
@@ -222,7 +350,10 @@ def match_widths(
         for l, (a, b) in enumerate(zip(values, sizes_n[key])):
             if b > a:
                 raise ValueError(f"{key}: narrow has {b} in layer {l}, larger than wide's {a}")
-    extra = {"qk_dim": sizes_w["qk_dim"], "vo_dim": sizes_w["vo_dim"]} if "qk_dim" in sizes_w else {}
+    extra = {k: sizes_w[k] for k in ("qheads", "qk_dim", "vo_dim") if k in sizes_w}
+    if wide.config.rope_theta is not None and "qk_dim" in sizes_w:  # the wide heads' rotary layout
+        layout = RotaryHead.of(wide.config, sizes_w["qk_dim"][0])
+        extra.update(rotary_dims=layout.rotating, rotary_freq_dim=layout.freq_dim)
     out = embed_width(
         narrow,
         wide.width,
@@ -237,6 +368,42 @@ def match_widths(
     if list(po) != list(pw) or any(po[k].shape != pw[k].shape for k in pw):
         raise RuntimeError("match_widths: parameter shapes differ after embedding")
     return out
+
+
+def _planned_heads(model: Any, keys: tuple[str, ...]) -> tuple[int, int, RotaryHead | None]:
+    """(key/value heads, query heads per key/value head, the rotary layout or None) of the model a
+    ModelConfig `model` builds, for a family that reads the model keys `keys`."""
+    heads = int(model.num_heads)
+    kv = int(model.num_kv_heads or heads) if "num_kv_heads" in keys else heads
+    if "rope_theta" not in keys:
+        return kv, heads // max(kv, 1), None
+    size = int(model.hidden_size) // max(heads, 1)
+    count = int(size * float(model.rotary_pct)) if "rotary_pct" in keys else size  # Hugging Face's int()
+    return kv, heads // max(kv, 1), RotaryHead(size, rotating_dims(count), count)
+
+
+def planned_width_problems(family: str, wide: Any, narrow: Any) -> list[str]:
+    """Why an endpoint built from the ModelConfig `narrow` cannot be embedded exactly into one built from
+    `wide` (match_widths), found from the configs before either is trained: more key/value heads or more
+    query heads per key/value head than the wide model's, or rotary heads whose frequencies the wide
+    heads lack (rotary_index). Each problem names the keys that decide it."""
+    keys = family_named(family).model_keys
+    (kv_w, group_w, rotary_w), (kv_n, group_n, rotary_n) = (_planned_heads(m, keys) for m in (wide, narrow))
+    problems = []
+    if kv_n > kv_w:
+        problems.append(f"{kv_n} key/value heads (model.num_kv_heads), more than the wide model's {kv_w}")
+    if group_n > group_w:
+        problems.append(
+            f"{group_n} query heads per key/value head (model.num_heads / model.num_kv_heads), more than the "
+            f"wide model's {group_w}"
+        )
+    if rotary_w is not None and rotary_n is not None:
+        try:
+            rotary_index(rotary_n, rotary_w, None)
+        except ValueError as err:
+            which = "model.hidden_size / model.num_heads" + (", model.rotary_pct" if "rotary_pct" in keys else "")
+            problems.append(f"{err} (the head size and its rotary dims: {which})")
+    return problems
 
 
 def same_shapes(a: CanonicalTransformer, b: CanonicalTransformer) -> bool:
