@@ -175,15 +175,19 @@ def make_tokenizer(cfg: DataConfig, corpus: str, training_text: str | None = Non
     raise ValueError(f"data.tokenizer={cfg.tokenizer!r} is not one of char, gpt2, wordpiece, pretrained")
 
 
-def split_text(text: str, val_fraction: float, test_fraction: float) -> tuple[str, str, str]:
-    """Contiguous train / validation / test blocks."""
+def split_points(n: int, val_fraction: float, test_fraction: float) -> tuple[int, int]:
+    """Where the validation and the test block of a corpus of `n` characters begin."""
     if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
         raise ValueError(
             f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} must be in (0, 1) "
             "and leave a training block"
         )
-    n = len(text)
-    a, b = round(n * (1 - val_fraction - test_fraction)), round(n * (1 - test_fraction))
+    return round(n * (1 - val_fraction - test_fraction)), round(n * (1 - test_fraction))
+
+
+def split_text(text: str, val_fraction: float, test_fraction: float) -> tuple[str, str, str]:
+    """Contiguous train / validation / test blocks."""
+    a, b = split_points(len(text), val_fraction, test_fraction)
     return text[:a], text[a:b], text[b:]
 
 
@@ -246,31 +250,52 @@ class PaddedSequences(Dataset):
 SPLITS = ("train", "validation", "test")
 
 
+def check_task(cfg: DataConfig, source: str, chars: int) -> None:
+    """Before a corpus of `chars` characters is tokenized: an empty corpus, and a masked-LM task without
+    a tokenizer that has [CLS] and [MASK], are refused."""
+    if cfg.task == "masked_lm":
+        from glmc.data.masked_lm import check_masked_lm_tokenizer
+
+        check_masked_lm_tokenizer(cfg)
+    if not chars:
+        raise ValueError(f"{source} is empty: it needs at least one window of data.seq_len={cfg.seq_len} per split")
+
+
+def check_task_tokenizer(cfg: DataConfig, tokenizer: Tokenizer) -> None:
+    if cfg.task == "masked_lm" and isinstance(tokenizer, HFTokenizer):  # a saved tokenizer: its own [CLS], [MASK]
+        tokenizer.require("data.task=masked_lm", cls_id="classification token ([CLS])", mask_id="mask token")
+
+
+def token_windows(
+    cfg: DataConfig, tokenizer: Tokenizer, name: str, tokens: Tensor, chars: tuple[int, int], source: str
+):
+    """One split's windows from its token ids (`tokens`, long); `chars`: (the corpus's characters, the
+    split's), which the ValueError of a split too short for one window names with `source`."""
+    masked = cfg.task == "masked_lm"
+    if tokens.numel() < cfg.seq_len - masked:  # a masked-LM window holds [CLS] and seq_len - 1 tokens
+        share = min(cfg.val_fraction, cfg.test_fraction)
+        raise ValueError(
+            f"{source} is too short: {chars[0]} characters, of which the {name} split holds "
+            f"{chars[1]} ({tokens.numel()} tokens), fewer than one window of data.seq_len={cfg.seq_len}; "
+            f"use a smaller data.seq_len or a corpus of at least about {math.ceil(cfg.seq_len / share)} "
+            f"characters (data.val_fraction={cfg.val_fraction}, data.test_fraction={cfg.test_fraction})"
+        )
+    if masked:
+        from glmc.data.masked_lm import masked_windows
+
+        return masked_windows(cfg, tokens, tokenizer, name)
+    return TokenWindows(tokens, cfg.seq_len)
+
+
 def text_splits(cfg: DataConfig, text: str, source: str = "the corpus") -> tuple[Dataset, Dataset, Dataset, Tokenizer]:
     """A whole corpus -> fixed-window train / validation / test sets and the tokenizer. `source`
     names the corpus (its file) in the ValueError of a corpus too short for one window per split."""
-    masked = cfg.task == "masked_lm"
-    if masked:
-        from glmc.data.masked_lm import check_masked_lm_tokenizer, masked_windows
-
-        check_masked_lm_tokenizer(cfg)
-    if not text:
-        raise ValueError(f"{source} is empty: it needs at least one window of data.seq_len={cfg.seq_len} per split")
+    check_task(cfg, source, len(text))
     blocks = split_text(text, cfg.val_fraction, cfg.test_fraction)
     tokenizer = make_tokenizer(cfg, text, training_text=blocks[0])
-    if masked and isinstance(tokenizer, HFTokenizer):  # a saved tokenizer: its own [CLS] and [MASK]
-        tokenizer.require("data.task=masked_lm", cls_id="classification token ([CLS])", mask_id="mask token")
+    check_task_tokenizer(cfg, tokenizer)
     sets = []
     for name, block in zip(SPLITS, blocks):
-        ids = tokenizer.encode(block)
-        if len(ids) < cfg.seq_len - masked:  # a masked-LM window holds [CLS] and seq_len - 1 tokens
-            share = min(cfg.val_fraction, cfg.test_fraction)
-            raise ValueError(
-                f"{source} is too short: {len(text)} characters, of which the {name} split holds "
-                f"{len(block)} ({len(ids)} tokens), fewer than one window of data.seq_len={cfg.seq_len}; "
-                f"use a smaller data.seq_len or a corpus of at least about {math.ceil(cfg.seq_len / share)} "
-                f"characters (data.val_fraction={cfg.val_fraction}, data.test_fraction={cfg.test_fraction})"
-            )
-        tokens = torch.tensor(ids, dtype=torch.long)
-        sets.append(masked_windows(cfg, tokens, tokenizer, name) if masked else TokenWindows(tokens, cfg.seq_len))
+        tokens = torch.tensor(tokenizer.encode(block), dtype=torch.long)
+        sets.append(token_windows(cfg, tokenizer, name, tokens, (len(text), len(block)), source))
     return sets[0], sets[1], sets[2], tokenizer

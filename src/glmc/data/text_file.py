@@ -12,17 +12,48 @@ save_pretrained>, or data.tokenizer=char (one id per character of the file) or d
 Before any work (`text_file_problems`, through the registry's `checks`): a run that names no file, a path
 where no file is, and a run with no tokenizer are refused. At load (`text_file_splits`): a file that is not
 UTF-8, and one too short for a window in every split. Every message names data.path.
+
+The file is never held whole: it is read twice, CHUNK bytes at a time, decoded incrementally (a character
+cut by a read is completed by the next). The first pass checks the UTF-8 and counts the characters (and,
+for data.tokenizer=char, collects them), which places the split points; the second tokenizes each split in
+segments of about CHUNK characters and appends their ids to a compact array (uint16 where the vocabulary
+fits, else int32). A segment ends where the tokenizer reads the text the same cut or uncut: before a
+whitespace run (or, in text without one, anywhere) where the ids of a stretch around the cut equal those
+of its two sides. A tokenizer that reads every cut differently (a normalizer that prepends to every input)
+tokenizes each split whole. data.tokenizer=wordpiece learns from the word counts of the training split,
+counted segment by segment.
 """
 
 from __future__ import annotations
 
+import codecs
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from glmc.data.text import TOKENIZER_FILES, text_splits
+import numpy as np
+import torch
+
+from glmc.data.text import (
+    SPLITS,
+    TOKENIZER_FILES,
+    CharTokenizer,
+    Tokenizer,
+    check_task,
+    check_task_tokenizer,
+    make_tokenizer,
+    split_points,
+    token_windows,
+)
 
 if TYPE_CHECKING:
     from glmc.config import Config, DataConfig
+
+CHUNK = 1 << 16  # bytes read, and about the characters tokenized, at a time
+CONTEXT = 64  # characters on each side of a cut whose ids are compared with and without it
+TRIES = 8  # cuts tried, from the end of a segment, before the next read
 
 ASK = "data=text_file reads your own UTF-8 text file: set data.path=<file> (e.g. data.path=/path/to/notes.txt)"
 
@@ -78,24 +109,153 @@ def text_file_problems(cfg: Config) -> list[str]:
     return [p for p in found if p]
 
 
-def read_text_file(path: Path, key: str) -> str:
-    """The file's text without a leading byte-order mark; ValueError naming `key` and the first byte that
-    is not UTF-8."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"{key} is not UTF-8 text: byte {data[err.start]:#04x} at offset {err.start} of {len(data)} "
-            f"({err.reason}); convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
-    return text.removeprefix("\ufeff")
+def _decoded(path: Path, key: str, chunk: int) -> Iterator[str]:
+    """The file's text in pieces of up to `chunk` bytes, without a leading byte-order mark; ValueError
+    naming `key` and the first byte that is not UTF-8."""
+    decoder, read, first = codecs.getincrementaldecoder("utf-8")(), 0, True
+    with path.open("rb") as f:
+        while True:
+            data = f.read(chunk)
+            held = len(decoder.getstate()[0])  # bytes of a character the last read cut
+            try:
+                text = decoder.decode(data, final=not data)
+            except UnicodeDecodeError as err:
+                at = read - held + err.start
+                raise ValueError(
+                    f"{key} is not UTF-8 text: byte {err.object[err.start]:#04x} at offset {at} of "
+                    f"{path.stat().st_size} ({err.reason}); convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
+            read += len(data)
+            if first and text:
+                text, first = text.removeprefix("\ufeff"), False
+            if text:
+                yield text
+            if not data:
+                return
 
 
-def text_file_splits(cfg: DataConfig):
+def _scan(path: Path, key: str, chunk: int, chars: bool) -> tuple[int, set[str]]:
+    """(the file's characters, the set of them where `chars`, else an empty set), UTF-8 checked."""
+    n, seen = 0, set()
+    for text in _decoded(path, key, chunk):
+        n += len(text)
+        if chars:
+            seen.update(text)
+    return n, seen
+
+
+def _block_pieces(path: Path, key: str, chunk: int, points: tuple[int, int]) -> Iterator[tuple[int, str]]:
+    """(split index, text) pieces of the file, cut at the split points (character offsets)."""
+    start = 0  # the offset of the piece's first character
+    for text in _decoded(path, key, chunk):
+        while text:
+            block = sum(start >= p for p in points)  # the split `start` lies in
+            take = len(text) if block == len(points) else min(len(text), points[block] - start)
+            yield block, text[:take]
+            text, start = text[take:], start + take
+
+
+WHITESPACE_CUT = re.compile(r"(?<=\S)\s")  # a whitespace run begins
+
+
+def _cut(text: str, chunk: int, cuttable: Callable[[str, int], bool]) -> int | None:
+    """A position in the last `chunk` characters of `text` (leaving CONTEXT after it) that `cuttable`
+    accepts: the last whitespace runs' starts first, then evenly spaced positions; None if none is."""
+    lo, hi = max(len(text) - chunk, CONTEXT), len(text) - CONTEXT
+    starts = [m.start() for m in WHITESPACE_CUT.finditer(text, lo, hi)][-TRIES:] if hi > lo else []
+    spaced = [hi - k * max((hi - lo) // TRIES, 1) for k in range(TRIES)]
+    for p in [*reversed(starts), *spaced]:
+        if lo <= p < hi and cuttable(text, p):
+            return p
+    return None
+
+
+def _segments(pieces: Iterable[tuple[int, str]], chunk: int, cuttable) -> Iterator[tuple[int, str]]:
+    """(split index, text) segments of each split, about `chunk` to 2 * `chunk` characters where `cuttable`
+    allows a cut there, each split's last segment ending at its end."""
+    pending, current = "", 0
+    for block, text in pieces:
+        if block != current:
+            yield current, pending
+            pending, current = "", block
+        pending += text
+        if len(pending) >= 2 * chunk and (cut := _cut(pending, chunk, cuttable)) is not None:
+            yield current, pending[:cut]
+            pending = pending[cut:]
+    yield current, pending
+
+
+def _transparent(tokenizer: Tokenizer) -> Callable[[str, int], bool]:
+    """Whether the tokenizer reads the CONTEXT characters on each side of a cut alike cut or uncut."""
+
+    def cuttable(text: str, p: int) -> bool:
+        left, right = text[p - CONTEXT : p], text[p : p + CONTEXT]
+        return list(tokenizer.encode(left + right)) == [*tokenizer.encode(left), *tokenizer.encode(right)]
+
+    return cuttable
+
+
+def _whitespace_cut(text: str, p: int) -> bool:
+    return text[p].isspace() and not text[p - 1].isspace()
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned or signed dtype that holds every id below `vocab_size`."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
+
+
+def read_token_ids(path: Path, key: str, tokenizer: Tokenizer, points, chunk: int = CHUNK) -> list[np.ndarray]:
+    """The train, validation and test splits' ids (split at the character offsets `points`) as compact
+    arrays, tokenized segment by segment (module docstring)."""
+    dtype = id_dtype(tokenizer.vocab_size)
+    parts: list[list[np.ndarray]] = [[] for _ in SPLITS]
+    for block, text in _segments(_block_pieces(path, key, chunk, points), chunk, _transparent(tokenizer)):
+        parts[block].append(np.asarray(tokenizer.encode(text), dtype=dtype))
+    return [np.concatenate(p) if p else np.zeros(0, dtype) for p in parts]
+
+
+def _training_word_counts(path: Path, key: str, points, chunk: int) -> Counter:
+    """WordPiece's word counts (glmc.data.wordpiece.word_counts) of the training split, counted segment by
+    segment: its words never hold whitespace, so a cut before a whitespace run leaves them as they are."""
+    from glmc.data.wordpiece import word_counts
+
+    counts: Counter = Counter()
+    for block, text in _segments(_block_pieces(path, key, chunk, points), chunk, _whitespace_cut):
+        if block:
+            break
+        counts.update(word_counts(text))
+    return counts
+
+
+def _tokenizer(cfg: DataConfig, path: Path, key: str, points, chars: set[str], chunk: int) -> Tokenizer:
+    """The tokenizer data.tokenizer names: char from the file's characters, a trained WordPiece from its
+    training split's words; the others read no text."""
+    if cfg.tokenizer == "char":
+        return CharTokenizer("".join(sorted(chars)))
+    if cfg.tokenizer == "wordpiece" and not cfg.tokenizer_path:
+        from glmc.data.wordpiece import WordPieceTokenizer, build_tokenizer, learn_vocabulary
+
+        counts = _training_word_counts(path, key, points, chunk)
+        return WordPieceTokenizer(build_tokenizer(learn_vocabulary(counts, int(cfg.tokenizer_vocab))))
+    return make_tokenizer(cfg, "")
+
+
+def text_file_splits(cfg: DataConfig, chunk: int = CHUNK):
     problem = file_problem(cfg)
     if problem:  # the config check names it first; a caller of the loader alone gets the same message
         raise (FileNotFoundError if cfg.path else ValueError)(problem)
     path = Path(str(cfg.path)).expanduser()
     key = f"data.path={cfg.path}"
-    return text_splits(cfg, read_text_file(path, key), source=key)
+    n, chars = _scan(path, key, chunk, chars=cfg.tokenizer == "char")
+    check_task(cfg, key, n)
+    points = split_points(n, cfg.val_fraction, cfg.test_fraction)
+    tokenizer = _tokenizer(cfg, path, key, points, chars, chunk)
+    check_task_tokenizer(cfg, tokenizer)
+    ids = read_token_ids(path, key, tokenizer, points, chunk)
+    bounds = (0, *points, n)
+    sets = []
+    for i, name in enumerate(SPLITS):
+        tokens = torch.from_numpy(ids[i]).long()
+        ids[i] = None  # the compact copy goes as soon as the windows hold the ids
+        sets.append(token_windows(cfg, tokenizer, name, tokens, (n, bounds[i + 1] - bounds[i]), key))
+    return sets[0], sets[1], sets[2], tokenizer
