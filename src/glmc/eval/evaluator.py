@@ -58,8 +58,8 @@ class _Functional:
         if not hasattr(out, "logits"):  # a body without its head returns hidden states
             raise TypeError(
                 f"{type(self.module).__name__} returned a {type(out).__name__} without logits: evaluate the model "
-                "with its head (e.g. GPT2LMHeadModel rather than GPT2Model, ViTForImageClassification rather "
-                "than ViTModel)"
+                "with its head (the class for causal language modelling or image classification, not the bare "
+                "body that returns hidden states)"
             )
         return out.logits
 

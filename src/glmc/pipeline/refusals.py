@@ -17,9 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 
-import glmc
-
-PACKAGE_DIR = Path(glmc.__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # src/glmc
 REFUSAL_KINDS = (ValueError, OSError, NotImplementedError)
 ENTRY_POINTS = ("run.py", "reproduce.py")  # the command-line scripts beside the package
 
