@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from glmc.symmetry import SymmetrySpec
-from glmc.symmetry.apply import _contract
+from glmc.symmetry.apply import contract
 from glmc.symmetry.spec import Axis
 
 
@@ -121,5 +121,5 @@ class LatentApplier:
                 if isinstance(g, tuple):
                     out[ax.param] = permute_along(g[0], t, g[1], ax)
                 else:
-                    out[ax.param] = _contract(t, g.to(t.dtype), ax)
+                    out[ax.param] = contract(t, g.to(t.dtype), ax)
         return out

@@ -56,7 +56,8 @@ from glmc.symmetry.groups import Element
 log = logging.getLogger(__name__)
 
 
-def _dense(g) -> Tensor:
+def as_dense(g) -> Tensor:
+    """The element as a matrix: an orthogonal map's own, a permutation's dense form."""
     return g.matrix if isinstance(g, Orthogonal) else g.dense()
 
 
@@ -90,7 +91,7 @@ def carried_along(transform: Transform, order: Transform, inverse: bool = False)
 
 
 @dataclasses.dataclass
-class _Begun:
+class Begun:
     """Where training starts: the start transform, weight matching's diagnostics, the elements applied to
     B first (spaces no latent learns) and B with them applied, and the seconds this took."""
 
@@ -197,7 +198,7 @@ class LearnedMatcher:
             deviation = relative_deviation(aligned(inputs), logits_b)
         history = module.history[~module.history[:, 0].isnan()]
         outcome = {
-            "changed_from_init": _changes(begun.start, learned),
+            "changed_from_init": changes_from(begun.start, learned),
             "endpoint_deviation": deviation,  # on one training batch; the pipeline reports the test split's
         }
         diagnostics = self.run_diagnostics(begun, run, history, lambda t: [float(x) for x in t], outcome)
@@ -205,7 +206,7 @@ class LearnedMatcher:
             # paper 001 Fig. 5: what training changed in weight matching's residual map, as the angles of
             # the correction O_learned O_wm^T (of the trained latents, also where kept_start returns the start)
             start = begun.start
-            correction = _dense(hard["residual"]).cpu().double() @ _dense(start["residual"]).cpu().double().T
+            correction = as_dense(hard["residual"]).cpu().double() @ as_dense(start["residual"]).cpu().double().T
             diagnostics["correction_angles"] = eigen_angles(correction)
         reference = self.reference(module, a, inputs, diagnostics)
         hard_alignment = Alignment(reference=reference, model=aligned, transform=hard, circuits=self.circuits)
@@ -222,9 +223,9 @@ class LearnedMatcher:
             variants={"hard_projection": hard_alignment},
         )
 
-    def build_module(self, a: CanonicalTransformer, begun: _Begun, kinds: dict, task: str) -> LearnedMatchingModule:
+    def build_module(self, a: CanonicalTransformer, begun: Begun, kinds: dict, task: str) -> LearnedMatchingModule:
         """The LightningModule whose latents learn B's transform, from the start."""
-        init = {n: _dense(begun.start[n]) for n in kinds}
+        init = {n: as_dense(begun.start[n]) for n in kinds}
         return LearnedMatchingModule(a, begun.b_fixed, init, kinds, self.settings, task, self.circuits)
 
     def reference(
@@ -235,7 +236,7 @@ class LearnedMatcher:
 
     def begin(
         self, a: CanonicalTransformer, b: CanonicalTransformer, spec: SymmetrySpec, kinds: dict, context: MatchContext
-    ) -> _Begun:
+    ) -> Begun:
         """The start (weight matching or the identity) and B with the elements no latent learns applied."""
         tick = time.perf_counter()
         start, wm = self.initial_transform(a, b, spec, used_tokens(b, context))
@@ -244,7 +245,7 @@ class LearnedMatcher:
         fixed = carried_along(start, start, inverse=True)
         fixed.update({n: g for n, g in start.items() if n == HEAD_HIDDEN and n not in kinds})
         b_fixed = apply(fixed, b) if fixed else b
-        return _Begun(start, wm, fixed, b_fixed, time.perf_counter() - tick)
+        return Begun(start, wm, fixed, b_fixed, time.perf_counter() - tick)
 
     def fit(
         self, module: LearnedMatchingModule, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext
@@ -258,7 +259,7 @@ class LearnedMatcher:
         return _Fitted(seconds_train, world_size, resume, earlier, last)
 
     def run_diagnostics(
-        self, begun: _Begun, run: _Fitted, history: Tensor, floats: Callable[[Tensor], list], outcome: dict
+        self, begun: Begun, run: _Fitted, history: Tensor, floats: Callable[[Tensor], list], outcome: dict
     ) -> dict[str, Any]:
         """What the run did: its start, steps, loss and lambda per step (as `floats` writes them), the
         `outcome` entries and its seconds."""
@@ -349,15 +350,15 @@ GUARD_LAMBDAS = (0.25, 0.5, 0.75)  # interior points: the endpoints are the same
 UNHASHED = ("epoch_test_batches", "assignment")
 
 
-def _changes(start: Transform, final: Transform) -> dict[str, float]:
+def changes_from(start: Transform, final: Transform) -> dict[str, float]:
     """Per space: share of units assigned differently (permutations), or ||O - O_0|| / sqrt(n)."""
     out = {}
     for name, g in final.items():
         g0 = start[name]
         if isinstance(g, Permutation):
-            p0 = g0.perm if isinstance(g0, Permutation) else Permutation.project(_dense(g0)).perm
+            p0 = g0.perm if isinstance(g0, Permutation) else Permutation.project(as_dense(g0)).perm
             out[name] = float((g.perm.cpu() != p0.cpu()).float().mean())
         else:
-            d = (g.matrix.double() - _dense(g0).double().to(g.matrix.device)).norm() / g.matrix.shape[1] ** 0.5
+            d = (g.matrix.double() - as_dense(g0).double().to(g.matrix.device)).norm() / g.matrix.shape[1] ** 0.5
             out[name] = float(d)
     return out

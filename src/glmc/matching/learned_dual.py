@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from glmc.matching.learned import LearnedMatcher, _Begun, _dense
+from glmc.matching.learned import Begun, LearnedMatcher, as_dense
 from glmc.matching.learned_module import LearnedMatchingModule
 from glmc.matching.weight import eigen_angles
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
@@ -43,11 +43,11 @@ class LearnedDualMatcher(LearnedMatcher):
     def checkpoint_key(self, a: CanonicalTransformer, b: CanonicalTransformer) -> str:
         return "dual_" + super().checkpoint_key(a, b)  # never resumes a one-sided run's latents
 
-    def build_module(self, a: CanonicalTransformer, begun: _Begun, kinds: dict, task: str) -> LearnedMatchingModule:
+    def build_module(self, a: CanonicalTransformer, begun: Begun, kinds: dict, task: str) -> LearnedMatchingModule:
         """B's latents from the start, A's from the identity of every learned space."""
         if a.params().keys() != begun.b_fixed.params().keys() or a.width != begun.b_fixed.width:
             raise ValueError(f"{self.name} transforms both endpoints: A and B must share one architecture")
-        init = {n: _dense(begun.start[n]) for n in kinds}
+        init = {n: as_dense(begun.start[n]) for n in kinds}
         identity = {n: torch.eye(m.shape[0]) for n, m in init.items()}
         return LearnedMatchingModule(
             a, begun.b_fixed, init, kinds, self.settings, task, self.circuits, reference_init=identity

@@ -94,7 +94,7 @@ def batch_loss(config, task: str, params: dict[str, Tensor], inputs, targets) ->
     return float(total.detach()) / count
 
 
-def _key(space: str) -> str:
+def latent_key(space: str) -> str:
     return space.replace(".", "_")  # ParameterDict keys cannot hold dots
 
 
@@ -226,13 +226,13 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
                 z = sinkhorn_latent(start, settings.sinkhorn_noise, settings.sinkhorn_temperature, generator)
             else:
                 z = start + settings.init_noise * torch.randn(start.shape, generator=generator)
-            self.latents[_key(name)] = nn.Parameter(z)
+            self.latents[latent_key(name)] = nn.Parameter(z)
         # A's side after B's, so that B's latents start as they do without it
         self.reference_spaces = list(reference_init or {})
         for name in self.reference_spaces:
             start = reference_init[name].detach().float()
             z = start + settings.init_noise * torch.randn(start.shape, generator=generator)
-            self.latents[REFERENCE + _key(name)] = nn.Parameter(z)
+            self.latents[REFERENCE + latent_key(name)] = nn.Parameter(z)
         self._reference_applier: LatentApplier | None = None
         self._applier: LatentApplier | None = None  # built on first use, on the latents' device
         self._kept = WarmAssignments()  # the last hard permutations, kept while still optimal
@@ -257,8 +257,8 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
     def _latent_keys(self, side: str) -> dict[str, str]:
         """Space name -> latent key of B's transform (`b`) or of A's (`a`, learned_dual)."""
         if side == "b":
-            return {n: _key(n) for n in self.kinds}
-        return {n: REFERENCE + _key(n) for n in self.reference_spaces}
+            return {n: latent_key(n) for n in self.kinds}
+        return {n: REFERENCE + latent_key(n) for n in self.reference_spaces}
 
     def elements(self, side: str = "b") -> dict[str, Tensor | tuple[Tensor, Tensor]]:
         """The projected latents as LatentApplier takes them: straight-through permutations as
@@ -311,10 +311,10 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
     def matrices(self) -> dict[str, Tensor]:
         """The projected latents, dense and differentiable."""
         s, out = self.settings, {}
-        straight = {n: self.latents[_key(n)].detach() for n, k in self.kinds.items() if k == "permutation"}
+        straight = {n: self.latents[latent_key(n)].detach() for n, k in self.kinds.items() if k == "permutation"}
         hard = self.hard_permutations(straight) if self.on_device(straight) else {}
         for name, kind in self.kinds.items():
-            z = self.latents[_key(name)]
+            z = self.latents[latent_key(name)]
             if kind == "orthogonal":
                 out[name] = polar(z)
             elif kind == "permutation":

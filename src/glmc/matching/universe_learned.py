@@ -30,8 +30,8 @@ from torch import Tensor, nn
 
 from glmc.interpolation import interpolate, merge_params
 from glmc.matching.base import MatchContext, require_factored, settings_hash
-from glmc.matching.learned import _changes, finite_list
-from glmc.matching.learned_module import DivergenceStop, LearnedMatchingModule, _key, full_precision, worst_draw
+from glmc.matching.learned import changes_from, finite_list
+from glmc.matching.learned_module import DivergenceStop, LearnedMatchingModule, full_precision, latent_key, worst_draw
 from glmc.matching.projections import polar, straight_through_permutation
 from glmc.matching.universe import UniverseAlignment
 from glmc.metrics import loss_and_correct
@@ -133,7 +133,7 @@ class UniverseLearningModule(DivergenceStop, L.LightningModule):
 
     @staticmethod
     def key(i: int, space: str) -> str:
-        return f"m{i}_{_key(space)}"
+        return f"m{i}_{latent_key(space)}"
 
     # the same lazy device move, optimizer, schedule and history resize as pairwise learned matching
     endpoint_params = LearnedMatchingModule.endpoint_params
@@ -238,7 +238,7 @@ def learned_universe(
         "concentration": settings.concentration,
         "edge_share": settings.edge_share,
         "edge_lambda": settings.edge_lambda,
-        "changed_from_universe": [_changes(s, t) for s, t in zip(start, refinements)],
+        "changed_from_universe": [changes_from(s, t) for s, t in zip(start, refinements)],
         "world_size": world_size,
         "resumed_from": str(resume) if resume else None,
         "checkpoint": str(last),

@@ -36,7 +36,7 @@ def _gather(t: Tensor, ax: Axis, index: Tensor, scale: Tensor | None) -> Tensor:
     return out if scale is None else _scale(out, ax, scale)
 
 
-def _contract(t: Tensor, m: Tensor, ax: Axis) -> Tensor:
+def contract(t: Tensor, m: Tensor, ax: Axis) -> Tensor:
     """new[..., i, ...] = sum_j m[i, j] t[..., j, ...] along ax.axis (per head if ax.head_axis)."""
     src = (ax.axis,) if ax.head_axis is None else (ax.head_axis, ax.axis)
     dst = (-1,) if ax.head_axis is None else (0, -1)
@@ -67,7 +67,7 @@ def _act(g: Element, t: Tensor, ax: Axis, space: Space) -> Tensor:
         return _gather(t, ax, g.src, g.weight if ax.side == space.shares_on else None)
     if isinstance(g, Diagonal):
         return _scale(t, ax, g.scales if ax.side == "out" else 1 / g.scales)
-    return _contract(t, g.forward() if ax.side == "out" else g.contra(), ax)
+    return contract(t, g.forward() if ax.side == "out" else g.contra(), ax)
 
 
 def apply_params(
@@ -143,5 +143,5 @@ def apply_dense(matrices: dict[str, Tensor], spec: SymmetrySpec, params: dict[st
                     f"{space.name}: a {tuple(m.shape)} matrix acts on {ax.param} axis {ax.axis} "
                     f"of size {t.shape[ax.axis] - ax.extra}"
                 )
-            out[ax.param] = _contract(t, m.to(t.dtype), ax)
+            out[ax.param] = contract(t, m.to(t.dtype), ax)
     return out
