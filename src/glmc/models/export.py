@@ -95,6 +95,18 @@ def set_param(module_param: Tensor, value: Tensor, name: str) -> None:
     module_param.copy_(value.to(module_param.dtype))
 
 
+def set_linear(
+    linear: torch.nn.Linear, weight: Tensor, bias: Tensor, name: str, setting: str = "attention_bias / mlp_bias"
+) -> None:
+    """Weight and bias into a Linear; a template layer without a bias takes a zero one only (`setting`:
+    the config key that gives it one)."""
+    set_param(linear.weight, weight, name + "_w")
+    if linear.bias is not None:
+        set_param(linear.bias, bias, name + "_b")
+    elif bias.abs().max() > 1e-6 * weight.abs().max():
+        raise ValueError(f"{name}_b is not zero but the template's layer has no bias: set {setting} in its config")
+
+
 def identity_norm(norm: torch.nn.LayerNorm) -> None:
     norm.weight.fill_(1.0)
     norm.bias.zero_()

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonical_activation
-from glmc.models.export import check_model, fresh, set_param
+from glmc.models.export import check_model, fresh, set_linear, set_param
 from glmc.models.families.base import Family, layer_sizes
 from glmc.models.families.roles import GATED_GROUPED, Acts, Role
 from glmc.models.rotary import SCALED_TYPES
@@ -175,18 +175,6 @@ class _Stored(dict):
         super().__setitem__(name, t.to(self.dtype).contiguous())
 
 
-def _set_linear(
-    linear: nn.Linear, weight: Tensor, bias: Tensor, name: str, setting: str = "attention_bias / mlp_bias"
-) -> None:
-    """Weight and bias into a Linear; a template layer without a bias takes a zero one only (`setting`:
-    the config key that gives it one)."""
-    set_param(linear.weight, weight, name + "_w")
-    if linear.bias is not None:
-        set_param(linear.bias, bias, name + "_b")
-    elif bias.abs().max() > 1e-6 * weight.abs().max():
-        raise ValueError(f"{name}_b is not zero but the template's layer has no bias: set {setting} in its config")
-
-
 def llama_from_canonical(
     model: CanonicalTransformer, template: nn.Module, family: LlamaFamily | None = None
 ) -> nn.Module:
@@ -219,13 +207,13 @@ def llama_from_canonical(
         attn, mlp, pre = layer.self_attn, layer.mlp, f"blocks.{i}."
         for name, lin, scale in (("q", attn.q_proj, attn.scaling), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
             w = p(pre + name + "_w")
-            _set_linear(lin, w.reshape(-1, D) / scale, p(pre + name + "_b").flatten() / scale, pre + name)
-        _set_linear(attn.o_proj, p(pre + "o_w").permute(2, 0, 1, 3).reshape(D, -1), p(pre + "o_b"), pre + "o")
+            set_linear(lin, w.reshape(-1, D) / scale, p(pre + name + "_b").flatten() / scale, pre + name)
+        set_linear(attn.o_proj, p(pre + "o_w").permute(2, 0, 1, 3).reshape(D, -1), p(pre + "o_b"), pre + "o")
         layer.input_layernorm.weight.fill_(identity_gain)
         layer.post_attention_layernorm.weight.fill_(identity_gain)
-        _set_linear(mlp.gate_proj, p(pre + "gate_w"), p(pre + "gate_b"), pre + "gate")
-        _set_linear(mlp.up_proj, p(pre + "in_w"), p(pre + "in_b"), pre + "in")
-        _set_linear(mlp.down_proj, p(pre + "out_w"), p(pre + "out_b"), pre + "out")
+        set_linear(mlp.gate_proj, p(pre + "gate_w"), p(pre + "gate_b"), pre + "gate")
+        set_linear(mlp.up_proj, p(pre + "in_w"), p(pre + "in_b"), pre + "in")
+        set_linear(mlp.down_proj, p(pre + "out_w"), p(pre + "out_b"), pre + "out")
     inner.norm.weight.fill_(identity_gain)
     if hf.lm_head.weight is inner.embed_tokens.weight:
         raise ValueError("the exported model still ties lm_head to embed_tokens: cannot write a separate head")

@@ -22,10 +22,9 @@ from torch import Tensor, nn
 from transformers import OPTConfig, OPTForCausalLM
 
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonical_activation
-from glmc.models.export import check_heads, check_model, fresh, head_bias_offset, identity_norm, set_param
+from glmc.models.export import check_heads, check_model, fresh, head_bias_offset, identity_norm, set_linear, set_param
 from glmc.models.families.fold import center, common_eps, fold_norm
 from glmc.models.families.gpt2 import GPT2Family
-from glmc.models.families.llama import _set_linear
 
 # OPTLearnedPositionalEmbedding's offset: position t reads row t + 2
 POSITION_OFFSET = 2
@@ -149,11 +148,11 @@ def opt_from_canonical(model: CanonicalTransformer, template: OPTForCausalLM) ->
         _identity(layer.final_layer_norm)
         for name, lin, scale in (("q", attn.q_proj, attn.scaling), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
             weight, bias = p(pre + name + "_w").reshape(D, D) / scale, p(pre + name + "_b").flatten() / scale
-            _set_linear(lin, weight, bias, pre + name, "enable_bias")
+            set_linear(lin, weight, bias, pre + name, "enable_bias")
         o_w = p(pre + "o_w").permute(1, 0, 2).flatten(1)
-        _set_linear(attn.out_proj, o_w, p(pre + "o_b"), pre + "o", "enable_bias")
-        _set_linear(layer.fc1, p(pre + "in_w"), p(pre + "in_b"), pre + "in", "enable_bias")
-        _set_linear(layer.fc2, p(pre + "out_w"), p(pre + "out_b"), pre + "out", "enable_bias")
+        set_linear(attn.out_proj, o_w, p(pre + "o_b"), pre + "o", "enable_bias")
+        set_linear(layer.fc1, p(pre + "in_w"), p(pre + "in_b"), pre + "in", "enable_bias")
+        set_linear(layer.fc2, p(pre + "out_w"), p(pre + "out_b"), pre + "out", "enable_bias")
     _identity(dec.final_layer_norm, beta)
     if hf.lm_head.weight is dec.embed_tokens.weight:
         raise ValueError("the exported OPT still ties lm_head to embed_tokens: cannot write a separate head")

@@ -1,14 +1,11 @@
 """Family lookup by name, by Hugging Face `model_type` and by HF model; family modules load on first use,
-so importing glmc.models does not import transformers."""
+so importing glmc.models does not import transformers. The lookups return a `glmc.models.families.base.Family`;
+this module imports no family code, so that the canonical model (which looks families up) sits below them."""
 
 from __future__ import annotations
 
 import importlib
 from functools import cache
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from glmc.models.families.base import Family
 
 # family name -> the module that defines FAMILY; one line per family
 MODULES = {
@@ -33,14 +30,14 @@ def families_for_data(kind: str) -> list[str]:
 
 
 @cache
-def family_named(name: str) -> Family:
+def family_named(name: str):
     """The family called `name` (a model config's `family`, a canonical config's `family`)."""
     if name not in MODULES:
         raise ValueError(f"unknown model family {name!r}; known: {', '.join(MODULES)}")
     return importlib.import_module(MODULES[name]).FAMILY
 
 
-def family_of_model_type(model_type: str | None) -> Family:
+def family_of_model_type(model_type: str | None):
     """The family whose Hugging Face configs carry `model_type` (e.g. a checkpoint's config.json)."""
     for name in MODULES:
         family = family_named(name)
@@ -50,7 +47,7 @@ def family_of_model_type(model_type: str | None) -> Family:
     raise ValueError(f"no model family reads Hugging Face model_type {model_type!r}; known: {', '.join(known)}")
 
 
-def family_of_hf(model) -> Family:
+def family_of_hf(model):
     """The family of a Hugging Face model, from its config's model_type; TypeError for anything else."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     try:
