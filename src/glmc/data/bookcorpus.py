@@ -23,6 +23,7 @@ from torch import Tensor
 from glmc.config import DataConfig
 from glmc.data.download import fetching
 from glmc.data.text import HFTokenizer, PaddedSequences, make_tokenizer, split_text
+from glmc.data.tokenizer_folder import error_reason
 
 CHUNK = 10_000  # rows per tokenizer call: fast batch encoding without one huge list of lists
 
@@ -73,19 +74,15 @@ def load_saved(path: Path):
         if not shards:
             raise ValueError(
                 f"{path} holds no data files (.arrow): a dataset saved with 0 rows, or not a folder written "
-                f"by save_to_disk ({_reason(err)}); {RESAVE}"
+                f"by save_to_disk ({error_reason(err)}); {RESAVE}"
             ) from None
         for shard in shards:
             problem = _unreadable_arrow(shard)
             if problem:
                 raise ValueError(f"{shard} is a damaged Arrow file ({problem}); {RESAVE}") from None
         raise ValueError(
-            f"{path} does not load as a dataset saved with save_to_disk ({_reason(err)}); {RESAVE}"
+            f"{path} does not load as a dataset saved with save_to_disk ({error_reason(err)}); {RESAVE}"
         ) from None
-
-
-def _reason(err: BaseException) -> str:
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
 
 
 def _unreadable_arrow(path: Path) -> str | None:
@@ -96,7 +93,7 @@ def _unreadable_arrow(path: Path) -> str | None:
         with pa.memory_map(str(path)) as source:
             pa.ipc.open_stream(source).read_all()
     except Exception as err:
-        return _reason(err)
+        return error_reason(err)
     return None
 
 

@@ -115,14 +115,6 @@ def embedded(*sources: Callable[[], str | bytes]) -> Embedded:
     return Embedded(tuple(sources))
 
 
-def corpus_checksum(cfg: DataConfig) -> str | None:
-    """The checksum of the data `cfg` reads (its registry entry's fingerprint, glmc.data.registry); None
-    where its files are not (yet) on disk."""
-    from glmc.data.registry import dataset
-
-    return dataset(cfg.name).fingerprint(cfg)
-
-
 def tokenizer_checksum(cfg: DataConfig) -> str | None:
     """The saved tokenizer's files (data.tokenizer_path); for a WordPiece tokenizer trained here, the
     version of its rules (the corpus and the data.* keys determine the rest); None for the character
@@ -134,7 +126,3 @@ def tokenizer_checksum(cfg: DataConfig) -> str | None:
 
         return f"wordpiece trainer v{TRAINER_VERSION}"
     return None
-
-
-def data_fingerprint(cfg: DataConfig) -> dict[str, str | None]:
-    return {"corpus": corpus_checksum(cfg), "tokenizer": tokenizer_checksum(cfg)}

@@ -14,7 +14,6 @@ is used as it is, with its own special tokens.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Protocol
@@ -25,6 +24,7 @@ from torch.utils.data import Dataset
 
 from glmc.config import DataConfig
 from glmc.data.download import fetching
+from glmc.data.tokenizer_folder import RESAVE, check_tokenizer_folder, error_reason
 from glmc.metrics import IGNORE_INDEX as IGNORE
 
 
@@ -102,7 +102,7 @@ def saved_tokenizer(path: str | Path, key: str = "data.tokenizer_path") -> HFTok
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception as err:
-        raise ValueError(f"{key}={path} does not load as a tokenizer ({_reason(err)}); {RESAVE}") from err
+        raise ValueError(f"{key}={path} does not load as a tokenizer ({error_reason(err)}); {RESAVE}") from err
     if len(tokenizer) < 2:
         raise ValueError(f"{key}={path} loads as a tokenizer of {len(tokenizer)} ids; {RESAVE}")
     return HFTokenizer(tokenizer, source=f"the tokenizer of {key}={path}")
@@ -123,39 +123,6 @@ def gpt2_tokenizer(cfg: DataConfig) -> HFTokenizer:
     instead = "save it with save_pretrained into a folder and set data.tokenizer_path to that folder"
     with fetching("the GPT-2 tokenizer", "the Hugging Face hub (https://huggingface.co/gpt2)", instead):
         return HFTokenizer(AutoTokenizer.from_pretrained("gpt2"))
-
-
-RESAVE = "save the tokenizer there again with save_pretrained"
-# what save_pretrained writes for a fast tokenizer, or the slow GPT-2 tokenizer's two files
-TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
-
-
-def _reason(err: BaseException) -> str:
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
-
-
-def check_tokenizer_folder(path: Path, key: str = "data.tokenizer_path") -> None:
-    """ValueError naming the folder when it lacks the tokenizer's files, naming the first of its
-    JSON files that does not parse (a copy cut short, a file overwritten by something else), or when
-    its tokenizer_config.json asks for code of its own (`auto_map`), which is never run."""
-    if not any(all((path / name).is_file() for name in files) for files in TOKENIZER_FILES):
-        present = sorted(p.name for p in path.iterdir())
-        raise ValueError(
-            f"{key}={path} holds no saved tokenizer: it needs tokenizer.json (or vocab.json and "
-            f"merges.txt) and holds {present or 'nothing'}; {RESAVE}"
-        )
-    for file in sorted(path.glob("*.json")):
-        try:
-            content = json.loads(file.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(
-                f"{file} is not valid JSON ({_reason(err)}): the tokenizer in {key}={path} is damaged; {RESAVE}"
-            ) from None
-        if file.name == "tokenizer_config.json" and isinstance(content, dict) and content.get("auto_map"):
-            raise ValueError(
-                f"{key}={path}: its tokenizer_config.json asks for the folder's own code (auto_map), and glmc "
-                "never runs code from a model folder; save a tokenizer of the transformers library there"
-            )
 
 
 def make_tokenizer(cfg: DataConfig, corpus: str, training_text: str | None = None) -> Tokenizer:

@@ -38,7 +38,6 @@ import torch
 
 from glmc.data.text import (
     SPLITS,
-    TOKENIZER_FILES,
     CharTokenizer,
     Tokenizer,
     check_task,
@@ -47,6 +46,7 @@ from glmc.data.text import (
     split_points,
     token_windows,
 )
+from glmc.data.tokenizer_folder import TOKENIZER_FILES
 
 if TYPE_CHECKING:
     from glmc.config import Config, DataConfig

@@ -33,7 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from glmc.config import DataConfig
-from glmc.data.text import _reason, check_tokenizer_folder
+from glmc.data.tokenizer_folder import check_tokenizer_folder, error_reason
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PREFIX = "##"  # marks a piece that continues a word
@@ -210,7 +210,7 @@ def load_wordpiece(path: str | Path) -> WordPieceTokenizer:
     try:
         tokenizer = Tokenizer.from_file(str(file))
     except Exception as err:  # the library's own error types; the message names the file
-        raise ValueError(f"{file} does not load as a tokenizer ({_reason(err)}); {SAVE_AGAIN}") from err
+        raise ValueError(f"{file} does not load as a tokenizer ({error_reason(err)}); {SAVE_AGAIN}") from err
     return WordPieceTokenizer(tokenizer, source=str(file))
 
 

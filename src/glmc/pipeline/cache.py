@@ -69,7 +69,7 @@ def endpoint_key(
     model_cfg: dict, data_cfg: dict, train_cfg: dict, trainer_cfg: dict, sources: dict[str, str | None]
 ) -> dict[str, Any]:
     """The part of the config that determines a trained endpoint (besides its seed); `sources` holds
-    the checksums of the corpus and the tokenizer (glmc.data.fingerprint.data_fingerprint)."""
+    the checksums of the corpus (its dataset's registry entry) and the tokenizer (glmc.data.fingerprint)."""
     keep = lambda section, node: {k: v for k, v in node.items() if k not in NOT_WEIGHTS.get(section, ())}
     return {
         "version": KEY_VERSION,

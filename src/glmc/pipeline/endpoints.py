@@ -23,8 +23,9 @@ from lightning.pytorch.callbacks import EarlyStopping
 from omegaconf import OmegaConf, open_dict
 
 from glmc.config import Config
-from glmc.data.fingerprint import data_fingerprint
+from glmc.data.fingerprint import tokenizer_checksum
 from glmc.data.module import DataModule
+from glmc.data.registry import dataset
 from glmc.eval.evaluator import Evaluator
 from glmc.models.build import build_model
 from glmc.models.canonical import CanonicalTransformer
@@ -72,7 +73,7 @@ def endpoint_ids(cfg: Config) -> list[int]:
 
 def cache_key(cfg: Config) -> dict[str, Any]:
     as_dict = lambda node: OmegaConf.to_container(node, resolve=True)
-    sources = data_fingerprint(cfg.data)
+    sources = {"corpus": dataset(cfg.data.name).fingerprint(cfg.data), "tokenizer": tokenizer_checksum(cfg.data)}
     train = as_dict(cfg.train)
     if cfg.pretrain.enabled:  # fine-tuned endpoints are keyed by the model they start from
         train["start_from"] = cache_key(pretrain_config(cfg))
