@@ -14,8 +14,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from glmc import align
 from glmc.eval.barrier import barrier
 from glmc.eval.evaluator import evaluate, evaluate_path
+from glmc.matching.circuits import relative_distance
 from glmc.matching.registry import _MethodDefaults, default_target
-from glmc.matching.weight import relative_distance, weight_matching
+from glmc.matching.weight import weight_matching
 from glmc.matching.weight_refined import WeightRefinedMatcher
 from glmc.models import to_canonical
 from glmc.symmetry import Orthogonal, Permutation

@@ -19,7 +19,8 @@ from glmc.data.module import DataModule
 from glmc.eval.evaluator import path_losses
 from glmc.matching.base import MatchContext
 from glmc.matching.registry import build_matcher, method_config
-from glmc.matching.weight import eigen_angles, weight_matching
+from glmc.matching.residual_map import eigen_angles
+from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
 from glmc.pipeline.run import run_pipeline, summarise
 from glmc.report import fig5, fig7, fig8, fig9

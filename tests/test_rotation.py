@@ -6,13 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glmc.matching.rotation import (
-    RotationMatcher,
-    closed_form_rotations,
-    factored_distance,
-    optimal_scales,
-    pair_objective,
-)
+from glmc.matching.in_head import closed_form_rotations, optimal_scales, pair_objective
+from glmc.matching.rotation import RotationMatcher, factored_distance
 from glmc.models import to_canonical
 from glmc.models.families.roles import pair_factors
 from glmc.symmetry import SymmetrySpec, Transform, apply

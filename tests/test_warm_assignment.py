@@ -7,6 +7,9 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from glmc.matching.assignment import PARALLEL_UNITS
+from glmc.matching.circuits import circuit_cost, circuit_move, circuit_norms
+from glmc.matching.mlp_units import mlp_similarity
 from glmc.matching.warm_assignment import (
     CHUNK,
     RADII,
@@ -23,14 +26,7 @@ from glmc.matching.warm_assignment import (
     relax,
     spectral_norm_bound,
 )
-from glmc.matching.weight import (
-    PARALLEL_UNITS,
-    circuit_cost,
-    circuit_move,
-    circuit_norms,
-    mlp_similarity,
-    weight_matching,
-)
+from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_params
 

@@ -5,18 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from glmc.matching.circuits import circuit_cost, relative_distance
 from glmc.matching.registry import build_matcher, default_method_config
-from glmc.matching.weight import (
-    WeightMatcher,
-    circuit_cost,
-    ones_complement,
-    relative_distance,
-    stream_is_centred,
-    weight_matching,
-)
+from glmc.matching.residual_map import ones_complement
+from glmc.matching.weight import WeightMatcher, weight_matching
 from glmc.models import to_canonical
 from glmc.models.canonical import canonical_forward
-from glmc.models.export import export_hf
+from glmc.models.export import export_hf, uncentred_writer
 from glmc.symmetry import Orthogonal, SymmetrySpec, Transform, apply
 
 from families import FAMILIES
@@ -94,14 +89,14 @@ def _fixes_ones(transform) -> bool:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_keep_mean_fixes_ones_and_keeps_b(family):
     a, b = to_canonical(FAMILIES[family](seed=0)), FAMILIES[family](seed=1)
-    assert stream_is_centred(a) and stream_is_centred(to_canonical(b))
+    assert uncentred_writer(a) is None and uncentred_writer(to_canonical(b)) is None
     transform, _ = weight_matching(a, to_canonical(b), keep_mean=True)
     assert _fixes_ones(transform)
     unrestricted, _ = weight_matching(a, to_canonical(b))
     assert not _fixes_ones(unrestricted)  # plain Procrustes moves 1
     alignment = WeightMatcher(keep_mean="always").match(a, to_canonical(b))
     assert alignment.diagnostics["keep_mean"] and _fixes_ones(alignment.transform)
-    assert stream_is_centred(alignment.model)
+    assert uncentred_writer(alignment.model) is None
     x = inputs_for(b)
     assert_close_rel(alignment.model(x), b(x).logits, FORWARD, f"{family}: keep_mean aligned B vs B logits")
     # "auto" restricts for centred streams, "never" does not
@@ -131,7 +126,7 @@ def test_keep_mean_recovers_a_symmetry_that_fixes_ones(family):
     rotation = Orthogonal.sample(width - 1, g, dtype=torch.float64).matrix
     hidden["residual"] = Orthogonal((q @ rotation @ q.T + 1.0 / width).float())
     b = apply(hidden, a)
-    assert stream_is_centred(b)
+    assert uncentred_writer(b) is None
     assert relative_distance(_double(a), _double(b)) > 0.5
     transform, diag = weight_matching(a, b, keep_mean=True)
     assert _fixes_ones(transform)
@@ -150,7 +145,7 @@ def test_keep_mean_settings_are_checked():
     # a rotated (not mean-zero) model: "always" refuses, "auto" falls back to the full group
     a = to_canonical(tiny_vit(seed=0))
     rotated = apply(Transform({"residual": Orthogonal.sample(a.width, torch.Generator().manual_seed(0))}), a)
-    assert not stream_is_centred(rotated)
+    assert uncentred_writer(rotated) is not None
     with pytest.raises(ValueError, match=r"matcher\.weight\.keep_mean=always.*embed\.patch_w"):
         WeightMatcher(keep_mean="always").match(a, rotated)
     alignment = WeightMatcher(max_iter=2, keep_mean="auto").match(a, rotated)

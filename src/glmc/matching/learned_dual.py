@@ -24,7 +24,7 @@ from torch import Tensor
 
 from glmc.matching.learned import Begun, LearnedMatcher, as_dense
 from glmc.matching.learned_module import LearnedMatchingModule
-from glmc.matching.weight import eigen_angles
+from glmc.matching.residual_map import eigen_angles
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.symmetry import Orthogonal, Permutation, apply
 

@@ -39,12 +39,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.in_head import closed_form_rotations, optimal_scales
 from glmc.matching.rotary_pairs import rotary_scales
 from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer
@@ -52,7 +52,7 @@ from glmc.models.families import family_named
 from glmc.models.families.roles import PRE_NORM_FACTORED, Role, pair_factors
 from glmc.settings.methods import RotationMatcherConfig
 from glmc.settings.ranges import check_settings
-from glmc.symmetry import OrthogonalScale, Permutation, RotaryScale, SymmetrySpec, Transform, apply, apply_params
+from glmc.symmetry import OrthogonalScale, RotaryScale, SymmetrySpec, Transform, apply, apply_params
 
 Params = dict[str, Tensor]
 PAIRS = ("qk", "vo")
@@ -67,47 +67,6 @@ def factored_distance(pa: Params, pb: Params) -> float:
         diff += float((a - pb[name].detach().double()).pow(2).sum())
         norm += float(a.pow(2).sum())
     return (diff / norm) ** 0.5
-
-
-def closed_form_rotations(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, group: str = "orthogonal") -> Tensor:
-    """Per head the orthogonal R minimising ||X_A - R X_B||^2 + ||Y_A - R Y_B||^2, (H, d, d) float64; with
-    group="permutation" the best permutation matrix instead (an assignment on the same cross-covariance:
-    the in-head permutation baseline that rotation matching generalises)."""
-    xa, ya, xb, yb = (t.double() for t in (xa, ya, xb, yb))
-    m = xa @ xb.transpose(1, 2) + ya @ yb.transpose(1, 2)
-    if group == "permutation":
-        return torch.stack([Permutation.project(head).dense(torch.float64) for head in m])
-    u, _, vh = torch.linalg.svd(m)
-    return u @ vh
-
-
-def pair_objective(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, rotations: Tensor, scales: Tensor) -> Tensor:
-    """Per head ||X_A - a R X_B||^2 + ||Y_A - R Y_B / a||^2, (H,) float64."""
-    xa, ya, xb, yb, r, s = (t.double() for t in (xa, ya, xb, yb, rotations, scales))
-    s = s[:, None, None]
-    return (xa - s * r @ xb).pow(2).sum((1, 2)) + (ya - r @ yb / s).pow(2).sum((1, 2))
-
-
-def _best_scale(xx: float, xy: float, yx: float, yy: float) -> float:
-    """argmin_{a > 0} a^2 xx - 2 a xy + yy / a^2 - 2 yx / a, with xx = |X_B|^2, xy = <X_A, R X_B>,
-    yx = <Y_A, R Y_B>, yy = |Y_B|^2; a = 1 where a side is zero (the objective does not bound a)."""
-    if xx <= 0 or yy <= 0:
-        return 1.0
-    roots = np.roots([xx, -xy, 0.0, yx, -yy])
-    real = roots[np.abs(roots.imag) <= 1e-8 * np.maximum(1.0, np.abs(roots))].real
-    candidates = [1.0] + [float(r) for r in real if r > 0]
-    value = lambda a: a * a * xx - 2 * a * xy + yy / (a * a) - 2 * yx / a  # noqa: E731
-    return min(candidates, key=value)
-
-
-def optimal_scales(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, rotations: Tensor) -> Tensor:
-    """Per head the a > 0 minimising pair_objective for the given rotations (paper 002 Eq. 11-12), (H,)."""
-    xa, ya, xb, yb, r = (t.double() for t in (xa, ya, xb, yb, rotations))
-    rxb, ryb = r @ xb, r @ yb
-    xx, yy = xb.pow(2).sum((1, 2)), yb.pow(2).sum((1, 2))
-    xy, yx = (xa * rxb).sum((1, 2)), (ya * ryb).sum((1, 2))
-    scales = [_best_scale(*(float(t[h]) for t in (xx, xy, yx, yy))) for h in range(len(r))]
-    return torch.tensor(scales, dtype=torch.float64)
 
 
 def head_transforms(

@@ -47,16 +47,11 @@ from torch import Tensor
 from glmc.alignment import Alignment
 from glmc.interpolation import merge_params
 from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.circuits import circuit_factors, head_inner_diag, head_similarity
 from glmc.matching.latent_apply import LatentApplier
-from glmc.matching.weight import (
-    circuit_factors,
-    eigen_angles,
-    head_inner_diag,
-    head_similarity,
-    mlp_similarity,
-    used_tokens,
-    weight_matching,
-)
+from glmc.matching.mlp_units import mlp_similarity
+from glmc.matching.residual_map import eigen_angles
+from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.models.families.base import residual_axis

@@ -1,0 +1,53 @@
+"""How weight matching compares MLP units: the cosine of their rows, or for a gated MLP its gate rows
+and a cost the up/down scale leaves unchanged, and that scale once the units are matched."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from glmc.matching.scales import best_scales, scale_objective
+from glmc.models.families.roles import unit_rows
+from glmc.symmetry import Diagonal
+
+Params = dict[str, Tensor]
+
+
+def mlp_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
+    fa, fb = unit_rows(pa, layer, "mlp"), unit_rows(pb, layer, "mlp")
+    fa = fa / fa.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    fb = fb / fb.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return fa @ fb.T
+
+
+def _gated_rows(p: Params, layer: int, branch: str) -> Tensor:
+    """A gated MLP's rows per unit: [W | b] of the gate or in (up) branch, or the out (down) columns."""
+    pre = f"blocks.{layer}."
+    if branch == "out":
+        return p[pre + "out_w"].T
+    return torch.cat([p[pre + branch + "_w"], p[pre + branch + "_b"][:, None]], 1)
+
+
+def gated_mlp_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
+    """Units of gated MLPs: cosine of the gate rows plus the product of the cosines of the up rows and
+    the down columns, which a unit's scale (and sign) of up against down leaves unchanged."""
+
+    def cosine(branch: str) -> Tensor:
+        a, b = (_gated_rows(p, layer, branch) for p in (pa, pb))
+        a = a / a.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        return a @ (b / b.norm(dim=1, keepdim=True).clamp_min(1e-12)).T
+
+    # in place, the same floats: two (units x units) matrices held instead of four (a 1B model's MLP)
+    return cosine("in").mul_(cosine("out")).add_(cosine("gate"))
+
+
+def unit_scales(pa: Params, pb: Params, layer: int) -> Diagonal:
+    """Per unit of a gated MLP (B's units already matched to A's) the non-zero s minimising
+    ||up_A - s up_B||^2 + ||down_A - down_B / s||^2, the sign tried both ways."""
+    xa, xb = _gated_rows(pa, layer, "in").double(), _gated_rows(pb, layer, "in").double()
+    ya, yb = _gated_rows(pa, layer, "out").double(), _gated_rows(pb, layer, "out").double()
+    P, Q = xb.pow(2).sum(1), yb.pow(2).sum(1)
+    p, q = (xa * xb).sum(1), (ya * yb).sum(1)
+    positive, negative = best_scales(P, p, Q, q), best_scales(P, -p, Q, -q)
+    flip = scale_objective(negative, P, -p, Q, -q) < scale_objective(positive, P, p, Q, q)
+    return Diagonal(torch.where(flip, -negative, positive).float())

@@ -1,0 +1,203 @@
+"""The steps of one weight-matching iteration (glmc.matching.weight), each chosen once for the models
+at hand: the residual map, B under it, heads, MLP units, in-head maps, the head's hidden units."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from torch import Tensor
+
+from glmc.matching.assignment import PARALLEL_UNITS, assign_layers, group_assignment, projected, warm_layers
+from glmc.matching.circuits import circuit_cost, circuit_move, head_similarity
+from glmc.matching.in_head import in_head_maps, rotary_head_cost
+from glmc.matching.mlp_units import gated_mlp_similarity, mlp_similarity, unit_scales
+from glmc.matching.projections import polar_factor
+from glmc.matching.residual_map import (
+    block_cross_covariance,
+    factored_cross_covariance,
+    mean_keeping_projection,
+    ones_complement,
+)
+from glmc.matching.weight_problem import MatchingProblem, Reuse, SearchState
+from glmc.models.families.roles import HEAD_HIDDEN
+from glmc.symmetry import Orthogonal, Permutation, Transform
+from glmc.symmetry.groups import Element
+
+
+class Step:
+    """One part of an iteration, updating the search state; `name` keys its time in the diagnostics
+    (None: not timed)."""
+
+    name: str | None = None
+
+    def __init__(self, problem: MatchingProblem, reuse: Reuse):
+        self.problem, self.reuse = problem, reuse
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        raise NotImplementedError
+
+
+class ResidualStep(Step):
+    """The residual map by Procrustes (or an assignment, for `residual="permutation"`) on the
+    cross-covariance of A's and B's residual-side weights; the first iteration sees only the
+    embeddings and the classifier."""
+
+    name = "residual"
+
+    def __init__(self, problem: MatchingProblem, reuse: Reuse, residual: str, keep_mean: bool):
+        super().__init__(problem, reuse)
+        self.residual = residual
+        self.basis = ones_complement(problem.width) if keep_mean and residual == "orthogonal" else None
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        p = self.problem
+        c = p.outside.c_raw if p.factored else p.outside.c
+        if it > 0:  # the first iteration sees only the embeddings and the classifier
+            c = c + self.block_share(state)
+            if p.hidden is not None:  # the head's first map, its rows in the hidden order found so far
+                c = c + p.hidden.residual_cross(state.head[HEAD_HIDDEN], p.width, raw=p.factored)
+        state.res = {"residual": self.project(c)}
+
+    def block_share(self, state: SearchState) -> Tensor:
+        """The layers' share of the cross-covariance at the current permutations."""
+        p, reuse = self.problem, self.reuse
+        pb_perm = p.transformed(state.perms, reuse.spec_rest, p.pb)  # late: B's MLP matrices as they are
+        if p.factored:
+            return factored_cross_covariance(p.pa, pb_perm, p.layout, p.width)
+        linear = partial(reuse.linear_share, state.perms, pb_perm) if reuse.late else None
+        return block_cross_covariance(p.pa, pb_perm, state.pb_cur, p.vectors, linear)
+
+    def project(self, c: Tensor) -> Element:
+        """The residual map maximising <map, c>; the polar factor in float64: its error grows with the
+        conditioning of c."""
+        if self.residual == "permutation":
+            return Permutation.project(c)
+        if self.basis is not None:
+            return Orthogonal(mean_keeping_projection(c, self.basis).to(self.problem.dtype))
+        reuse = self.reuse
+        matrix, served = polar_factor(c.double(), reuse.late and reuse.gram_misses < 2)
+        reuse.gram_misses = 0 if served else reuse.gram_misses + 1
+        return Orthogonal(matrix.to(self.problem.dtype))
+
+
+class ApplyResidual(Step):
+    """B's layer weights under the new residual map: the only dense contraction of an iteration (the
+    permutations on top of it are index gathers)."""
+
+    name = "apply"
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        state.pb_res = self.problem.transformed(Transform(state.res), self.reuse.spec_rest, self.problem.pb)
+        self.reuse.rotated = {}  # late: the layers whose MLP matrices are rotated this iteration
+
+
+class CircuitHeads(Step):
+    """Heads per layer on paper 001's circuit cost, the assignments certified ones carry over where
+    reuse keeps them."""
+
+    name = "heads"
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        p, warm = self.problem, self.reuse.heads
+        similarity = partial(head_similarity, p.pa, state.pb_res)
+        if warm is None:
+            solved = assign_layers(partial(projected, similarity), p.layers, 1)
+            state.perms.update(zip((f"heads.{l}" for l in p.layers), solved))
+            return
+        r = p.residual_matrix(Transform(state.res))
+        for l in p.layers:
+            within = partial(circuit_move, self.reuse.head_norms[l])
+            state.perms[f"heads.{l}"] = warm.solve(r, similarity, l, within)
+
+
+class GroupedHeads(Step):
+    """Key/value groups and their query heads per layer (group_assignment), on the factored distance
+    left after the best in-head maps (rotary_head_cost) or, with a circuit form, the circuit cost."""
+
+    name = "heads"
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        p = self.problem
+        head_cost = partial(rotary_head_cost, rotary_dims=p.rotary_dims) if p.factored else circuit_cost
+        for l in p.layers:
+            cost = head_cost(p.pa, state.pb_res, l)
+            state.perms[f"heads.{l}"], state.perms[f"qheads.{l}"] = group_assignment(cost, p.spec[f"heads.{l}"].size)
+
+
+class PlainMlp(Step):
+    """MLP units per layer on the cosine of the rows [W_in | b_in | W_out^T]; the layers' problems are
+    independent, so their Hungarian solves run side by side (`threads`) from PARALLEL_UNITS units."""
+
+    name = "mlp"
+
+    def __init__(self, problem: MatchingProblem, reuse: Reuse, threads: int | None):
+        super().__init__(problem, reuse)
+        # a pool pays for itself from about a thousand units (a GPT-2's MLP), not on small models
+        self.pool = threads if problem.spec[f"mlp.{problem.layers[0]}"].size >= PARALLEL_UNITS else 1
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        p, warm = self.problem, self.reuse.mlp
+        similarity = self.similarity(state)
+        if warm is None:
+            solved = assign_layers(partial(projected, similarity), p.layers, self.pool)
+        else:  # the layers' last assignments while certified; the map is what the similarities depend on
+            solved = warm_layers(warm, p.residual_matrix(Transform(state.res)), similarity, p.layers, self.pool)
+        state.perms.update(zip((f"mlp.{l}" for l in p.layers), solved))
+
+    def similarity(self, state: SearchState) -> Callable[[int], Tensor]:
+        if self.reuse.late:  # B's MLP matrices rotated only for the layers it is asked for
+            return partial(self.reuse.rotated_similarity, state.res, state.pb_res)
+        return partial(mlp_similarity, self.problem.pa, state.pb_res)
+
+
+class GatedMlp(PlainMlp):
+    """Gated MLP units on the gate rows and a cost their up/down scale leaves unchanged, then that scale
+    (no certificates: that cost is not a cosine the residual map rotates)."""
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        p = self.problem
+        super().__call__(state, it)
+        units = Transform({f"mlp.{l}": state.perms[f"mlp.{l}"] for l in p.layers})
+        moved = p.transformed(units, p.spec_blocks, state.pb_res)
+        state.perms.update({f"mlp_scale.{l}": unit_scales(p.pa, moved, l) for l in p.layers})
+
+    def similarity(self, state: SearchState) -> Callable[[int], Tensor]:
+        return partial(gated_mlp_similarity, self.problem.pa, state.pb_res)
+
+
+class InHeadMaps(Step):
+    """Factored heads: the in-head maps of the groups just matched decide which factored weights compare."""
+
+    name = "in_head"
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        p = self.problem
+        matched = Transform({k: g for k, g in state.perms.items() if k.startswith(("heads.", "qheads."))})
+        moved = p.transformed(matched, p.spec_blocks, state.pb_res)
+        state.perms.update(in_head_maps(p.pa, moved, p.layers, p.rotary_dims))
+
+
+class HiddenUnits(Step):
+    """The head's hidden units on the exact inner product at the current residual map (HiddenHead);
+    not timed (one small assignment per iteration)."""
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        state.head = {HEAD_HIDDEN: self.problem.hidden.solve(state.res.get("residual"))}
+
+
+def iteration_steps(
+    problem: MatchingProblem, reuse: Reuse, residual: str, keep_mean: bool, heads: bool, mlp: bool, threads: int | None
+) -> list[Step]:
+    """One iteration's steps, in order, each chosen once for the models at hand."""
+    steps: list[Step] = [] if residual == "none" else [ResidualStep(problem, reuse, residual, keep_mean)]
+    steps.append(ApplyResidual(problem, reuse))
+    if heads:
+        steps.append((GroupedHeads if problem.grouped else CircuitHeads)(problem, reuse))
+    if mlp:
+        steps.append((GatedMlp if problem.gated else PlainMlp)(problem, reuse, threads))
+    if problem.factored:
+        steps.append(InHeadMaps(problem, reuse))
+    if problem.hidden is not None:
+        steps.append(HiddenUnits(problem, reuse))
+    return steps
