@@ -1,7 +1,7 @@
 """Every dataset glmc reads, one entry each: what it is, what it fits and how it is loaded.
 
 The rest of glmc asks this registry about a dataset (`dataset(cfg.data.name)`) and never names one:
-the config checks (glmc.pipeline.validate, glmc.pipeline.folder_fit), the data module (glmc.data.module),
+the config checks (glmc.data.checks, glmc.pipeline.folder_fit), the data module (glmc.data.module),
 the endpoint cache key (glmc.data.fingerprint) and the `data.name` choices (glmc.choices) all read it.
 
 Adding a dataset is three things:
@@ -60,7 +60,7 @@ class DatasetInfo:
     option that sets up each task, where it is not the dataset's own name (messages suggest it).
     `reads_path`: it reads the user's file data.path (which every other dataset refuses). `checks`: a
     function of the run config (as its data are read) listing what would keep the data from loading,
-    called before any work (glmc.pipeline.validate)."""
+    called before any work (glmc.data.checks)."""
 
     name: str
     modality: str

@@ -1,0 +1,152 @@
+"""What the data settings of a run must satisfy, asked of the dataset's entry in glmc.data.registry: the
+tasks it serves, the tokenizer it reads, its labels, subsets and image sizes, the held-out shares, and the
+entry's own `checks` (a file it needs). Called before any work by glmc.pipeline.validate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from glmc.data.registry import MASKED_LM, TEXT, DatasetInfo, dataset, datasets_for, example_option
+from glmc.settings.ranges import finite_number, rule_problems
+
+# ranges of glmc.settings.ranges.RULES
+RULES = {
+    "seq_len": "count",
+    "split_seed": "seed",
+    "num_workers": "count0",
+    "tokenizer_vocab": "count",
+    "mask_seed": "seed",
+}
+
+
+def data_problems(cfg: Any, pretrained: bool = False) -> list[str]:
+    """Every data.* setting that cannot work with data.name's dataset (the models' fit to it is theirs:
+    glmc.models.checks, glmc.pipeline.folder_fit)."""
+    data = cfg.data
+    problems = rule_problems("data", data, RULES)
+    for key in ("limit_train", "limit_test"):
+        value = data[key]
+        if value is not None and value < 1:
+            problems.append(f"data.{key}={value}: keep at least 1 example, or null for the whole split")
+    for key in ("batch_size", "eval_batch_size"):
+        if data[key] < 1:
+            problems.append(f"data.{key}={data[key]}: use a batch size of at least 1")
+    problems += _fraction_problems(data)
+    problems += _task_problems(cfg, pretrained)
+    problems += _dataset_problems(cfg)
+    return problems + _image_size_problems(data)
+
+
+def _task_problems(cfg: Any, pretrained: bool) -> list[str]:
+    """The task against the data: masked LM needs WordPiece's [CLS] and [MASK] (or a saved tokenizer's,
+    data.tokenizer=pretrained) and fixed windows, the topic task is classification over WordPiece ids
+    and picks one of its datasets."""
+    data = cfg.data
+    problems = []
+    info = dataset(data.name)
+    # the user's own file says which tokenizer it needs in its own check (_dataset_problems)
+    if data.tokenizer == "pretrained" and not data.tokenizer_path and not info.reads_path:
+        problems.append(
+            "data.tokenizer=pretrained: reads the tokenizer saved in data.tokenizer_path; set data.tokenizer_path="
+            "<folder written by save_pretrained> (endpoints=pretrained reads its first folder's)"
+        )
+    if data.task not in info.tasks:
+        problems.append(_task_refusal(data.task, info))
+    if data.task == MASKED_LM:
+        if data.tokenizer not in ("wordpiece", "pretrained"):
+            problems.append(
+                f"data.tokenizer={data.tokenizer}: data.task=masked_lm needs [CLS] and [MASK] tokens; use "
+                "data.tokenizer=wordpiece"
+            )
+        if not (finite_number(data.mask_prob) and 0 < data.mask_prob < 1):
+            problems.append(f"data.mask_prob={data.mask_prob}: use a share in (0, 1) (BERT: 0.15)")
+        if finite_number(data.seq_len) and data.seq_len < 2:
+            problems.append(f"data.seq_len={data.seq_len}: a masked-LM window needs [CLS] and at least one token")
+    if info.wordpiece and data.tokenizer not in ("wordpiece", "pretrained"):
+        problems.append(
+            f"data.tokenizer={data.tokenizer}: data={data.name} reads WordPiece ids; use data.tokenizer=wordpiece"
+        )
+    if info.labels is not None and not pretrained and cfg.model.num_labels != info.num_classes():
+        labels = info.labels.get()
+        problems.append(
+            f"model.num_labels={cfg.model.num_labels}: data={data.name} has {len(labels)} labels "
+            f"({', '.join(labels)}); set model.num_labels={len(labels)}"
+        )
+    return problems + _subset_problems(data)
+
+
+def _dataset_problems(cfg: Any) -> list[str]:
+    """data.path where the dataset reads no file of the user's, and the entry's own `checks`."""
+    info = dataset(cfg.data.name)
+    if cfg.data.path is not None and not info.reads_path:
+        readers = [d.name for d in datasets_for() if d.reads_path]
+        return [
+            f"data.path={cfg.data.path}: data={info.name} does not read it (data.path is the text file of "
+            f"data={' or data='.join(readers)}); use data={readers[0]} to evaluate on that file, or remove the setting"
+        ]
+    return [] if info.checks is None else list(info.checks(cfg))
+
+
+def _task_refusal(task: str, info: DatasetInfo) -> str:
+    """data.task=`task` on a dataset that does not serve it: what serves it instead."""
+    if task == MASKED_LM:
+        maskable = [d.name for d in datasets_for(MASKED_LM, TEXT)]
+        return (
+            f"data.task=masked_lm: data={info.name} has no masked-LM windows; use data="
+            f"{example_option(MASKED_LM, TEXT)} (or data.name={' or '.join(maskable)})"
+        )
+    return f"data.task={task}: data={info.name} is a {' or '.join(info.tasks)} task"
+
+
+def _subset_problems(data: Any) -> list[str]:
+    """data.num_subsets and data.subset, checked in every run (the topics are counted only where read)."""
+    subsets = dataset(data.name).subsets
+    most = None if subsets is None else subsets()
+    if not (finite_number(data.num_subsets) and 1 <= data.num_subsets <= (most or data.num_subsets)):
+        upto = f"1 to {most} (every dataset must hold topics of every label)" if most else "at least 1"
+        return [f"data.num_subsets={data.num_subsets}: use {upto}"]
+    if not (finite_number(data.subset) and 0 <= data.subset < data.num_subsets):
+        return [
+            f"data.subset={data.subset}: pick one of the data.num_subsets={data.num_subsets} datasets "
+            f"(0 to {data.num_subsets - 1})"
+        ]
+    return []
+
+
+def _fraction_problems(data: Any) -> list[str]:
+    """The held-out shares: images may hold out no validation split, text cuts train, validation and test."""
+    val, test = data.val_fraction, data.test_fraction
+    problems = []
+    if dataset(data.name).is_text and not (finite_number(val) and 0 < val < 1):
+        problems.append(
+            f"data.val_fraction={val}: data={data.name} cuts a validation block from its text; use a value "
+            "in (0, 1) (e.g. data.val_fraction=0.05)"
+        )
+    elif not (finite_number(val) and 0 <= val < 1):
+        problems.append(f"data.val_fraction={val}: use a value in [0, 1) (0: no validation split)")
+    if not (finite_number(test) and 0 < test < 1):
+        problems.append(f"data.test_fraction={test}: use a value in (0, 1) (e.g. data.test_fraction=0.2)")
+    elif finite_number(val) and 0 <= val < 1 and val + test >= 1:
+        problems.append(
+            f"data.val_fraction={val} and data.test_fraction={test}: together they leave no training data; "
+            "keep their sum below 1"
+        )
+    return problems
+
+
+def _image_size_problems(data: Any) -> list[str]:
+    """data.image_size resizes the datasets the registry marks resizable only, never below their native size."""
+    size, info = data.image_size, dataset(data.name)
+    if size is not None and not info.resizable:
+        resizable = " or ".join(f"data={d.name}" for d in datasets_for() if d.resizable)
+        return [
+            f"data.image_size={size}: only {resizable} is resized (data={data.name} loads its images at "
+            "their own size); remove the setting"
+        ]
+    native = info.image_size
+    if size is not None and size < native:
+        return [
+            f"data.image_size={size}: data={info.name}'s images are {native}x{native}; use {native} or more "
+            "(e.g. data.image_size=32), or null"
+        ]
+    return []

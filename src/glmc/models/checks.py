@@ -1,0 +1,168 @@
+"""What the model settings of a run must satisfy, asked of the model's family (glmc.models.families): the
+keys it reads and their ranges, the values it fixes, its heads and tasks, and its fit to the data's entry
+in glmc.data.registry. Called before any work by glmc.pipeline.validate."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from glmc.config import Config, ModelConfig
+from glmc.data.registry import IMAGES, TEXT, dataset
+from glmc.models.families import families_for_data, family_named
+from glmc.settings.ranges import finite_number, rule_problems
+
+# the ranges (glmc.settings.ranges.RULES) of the model keys a family reads
+RULES = {
+    **dict.fromkeys(("hidden_size", "num_layers", "num_heads", "mlp_size"), "count"),
+    **dict.fromkeys(("image_size", "patch_size", "num_channels", "num_labels"), "count"),
+    **dict.fromkeys(("vocab_size", "max_positions"), "count"),
+    "dropout": "fraction",
+    "layer_norm_eps": "positive",
+    "type_vocab_size": "count",
+    "rope_theta": "positive",
+    "rotary_pct": "share",
+}
+
+
+def model_problems(cfg: Config) -> list[str]:
+    """The shared model of trained endpoints: its keys, its heads and its fit to the data."""
+    model = cfg.model
+    problems = []
+    if model.num_heads >= 1 and model.hidden_size % model.num_heads:
+        problems.append(
+            f"model.hidden_size={model.hidden_size}: not divisible by model.num_heads={model.num_heads}; "
+            "choose a width that is a multiple of the number of heads"
+        )
+    problems += _image_size_problems(cfg)
+    problems += _head_problems(cfg)
+    return problems + model_key_problems(model, "model") + fits_data(cfg, model, "model")
+
+
+def _image_size_problems(cfg: Config) -> list[str]:
+    """An image model reads the size a resizable dataset loads at (data.image_size, else its native size):
+    the endpoint cache key holds model.image_size, so resized endpoints stay apart from native-size ones."""
+    size, info = cfg.data.image_size, dataset(cfg.data.name)
+    loaded = info.image_size if size is None else size
+    images = family_named(str(cfg.model.family)).data_kind == IMAGES
+    if info.resizable and images and cfg.model.image_size != loaded and (size is None or size >= info.image_size):
+        return [
+            f"data.image_size={size}: data={info.name} would load at {loaded}x{loaded} but model.image_size="
+            f"{cfg.model.image_size}; set data.image_size={cfg.model.image_size} (or choose a model for "
+            f"{loaded}x{loaded} images)"
+        ]
+    return []
+
+
+def _head_problems(cfg: Config) -> list[str]:
+    """Families with a head per task (BERT): model.head must be the data's task, and a pretrained start
+    (pretrain.enabled) needs a head of the family trained on pretrain.data's task, with the same ids."""
+    family = family_named(str(cfg.model.family))
+    heads = family.task_heads
+    problems = []
+    if cfg.data.task not in family.tasks:
+        # the families for the data's kind: the model's own kind may be the wrong one (a ViT on text)
+        kind = dataset(cfg.data.name).modality
+        others = [n for n in families_for_data(kind) if cfg.data.task in family_named(n).tasks]
+        fix = (
+            f"choose a model of family {' or '.join(others)}"
+            if others
+            else f"no model family trains on {cfg.data.task} with {kind}; choose another data.task or data"
+        )
+        trains = ", ".join(family.tasks)
+        problems.append(f"data.task={cfg.data.task}: model.family={family.name} trains on {trains}; {fix}")
+    elif heads and cfg.model.head not in heads:
+        problems.append(f"model.head={cfg.model.head}: model.family={family.name} has heads {', '.join(heads)}")
+    elif heads and heads[cfg.model.head] != cfg.data.task:
+        fits = [h for h, task in heads.items() if task == cfg.data.task]
+        fix = f"use model.head={fits[0]}" if fits else f"no {family.name} head trains on it"
+        problems.append(
+            f"model.head={cfg.model.head} trains on {heads[cfg.model.head]}, data.task={cfg.data.task}: {fix}"
+        )
+    pre = cfg.pretrain
+    if not pre.enabled:
+        return problems
+    if pre.head not in heads:
+        named = f"heads {', '.join(heads)}" if heads else "one head only"
+        problems.append(
+            f"pretrain.head={pre.head}: model.family={family.name} has {named}, so it cannot be pretrained with another"
+        )
+    elif heads[pre.head] != pre.data.task:
+        problems.append(f"pretrain.head={pre.head} trains on {heads[pre.head]}, pretrain.data.task={pre.data.task}")
+    same = ("tokenizer", "tokenizer_vocab", "tokenizer_path", "val_fraction", "test_fraction")
+    if pre.data.tokenizer == "wordpiece" or cfg.data.tokenizer == "wordpiece":
+        for key in same:  # WordPiece ids are learned from the corpus' training block: all of these fix them
+            if pre.data[key] != cfg.data[key]:
+                problems.append(
+                    f"pretrain.data.{key}={pre.data[key]} but data.{key}={cfg.data[key]}: the pretrained model's "
+                    "token ids would not be the fine-tuning data's; set both alike"
+                )
+    return problems
+
+
+def model_key_problems(model: Any, prefix: str, keys: set[str] | None = None) -> list[str]:
+    """Keys of `model` that its family does not read, set away from their defaults (the model would
+    ignore them and the endpoint cache key would not tell the runs apart), and the ranges of the keys
+    it reads. `keys`: check only these (an endpoint_models entry's own; the rest are the shared model's)."""
+    family = family_named(str(model.family))
+    reads, defaults = family.reads_model_keys(), ModelConfig()
+    checked = [f.name for f in fields(ModelConfig) if keys is None or f.name in keys]
+    problems = []
+    for key in (k for k in checked if k not in reads and model[k] != getattr(defaults, k)):
+        problems.append(
+            f"{prefix}.{key}={model[key]}: model.family={family.name} does not read it (beyond the block sizes it "
+            f"reads {', '.join(family.model_keys) or 'nothing'}); remove the setting (default {getattr(defaults, key)})"
+        )
+    read = {k: model[k] for k in checked if k in reads}
+    problems += rule_problems(prefix, read, RULES)
+    for key, value in family.fixed_model_values.items():
+        if key in checked and model[key] != value:
+            problems.append(
+                f"{prefix}.{key}={model[key]}: model.family={family.name} fixes it at {value} (its Hugging Face "
+                f"config has no setting for it); set {prefix}.{key}={value}"
+            )
+    kv, heads = model.num_kv_heads, model.num_heads
+    if "num_kv_heads" in reads and kv is not None and {"num_kv_heads", "num_heads"} & set(checked):
+        if not (finite_number(kv) and kv >= 1 and finite_number(heads) and heads % kv == 0):
+            problems.append(
+                f"{prefix}.num_kv_heads={kv}: key/value heads must be at least 1 and divide {prefix}.num_heads="
+                f"{heads}; choose a divisor of {heads} (null: one per query head)"
+            )
+    if "hidden_act" in read:
+        from glmc.models.canonical import canonical_activation
+
+        try:
+            canonical_activation(str(read["hidden_act"]))
+        except ValueError as err:  # it lists the known names
+            problems.append(f"{prefix}.hidden_act={read['hidden_act']}: {err}; set one of them")
+    return problems + _patch_problems(model, prefix, reads, checked)
+
+
+def _patch_problems(model: Any, prefix: str, reads: tuple[str, ...], checked: list[str]) -> list[str]:
+    """Patches must tile the image: a remainder would be cut off without a word."""
+    if "patch_size" not in reads or not {"patch_size", "image_size"} & set(checked):
+        return []
+    size, patch = model.image_size, model.patch_size
+    if finite_number(size) and finite_number(patch) and patch >= 1 and size % patch:
+        return [
+            f"{prefix}.patch_size={patch}: does not divide {prefix}.image_size={size}; choose a patch size that "
+            f"divides the image size (e.g. {next(p for p in range(patch, 0, -1) if size % p == 0)})"
+        ]
+    return []
+
+
+def fits_data(cfg: Config, model: Any, key: str) -> list[str]:
+    """A text dataset needs a language model whose positions hold a window; images an image model."""
+    kind = dataset(cfg.data.name).modality
+    family, text = str(model.family), kind == TEXT
+    if family_named(family).data_kind != kind:
+        choices = " or ".join(f"model.family={name}" for name in families_for_data(kind))
+        return [f"{key}.family={family}: data={cfg.data.name} is {kind}; choose a model for {kind} ({choices})"]
+    seq_len = cfg.data.seq_len
+    if text and finite_number(seq_len) and seq_len > model.max_positions:
+        return [
+            f"data.seq_len={seq_len}: longer than the {model.max_positions} positions of the model "
+            f"({key}.max_positions={model.max_positions}); set data.seq_len<={model.max_positions} or "
+            f"model.max_positions>={seq_len}"
+        ]
+    return []
