@@ -1,41 +1,27 @@
 """Weight matching (paper 001 §4.1): data-free alignment of model B to model A.
 
-Each iteration
-  1. solves the residual map by Procrustes (or, for `residual="permutation"`, by an assignment)
-     on the cross-covariance of every residual-side weight block of A and B, each block weighted
-     by 1/(its number of columns); the first iteration uses only the embeddings, positions and the
-     classifier/unembedding, later ones every block's attention and MLP weights too;
-  2. assigns heads per layer on ||QK_A,i - QK_B,j|| + ||OV_A,j - OV_B,j|| (circuits with the bias
-     column), computed from the factored weights without building any D x D circuit;
-  3. assigns MLP neurons per layer on the cosine of the rows [W_in | b_in | W_out^T];
-  4. where the task head has a hidden state of its own (head_hidden: BERT's masked-LM transform or
-     pooler), assigns its units on the exact inner product at the current residual map (HiddenHead).
-It stops when the objective, the relative distance between the circuit-form parameters of A and of
-transformed B, stops improving, and returns the best transform seen.
+Each iteration solves the residual map by Procrustes (an assignment for `residual="permutation"`) on the
+cross-covariance of A's and B's residual-side weights, each block weighted by 1/(its number of columns);
+the first iteration sees only the tensors outside the layers. It then assigns heads per layer on paper
+001's circuit cost, MLP units on the cosine of the rows [W_in | b_in | W_out^T], and a task head's hidden
+units (BERT's masked-LM transform, pooler) on the exact inner product at the current map. It stops when
+the objective, the relative circuit-form distance of A and transformed B, stops improving, and returns
+the best transform seen.
 
-Late in a search only the residual map moves, by little. An iteration then keeps what its inputs
-did not change: assignments a duality certificate proves still optimal (glmc.matching.warm_assignment:
-without recomputing the similarity while the map stays inside a certified radius), each layer's
-linear share of the residual step while its MLP permutation stays, and the distance of the MLP
-matrices expanded in the map's move (glmc.matching.mlp_distance). `reuse=False` recomputes all of it.
+Late iterations keep what their inputs did not change (`reuse`): assignments a certificate proves still
+optimal (glmc.matching.warm_assignment), each layer's linear share of the residual step while its MLP
+permutation stays, and the MLP distance expanded in the map's move (glmc.matching.mlp_distance).
 
-Rotary query/key circuits are not what a Llama-style model computes, so its heads are interpolated
-as factored weights, and weight matching minimises the factored distance itself: the residual map by
-Procrustes on the cross-covariance of every tensor as it is (with B's current permutations and in-head
-maps applied), query heads compared by the distance left after the best in-head maps for each pair of
-heads (rotary rotation-scaling per frequency pair with the group's keys, paper 002's rotation and
-rescaling with the group's values), key/value groups assigned on the best within-group assignment of
-their query heads, then every matched group's in-head maps solved in closed form; gated MLP units are
-assigned on the gate rows and a cost their up/down scale leaves unchanged, then the scale is solved.
+Grouped rotary families (Llama) have no circuit form: the factored distance itself is matched, query
+heads compared after the best in-head maps for each pair (glmc.matching.in_head), key/value groups
+assigned on their query heads, then the matched groups' in-head maps solved in closed form; gated MLP
+units are assigned on their gate rows, then their up/down scale is solved (glmc.matching.mlp_units).
 
-Models converted from Hugging Face have a mean-zero residual stream (every writer is centred over
-the width). With `keep_mean` the orthogonal residual map is restricted to those that fix the
-all-ones vector 1, so the aligned model keeps the stream in the hyperplane orthogonal to 1 and its
-merges still export to a LayerNorm model (glmc.models.export).
+`keep_mean` restricts the orthogonal map to those fixing the all-ones vector, so merges of models with a
+mean-zero stream (Hugging Face conversions) still export to a LayerNorm model (glmc.models.export).
 
-In code, weight_matching is a short driver over glmc.matching.weight_problem (what is compared, where
-the search stands, what late iterations carry over) and glmc.matching.weight_steps (one iteration's
-steps); the costs live in circuits, mlp_units, in_head and residual_map, the solvers in assignment.
+The driver below runs glmc.matching.weight_problem (what is compared, where the search stands, what
+late iterations carry over) and glmc.matching.weight_steps (one iteration's steps).
 """
 
 from __future__ import annotations
@@ -149,13 +135,10 @@ def weight_matching(
     orthogonal residual map fixes the all-ones vector and its complement (for mean-zero streams;
     permutations always do). `threads`: how many layers' MLP assignments (of PARALLEL_UNITS units or more)
     are solved at once (None: torch's thread count; 1: one after another, the same solutions).
-    `reuse`: skip the work whose inputs did not change: head and MLP assignments while a certificate
-    says they are still optimal (glmc.matching.warm_assignment) and, from PARALLEL_UNITS MLP units,
-    a layer's linear share of the residual step while its MLP permutation stays and the MLP
-    matrices' rotation (their distance expanded in the map's move, glmc.matching.mlp_distance);
-    False recomputes everything every iteration. `layerwise`: B's transformed weights are computed layer
-    by layer as each step reads them, never held whole (glmc.matching.layerwise; the same floats); None:
-    from LAYERWISE_BYTES of layer weights."""
+    `reuse`: skip the work whose inputs did not change (module docstring; the MLP shares from
+    PARALLEL_UNITS units); False recomputes everything every iteration. `layerwise`: B's transformed
+    weights are computed layer by layer as each step reads them, never held whole (glmc.matching.layerwise;
+    the same floats); None: from LAYERWISE_BYTES of layer weights."""
     if residual not in ("orthogonal", "permutation", "none"):
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":

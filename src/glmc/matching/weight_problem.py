@@ -37,10 +37,6 @@ Params = dict[str, Tensor]
 LAYERWISE_BYTES = 2**30
 
 
-def _block_bytes(params: Params) -> int:
-    return sum(t.numel() * t.element_size() for t in params.values())
-
-
 @dataclass
 class MatchingProblem:
     """What the search compares, fixed for its whole run: A's and B's layer weights in the search's
@@ -82,6 +78,7 @@ class MatchingProblem:
         pa = {k: v for k, v in pa.items() if layer_of(k) is not None}
         pb = {k: v for k, v in pb.items() if layer_of(k) is not None}
         family = family_named(model_b.config.family)
+        nbytes = sum(t.numel() * t.element_size() for t in pb.values())
         return cls(
             pa=pa,
             pb=pb,
@@ -97,7 +94,7 @@ class MatchingProblem:
             vectors=residual_vectors(model_b),
             outside=outside,
             hidden=hidden,
-            layerwise=_block_bytes(pb) > LAYERWISE_BYTES if layerwise is None else layerwise,
+            layerwise=layerwise if layerwise is not None else nbytes > LAYERWISE_BYTES,
         )
 
     def transformed(self, transform: Transform, spec: SymmetrySpec, source: Params) -> Params:
