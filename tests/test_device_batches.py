@@ -125,3 +125,15 @@ def test_on_a_gpu_batches_are_sliced_there_with_fused_adamw_and_float32_weights(
     cpu.setup()
     for (a, b), (c, d) in zip(cpu.train_dataloader(), data.train_dataloader(), strict=True):
         assert torch.equal(a, c.cpu()) and torch.equal(b, d.cpu())
+
+
+def test_fused_adamw_is_kept_from_clipping_under_every_autocast_precision():
+    """Lightning's autocast plugin refuses to clip a fused optimizer's gradients under bf16-mixed as
+    well as 16-mixed (found on an H100, where trainer=gpu resolves to bf16-mixed)."""
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+    from glmc.train.endpoint import fused_clipping_refused
+
+    assert fused_clipping_refused(MixedPrecision("bf16-mixed", "cpu"), 1.0)
+    assert not fused_clipping_refused(MixedPrecision("bf16-mixed", "cpu"), 0.0)
+    assert not fused_clipping_refused(Precision(), 1.0)

@@ -3,6 +3,8 @@ or an encoder with a masked-LM head."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -64,10 +66,18 @@ class EndpointModule(L.LightningModule):
 
     def _fused_adamw(self) -> bool:
         """One fused kernel for the whole update where every parameter is on CUDA (CPU keeps the
-        default implementation, and its numbers). Not under 16-mixed with gradient clipping: the fused
-        step unscales the gradients itself, and Lightning then refuses to clip them."""
+        default implementation, and its numbers), unless fused_clipping_refused says Lightning would
+        refuse to clip its gradients."""
         if self.fused_adamw is not None:
             return self.fused_adamw
         on_cuda = all(p.is_cuda for p in self.model.parameters())
-        scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None
-        return on_cuda and not (scaled and self.trainer.gradient_clip_val)
+        return on_cuda and not fused_clipping_refused(self.trainer.precision_plugin, self.trainer.gradient_clip_val)
+
+
+def fused_clipping_refused(precision_plugin: Any, clip_val: float | None) -> bool:
+    """Whether Lightning refuses gradient clipping for a fused optimizer under `precision_plugin`: its
+    autocast plugin (bf16-mixed as well as 16-mixed, with or without a gradient scaler) raises for any
+    optimizer that may unscale gradients itself once clipping is on."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    return bool(clip_val) and isinstance(precision_plugin, MixedPrecision)
