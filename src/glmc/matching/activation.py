@@ -47,7 +47,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
 from glmc.metrics import IGNORE_INDEX, is_token_task
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.models.families import family_named
@@ -262,7 +262,7 @@ def _permute_residual_separately(model: CanonicalTransformer, perms: dict[str, T
     return CanonicalTransformer(model.config, p)
 
 
-class ActivationMatcher:
+class ActivationMatcher(Matcher):
     """`activation` (residual permutation) and `activation_orth` (residual Procrustes); see the module docstring.
 
     residual: first | last | all | separate (which stream states fit the residual map)

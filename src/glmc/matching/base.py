@@ -90,6 +90,9 @@ class MatchContext:
 
 
 class Matcher(Protocol):
+    """The matcher interface: every registered matcher subclasses it, as must a class that a config's
+    `_target_` names (glmc.matching.registry checks both alike)."""
+
     name: str
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext) -> Alignment: ...

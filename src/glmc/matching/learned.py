@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.base import MatchContext, circuit_pairs, require_factored, settings_hash
+from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored, settings_hash
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.matching.residual_map import eigen_angles
 from glmc.matching.weight import used_tokens, weight_matching
@@ -115,7 +115,7 @@ class _Fitted:
     last: Path
 
 
-class LearnedMatcher:
+class LearnedMatcher(Matcher):
     """Latents per space kind: residual orthogonal | permutation | none; heads and MLP `units`
     (permutation: straight-through Hungarian; sinkhorn: soft) unless they are "none"."""
 

@@ -5,11 +5,10 @@ METHODS and MULTI_METHODS, re-exported here); this module builds a matcher from 
 `run.py` and `glmc.align` alike, and checks what the node's `_target_` names.
 
 What a `_target_` may name (`matcher_target_problem`, checked by the config check before any work and by
-`build_matcher`): one of the registry's own classes (REGISTERED_TARGETS), or a class that declares the
-matcher interface explicitly, by subclassing `glmc.matching.base.Matcher`, and defines its own
-`match(self, a, b, context)`; its constructor takes the node's other keys. Anything else (a function such
-as `builtins.print`, a class that is no matcher, a name that does not import) is refused by name before
-anything is called.
+`build_matcher`): a class that subclasses `glmc.matching.base.Matcher`, as the registry's own classes do,
+and defines its own `match(self, a, b, context)`; its constructor takes the node's other keys. Anything
+else (a function such as `builtins.print`, a class that is no matcher, a name that does not import) is
+refused by name before anything is called.
 
 This module imports no matcher and not glmc.config: the classes are loaded by `instantiate` when a
 method is built.
@@ -29,7 +28,6 @@ from glmc.settings.groups import SymmetryConfig
 from glmc.settings.methods import (
     METHODS,
     MULTI_METHODS,
-    REGISTERED_TARGETS,
     MatcherConfig,
     default_target,
 )
@@ -87,8 +85,6 @@ def _target_reason(target: Any, keys: Iterable[str]) -> str | None:
     """Why `target` cannot be a matcher class whose constructor takes `keys`; None when it can."""
     from glmc.matching.base import Matcher
 
-    if target in REGISTERED_TARGETS:
-        return None
     try:
         found = _locate(str(target))
     except (ImportError, AttributeError, ValueError) as err:

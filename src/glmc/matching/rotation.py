@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
 from glmc.matching.in_head import closed_form_rotations, optimal_scales
 from glmc.matching.rotary_pairs import rotary_scales
 from glmc.matching.weight import used_tokens, weight_matching
@@ -105,7 +105,7 @@ def element_scales(g) -> Tensor:
     return g.scales.double()
 
 
-class RotationMatcher:
+class RotationMatcher(Matcher):
     """`rotation`: paper 002's matching, MLP permutations then closed-form per-head rotations and
     (rescale=True) per-head scales. residual: none (paper 002) | orthogonal | permutation; heads,
     mlp: permutation | none; qk / vo: circuit | none (how the pairs are interpolated)."""

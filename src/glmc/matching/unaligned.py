@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from glmc.alignment import Alignment
-from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
 from glmc.models.canonical import CanonicalTransformer
 from glmc.settings.methods import CanonicalMatcherConfig
 from glmc.settings.ranges import check_settings
 
 
-class CanonicalMatcher:
+class CanonicalMatcher(Matcher):
     def __init__(self, name: str = "canonical", qk: str = "circuit", vo: str = "circuit"):
         check_settings(CanonicalMatcherConfig, f"matcher.{name}", locals())  # the ranges glmc.settings declares
         self.name, self.circuits = name, circuit_pairs(qk, vo)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from glmc.alignment import Alignment
-from glmc.matching.base import MatchContext
+from glmc.matching.base import MatchContext, Matcher
 from glmc.models.canonical import CanonicalTransformer
 
 
-class VanillaMatcher:
+class VanillaMatcher(Matcher):
     def __init__(self, name: str = "vanilla"):
         self.name = name
 

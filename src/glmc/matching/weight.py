@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
 from glmc.matching.residual_map import eigen_angles
 from glmc.matching.weight_problem import MatchingProblem, Objective, Reuse, SearchState, start_state
 from glmc.matching.weight_steps import Step, iteration_steps
@@ -152,7 +152,7 @@ def weight_matching(
     return best_t, _diagnostics(best_t, best, values, per_iteration, state, carried)
 
 
-class WeightMatcher:
+class WeightMatcher(Matcher):
     """`weight`: orthogonal residual + head and MLP permutations; `weight_perm`: all permutations.
 
     heads / mlp: "permutation" or "none"; qk / vo: "circuit" interpolates those attention pairs as

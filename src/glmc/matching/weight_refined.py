@@ -46,7 +46,7 @@ from torch import Tensor
 
 from glmc.alignment import Alignment
 from glmc.interpolation import merge_params
-from glmc.matching.base import MatchContext, circuit_pairs, require_factored
+from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
 from glmc.matching.circuits import circuit_factors, head_inner_diag, head_similarity
 from glmc.matching.latent_apply import LatentApplier
 from glmc.matching.mlp_units import mlp_similarity
@@ -438,7 +438,7 @@ def start_points(
     return out
 
 
-class WeightRefinedMatcher:
+class WeightRefinedMatcher(Matcher):
     """`weight_refined`: weight matching, then its residual map refined without data (module docstring).
 
     residual / heads / mlp / qk / vo / max_iter / tol / vocabulary: as weight matching's (the start and

@@ -190,11 +190,6 @@ METHODS: dict[str, Method] = {
     "learned_dual": _variant("learned", LearnedDualMatcherConfig, name="learned_dual"),
 }
 
-# the classes the registry's methods build: a `_target_` may name these without further checks
-REGISTERED_TARGETS = frozenset(
-    f.default for method in METHODS.values() for f in fields(method.schema) if f.name == "_target_"
-)
-
 # The `matcher` group's schema: which methods a run evaluates (`methods`, in plot order) and one node
 # per registered method, `matcher.<name>`.
 MatcherConfig = make_dataclass(

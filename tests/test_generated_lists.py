@@ -1,0 +1,26 @@
+"""One matcher interface for the registry's classes and a user's, and the lists that repeat a registry
+(the data.name choices, the sweep over every method) generated from it."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from glmc.matching.base import Matcher
+from glmc.matching.registry import _MethodDefaults, matcher_target_problem
+from glmc.settings.methods import METHODS, default_target
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_registered_matcher_subclasses_the_interface_and_passes_the_users_check(name, monkeypatch):
+    from omegaconf import OmegaConf
+
+    module, cls = default_target(name).rsplit(".", 1)
+    found = getattr(importlib.import_module(module), cls)
+    assert Matcher in found.__mro__ and found.match is not Matcher.match
+    node = OmegaConf.structured(_MethodDefaults).matcher[name]
+    assert matcher_target_problem(node, f"matcher.{name}") is None
+    # the same check refuses the class once it drops the interface: no registry shortcut lets it through
+    monkeypatch.setattr(found, "match", Matcher.match)
+    assert "defines no match(a, b, context) of its own" in matcher_target_problem(node, f"matcher.{name}")
