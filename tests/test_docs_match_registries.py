@@ -1,5 +1,5 @@
 """README.md and docs/ list exactly what the registries hold, link only to files and headings that exist,
-and stay short.
+name only modules and files that exist, and stay short.
 
 Each kind of name has fixed places in the pages, read here as text: the first column of a table with a
 given header row (its names in backticks), the families' and methods' rows of docs/design.md's registry
@@ -115,6 +115,28 @@ def test_every_relative_link_reaches_a_file_and_heading():
             if not path.exists() or (anchor and path.suffix == ".md" and anchor not in anchors(path)):
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, "links to no file or heading: " + "; ".join(broken)
+
+
+def defines(dotted: str) -> bool:
+    """Whether `dotted` (glmc.x.y[.name]) is a module of src/glmc, or a name its longest module prefix
+    mentions."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        base = ROOT / "src" / Path(*parts[:end])
+        for source in (base.with_suffix(".py"), base / "__init__.py"):
+            if source.is_file():
+                return end == len(parts) or re.search(rf"\b{parts[end]}\b", source.read_text()) is not None
+    return False
+
+
+def test_every_module_and_file_the_pages_name_exists():
+    missing = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        missing += [f"{page.name}: {n}" for n in sorted(set(re.findall(r"`(glmc(?:\.\w+)+)", text))) if not defines(n)]
+        files = set(re.findall(r"\b((?:src|tests|conf|benchmarks|experiments)/[\w/.-]+\.(?:py|yaml|json))", text))
+        missing += [f"{page.name}: {f}" for f in sorted(files) if not (ROOT / f).exists()]
+    assert not missing, "the pages name modules or files that do not exist (update the page): " + "; ".join(missing)
 
 
 def test_readme_and_docs_stay_short():
