@@ -33,10 +33,9 @@ from lightning.pytorch.callbacks import Callback
 from glmc.config import register_configs
 from glmc.data.module import DataModule
 from glmc.models.build import build_model
-from glmc.pipeline.run import quiet_lightning
 from glmc.train.divergence import DivergenceGuard
 from glmc.train.endpoint import EndpointModule
-from glmc.train.trainer import trained_precision, trainer_factory
+from glmc.train.trainer import quiet_lightning, trained_precision, trainer_factory
 
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = ("loader", "sliced")

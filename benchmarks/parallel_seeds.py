@@ -34,10 +34,10 @@ from omegaconf import open_dict
 from glmc.config import register_configs
 from glmc.data.module import DataModule
 from glmc.pipeline.endpoints import get_endpoints
-from glmc.pipeline.run import _evaluators, quiet_lightning
+from glmc.pipeline.evaluation import evaluators
 from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import validate_config
-from glmc.train.trainer import resolve_device
+from glmc.train.trainer import quiet_lightning, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_OVERRIDES = ("debug=fast_full_size", "data.limit_train=512", "train.max_epochs=2", "logger=none")
@@ -67,7 +67,7 @@ def stage_seconds(cfg, seeds: list[int], parallel: int, folder: Path) -> float:
         cfg.cache_dir = str(folder / "endpoints")
     data = DataModule(cfg.data, seed=0)
     data.setup()
-    test, _ = _evaluators(cfg, data, resolve_device(cfg.trainer.accelerator))
+    test, _ = evaluators(cfg, data, resolve_device(cfg.trainer.accelerator))
     start = time.perf_counter()
     with Tracker(cfg, folder / "run") as tracker:
         endpoints = get_endpoints(cfg, folder / "run", tracker, test)

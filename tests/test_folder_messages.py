@@ -21,7 +21,8 @@ from glmc.eval.evaluator import evaluate_path
 from glmc.interpolation import interpolate_state_dicts
 from glmc.models.build import build_model
 from glmc.models.families.llama import unread_rope_type
-from glmc.pipeline.hf_folders import FolderError, head_is_tied, load_endpoints, read_folder
+from glmc.pipeline.endpoints import load_endpoints
+from glmc.pipeline.hf_folders import FolderError, head_is_tied, read_folder
 from glmc.pipeline.refusals import unquoted_override_problem
 from glmc.pipeline.validate import ConfigError, validate_config
 

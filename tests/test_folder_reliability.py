@@ -21,8 +21,9 @@ from glmc.data.pydoc_corpus import pydoc_text
 from glmc.data.text import CharTokenizer, saved_tokenizer
 from glmc.models.build import build_model
 from glmc.models.export import EXPORT_FILE
+from glmc.pipeline.endpoints import load_endpoints
 from glmc.pipeline.folder_fit import check_tokenizer
-from glmc.pipeline.hf_folders import FolderError, load_endpoints, read_folder
+from glmc.pipeline.hf_folders import FolderError, read_folder
 from glmc.pipeline.merges import save_tokenizer
 from glmc.pipeline.run import run_pipeline
 from glmc.pipeline.validate import ConfigError, validate_config

@@ -18,9 +18,9 @@ from safetensors.torch import load_file
 
 import glmc.pipeline.endpoints as endpoints
 from glmc.pipeline.cache import EndpointCache, config_hash
-from glmc.pipeline.endpoints import cache_key
+from glmc.pipeline.endpoints import cache_key, train_seed
 from glmc.pipeline.run import run_pipeline
-from glmc.pipeline.side_by_side import SeedFailed, SideBySideRefusal, raise_failures, train_seed
+from glmc.pipeline.side_by_side import SeedFailed, SideBySideRefusal, raise_failures
 from glmc.pipeline.validate import ConfigError, validate_config
 
 from conftest import compose_config

@@ -19,7 +19,8 @@ import torch
 from glmc.config import ModelConfig
 from glmc.models.build import build_model
 from glmc.models.families import family_named, family_names
-from glmc.pipeline.hf_folders import FolderError, load_endpoints, load_model, read_folder
+from glmc.pipeline.endpoints import load_endpoints
+from glmc.pipeline.hf_folders import FolderError, load_model, read_folder
 from glmc.pipeline.run import run_pipeline
 from glmc.pipeline.validate import ConfigError, validate_config
 

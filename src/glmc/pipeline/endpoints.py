@@ -13,7 +13,8 @@ import functools
 import inspect
 import logging
 import shutil
-from dataclasses import dataclass
+import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -28,40 +29,29 @@ from glmc.data.module import DataModule
 from glmc.data.registry import dataset
 from glmc.eval.evaluator import Evaluator
 from glmc.models.build import build_model
-from glmc.models.canonical import CanonicalTransformer
 from glmc.models.convert import to_canonical
 from glmc.models.families import family_named, family_names
 from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
-from glmc.pipeline.side_by_side import train_side_by_side
+from glmc.pipeline.endpoint_record import Endpoint
+from glmc.pipeline.evaluation import evaluators
+from glmc.pipeline.folder_fit import check_pairs, read_folders
+from glmc.pipeline.hf_folders import (
+    canonical_of,
+    evaluation_config,
+    load_model,
+    mixed_dtypes_warning,
+    untie_mixed_heads,
+)
+from glmc.pipeline.side_by_side import SeedFailed, train_side_by_side
+from glmc.pipeline.tracking import Tracker
 from glmc.train.best_epoch import BestEpochWeights
 from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
 from glmc.train.endpoint import EndpointModule
 from glmc.train.resume import EpochCheckpoint, resumable
-from glmc.train.trainer import trained_precision, trainer_factory
+from glmc.train.trainer import quiet_lightning, resolve_device, trained_precision, trainer_factory
 from glmc.train.warm_start import load_encoder
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Endpoint:
-    seed: int  # endpoints=pretrained: the folder's index in endpoints.paths
-    model: torch.nn.Module  # as trained (HF)
-    canonical: CanonicalTransformer  # the same function in canonical factored form
-    test_loss: float
-    test_accuracy: float | None
-    cached: bool
-    name: str | None = None  # endpoints=pretrained: the folder's name, its label in results
-    path: str | None = None  # endpoints=pretrained: the folder
-    kept: dict[str, Any] | None = None  # early stopping: the epoch whose weights these are, and its val_loss
-    # the dtype its weights are stored in (a folder's; trained endpoints are trained and cached in float32);
-    # the model itself is float32 either way
-    dtype: str = "float32"
-
-    @property
-    def label(self) -> str:
-        """How results, file names and the report name the endpoint: its seed, or its folder's name."""
-        return str(self.seed) if self.name is None else self.name
 
 
 def endpoint_ids(cfg: Config) -> list[int]:
@@ -113,7 +103,7 @@ def pretrained_model(cfg: Config, run_dir: Path, tracker) -> torch.nn.Module:
     evaluator = Evaluator(data.test_dataloader(), task=pre.data.task, progress=cfg.trainer.enable_progress_bar)
     cache, key, seed = EndpointCache(Path(cfg.cache_dir)), cache_key(pre), pre.pretrain.seed
     with cache.lock(key, seed) as waited:
-        model, metrics, _ = _load_or_train(pre, seed, key, cache, run_dir / "pretrain", tracker, evaluator, waited)
+        model, metrics, _ = load_or_train(pre, seed, key, cache, run_dir / "pretrain", tracker, evaluator, waited)
     log.info("pretrained model (seed %d): test loss %.4f on %s", seed, metrics["test_loss"], pre.data.name)
     return model
 
@@ -198,8 +188,6 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
     """Every seed's endpoint, from the cache or trained now (endpoints=pretrained: every folder's
     model, loaded); each converted to canonical form once."""
     if str(cfg.endpoints.source) == "pretrained":
-        from glmc.pipeline.hf_folders import load_endpoints
-
         return load_endpoints(cfg, evaluator)
     cache = EndpointCache(Path(cfg.cache_dir))
     shared = cfg
@@ -207,12 +195,12 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
     # the model fine-tuned endpoints start from: loaded (or trained) once, when the first needs it
     pretrained = functools.cache(functools.partial(pretrained_model, shared, run_dir, tracker))
     # train.parallel_endpoints > 1: the seeds not cached yet train side by side first; loaded below
-    fresh = train_side_by_side(shared, run_dir, pretrained)
+    fresh = train_side_by_side(shared, run_dir, pretrained, seeds_to_train, train_seed)
     for index, seed in enumerate(shared.seeds):
         cfg = endpoint_config(shared, index)
         key = cache_key(cfg)
         with cache.lock(key, seed) as waited:
-            model, metrics, cached = _load_or_train(
+            model, metrics, cached = load_or_train(
                 cfg,
                 seed,
                 key,
@@ -285,7 +273,7 @@ def cached_endpoints(cfg: Config, step: str | None = None) -> list[torch.nn.Modu
     return models
 
 
-def _load_or_train(
+def load_or_train(
     cfg: Config,
     seed: int,
     key: dict[str, Any],
@@ -326,3 +314,58 @@ def _load_or_train(
         cache.save(key, seed, model, metrics)
     shutil.rmtree(training_dir, ignore_errors=True)  # cached: its training checkpoints are done with
     return model, metrics, cached
+
+
+def seeds_to_train(cfg: Config) -> list[tuple[int, int, dict[str, Any]]]:
+    """(index, seed, cache key) of every endpoint without a cache entry, in seed order."""
+    cache = EndpointCache(Path(cfg.cache_dir))
+    todo = []
+    for index, seed in enumerate(cfg.seeds):
+        key = cache_key(endpoint_config(cfg, index))
+        if not cache.has(key, seed):
+            todo.append((index, seed, key))
+    return todo
+
+
+def train_seed(cfg: Config, index: int, key: dict[str, Any], run_dir: str) -> float:
+    """In a worker: train and cache endpoint `index` as the sequential loop does (get_endpoints, with the
+    run's test evaluator); returns the seconds it took. Any error comes back as SeedFailed."""
+    seed = cfg.seeds[index]
+    start = time.perf_counter()
+    try:
+        _train_and_cache(cfg, index, key, Path(run_dir))
+    except Exception as err:
+        from glmc.pipeline.refusals import is_refusal, message_of
+
+        raise SeedFailed(seed, message_of(err), is_refusal(err), traceback.format_exc()) from None
+    return time.perf_counter() - start
+
+
+def _train_and_cache(cfg: Config, index: int, key: dict[str, Any], run_dir: Path) -> None:
+    quiet_lightning()
+    data = DataModule(evaluation_config(cfg).data, seed=0)  # the run's evaluation data, as the run builds them
+    data.setup()
+    test, _ = evaluators(cfg, data, resolve_device(cfg.trainer.accelerator))
+    cache, seed = EndpointCache(Path(cfg.cache_dir)), cfg.seeds[index]
+    with Tracker(cfg, run_dir) as tracker, cache.lock(key, seed) as waited:
+        pretrained = functools.partial(pretrained_model, cfg, run_dir, tracker)
+        load_or_train(endpoint_config(cfg, index), seed, key, cache, run_dir, tracker, test, waited, pretrained)
+
+
+def load_endpoints(cfg: Config, evaluator) -> list[Endpoint]:
+    """Every folder's model, in float32 whatever its stored dtype, converted to canonical form once and
+    measured on the test split."""
+    folders, endpoints = read_folders(cfg), []
+    models = untie_mixed_heads(folders, [load_model(f) for f in folders])
+    for f, model in zip(folders, models):
+        endpoint = Endpoint(f.index, model, canonical_of(f, model), float("nan"), None, False, f.name, str(f.path))
+        endpoint.dtype = f.dtype
+        endpoints.append(endpoint)
+    check_pairs(cfg, endpoints)  # before any evaluation
+    mixed = mixed_dtypes_warning(cfg, folders)
+    if mixed:
+        log.warning(mixed)
+    for f, e in zip(folders, endpoints):
+        e.test_loss, e.test_accuracy = evaluator.evaluate(e.model)
+        log.info("%s: %s (%s), test loss %.4f", e.name, e.path, f.hf_class, e.test_loss)
+    return endpoints

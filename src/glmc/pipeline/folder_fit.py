@@ -37,7 +37,7 @@ from glmc.pipeline.hf_folders import (
 from glmc.pipeline.pairing import seed_pairs
 
 if TYPE_CHECKING:
-    from glmc.pipeline.endpoints import Endpoint
+    from glmc.pipeline.endpoint_record import Endpoint
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,11 @@ which holds its values exactly: conversion, matching and evaluation run in float
 midpoint is written back in the folder's dtype (glmc.pipeline.merges.export_midpoint).
 
 This module reads a folder (`read_folder`: config.json and the safetensors headers only; `saved_vocabulary`:
-its tokenizer's JSON files) and loads its model (`load_model`, `load_endpoints`): every weight of the class
-must be in the files and finite, and the family must convert the model; where some models' heads are tied to
-their embeddings and others' not, the tied ones are untied (`untie_mixed_heads`). Whether the folders fit the
-data and each other is glmc.pipeline.folder_fit's. Every message names the folder (`endpoints.paths[i]`).
+its tokenizer's JSON files) and loads its model (`load_model`; glmc.pipeline.endpoints makes endpoints of
+them): every weight of the class must be in the files and finite, and the family must convert the model;
+where some models' heads are tied to their embeddings and others' not, the tied ones are untied
+(`untie_mixed_heads`). Whether the folders fit the data and each other is glmc.pipeline.folder_fit's.
+Every message names the folder (`endpoints.paths[i]`).
 
 The endpoints are never trained and never cached: pairs are formed over the folders in order, as over
 seeds, and each endpoint is labelled with its folder's name in results.json and the report.
@@ -40,7 +41,6 @@ from glmc.data.registry import dataset
 
 if TYPE_CHECKING:
     from glmc.models.families.base import Family
-    from glmc.pipeline.endpoints import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +419,8 @@ def untie_mixed_heads(folders: list[Folder], models: list) -> list:
     return models
 
 
-def _canonical(f: Folder, model):
+def canonical_of(f: Folder, model):
+    """The folder's model in canonical form; FolderError naming the folder where its family cannot convert it."""
     from glmc.models.convert import to_canonical
 
     try:
@@ -444,25 +445,3 @@ def mixed_dtypes_warning(cfg: Config, folders: list[Folder]) -> str | None:
         )
     aligned = "every model is aligned and evaluated in float32"
     return f"the folders are stored in different dtypes ({listed}): {aligned}{export}"
-
-
-def load_endpoints(cfg: Config, evaluator) -> list[Endpoint]:
-    """Every folder's model, in float32 whatever its stored dtype, converted to canonical form once and
-    measured on the test split."""
-    from glmc.pipeline.endpoints import Endpoint
-    from glmc.pipeline.folder_fit import check_pairs, read_folders  # checks the folders first
-
-    folders, endpoints = read_folders(cfg), []
-    models = untie_mixed_heads(folders, [load_model(f) for f in folders])
-    for f, model in zip(folders, models):
-        endpoint = Endpoint(f.index, model, _canonical(f, model), float("nan"), None, False, f.name, str(f.path))
-        endpoint.dtype = f.dtype
-        endpoints.append(endpoint)
-    check_pairs(cfg, endpoints)  # before any evaluation
-    mixed = mixed_dtypes_warning(cfg, folders)
-    if mixed:
-        log.warning(mixed)
-    for f, e in zip(folders, endpoints):
-        e.test_loss, e.test_accuracy = evaluator.evaluate(e.model)
-        log.info("%s: %s (%s), test loss %.4f", e.name, e.path, f.hf_class, e.test_loss)
-    return endpoints

@@ -19,7 +19,7 @@ from glmc.eval.ternary import plot_simplex_heatmaps
 from glmc.matching.base import MatchContext
 from glmc.matching.registry import MULTI_METHODS, build_matcher, build_refinement, check_multi_methods, method_config
 from glmc.matching.universe import universe_match
-from glmc.pipeline.endpoints import Endpoint
+from glmc.pipeline.endpoint_record import Endpoint
 
 log = logging.getLogger(__name__)
 

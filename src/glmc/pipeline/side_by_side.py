@@ -3,15 +3,17 @@ before glmc.pipeline.endpoints.get_endpoints loads them all from the cache.
 
 Each endpoint trains in a worker process of its own (the spawn start method, so CUDA and the thread
 pools start clean) exactly as the sequential loop would train it: under its cache entry's lock, through
-the same `_load_or_train`, from the same seed and data order, and it leaves its cache entry behind. Every
+the same `load_or_train`, from the same seed and data order, and it leaves its cache entry behind. Every
 seed goes to one worker only, so no two processes write one entry (and the entry's lock keeps other runs
 out as before). On a GPU the workers share the card; each worker gets torch threads = this process's
 threads // N, so that N workers do not oversubscribe the cores. Workers send their log records to this
 process, which writes them where its own go. A worker ends with this process, even one killed with
 SIGKILL (glmc.train.parent_watch), so that no orphan trains on holding its seed's lock.
 
-A worker that fails reports the seed it trained; the seeds not started by then are not started, those
-running finish (their entries stay cached for the next run), and the error names every failed seed.
+The endpoint stage (glmc.pipeline.endpoints) gives the seeds to train and the function a worker runs
+(`train_seed`), so this module knows processes, not endpoints. A worker that fails reports the seed it
+trained; the seeds not started by then are not started, those running finish (their entries stay cached
+for the next run), and the error names every failed seed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import logging
 import multiprocessing
 import os
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from logging.handlers import QueueHandler, QueueListener
@@ -30,7 +31,6 @@ from typing import Any
 import torch
 
 from glmc.config import Config
-from glmc.pipeline.cache import EndpointCache
 from glmc.train.parent_watch import end_with_parent
 
 log = logging.getLogger(__name__)
@@ -53,22 +53,12 @@ class SideBySideRefusal(RuntimeError):
     """Seeds whose workers refused their inputs (the run stops with the message, as for one process)."""
 
 
-def seeds_to_train(cfg: Config) -> list[tuple[int, int, dict[str, Any]]]:
-    """(index, seed, cache key) of every endpoint without a cache entry, in seed order."""
-    from glmc.pipeline.endpoints import cache_key, endpoint_config
-
-    cache = EndpointCache(Path(cfg.cache_dir))
-    todo = []
-    for index, seed in enumerate(cfg.seeds):
-        key = cache_key(endpoint_config(cfg, index))
-        if not cache.has(key, seed):
-            todo.append((index, seed, key))
-    return todo
-
-
-def train_side_by_side(cfg: Config, run_dir: Path, pretrained: Callable[[], Any]) -> set[int]:
-    """Train the endpoints not yet cached in up to train.parallel_endpoints processes at once and cache
-    them; returns their seeds. Nothing is trained here with one endpoint to train (the sequential loop
+def train_side_by_side(
+    cfg: Config, run_dir: Path, pretrained: Callable[[], Any], seeds_to_train: Callable, train_seed: Callable
+) -> set[int]:
+    """Train the endpoints not yet cached (`seeds_to_train(cfg)`: their index, seed and cache key) in up to
+    train.parallel_endpoints processes at once, each running `train_seed(cfg, index, key, run_dir)`, which
+    caches it; returns their seeds. Nothing is trained here with one endpoint to train (the sequential loop
     trains it, without a process's start-up cost), under torchrun (every rank trains each endpoint
     together) or with train.parallel_endpoints=1. `pretrained()`: the model pretrain.enabled endpoints
     start from, made here once so that the workers only load it from the cache."""
@@ -84,12 +74,12 @@ def train_side_by_side(cfg: Config, run_dir: Path, pretrained: Callable[[], Any]
     seeds = [seed for _, seed, _ in todo]
     log.info("seeds %s: training side by side, %d at a time (%d torch threads each)", seeds, workers, threads)
     start = time.perf_counter()
-    _run_workers(cfg, run_dir, todo, workers, threads)
+    _run_workers(cfg, run_dir, todo, workers, threads, train_seed)
     log.info("seeds %s: trained and cached in %.1f s", seeds, time.perf_counter() - start)
     return set(seeds)
 
 
-def _run_workers(cfg: Config, run_dir: Path, todo: list, workers: int, threads: int) -> None:
+def _run_workers(cfg: Config, run_dir: Path, todo: list, workers: int, threads: int, train_seed: Callable) -> None:
     context = multiprocessing.get_context("spawn")
     records = context.Queue()
     relay = QueueListener(records, _Relay())
@@ -148,37 +138,3 @@ def _start_worker(records, threads: int, level: int, parent: int) -> None:
     root.handlers[:] = [QueueHandler(records)]
     root.setLevel(level)
     torch.set_num_threads(threads)
-
-
-def train_seed(cfg: Config, index: int, key: dict[str, Any], run_dir: str) -> float:
-    """In a worker: train and cache endpoint `index` as the sequential loop does (get_endpoints, with the
-    run's test evaluator); returns the seconds it took. Any error comes back as SeedFailed."""
-    seed = cfg.seeds[index]
-    start = time.perf_counter()
-    try:
-        _train_and_cache(cfg, index, key, Path(run_dir))
-    except Exception as err:
-        from glmc.pipeline.refusals import is_refusal, message_of
-
-        raise SeedFailed(seed, message_of(err), is_refusal(err), traceback.format_exc()) from None
-    return time.perf_counter() - start
-
-
-def _train_and_cache(cfg: Config, index: int, key: dict[str, Any], run_dir: Path) -> None:
-    import functools
-
-    from glmc.data.module import DataModule
-    from glmc.pipeline.endpoints import _load_or_train, endpoint_config, pretrained_model
-    from glmc.pipeline.hf_folders import evaluation_config
-    from glmc.pipeline.run import _evaluators, quiet_lightning
-    from glmc.pipeline.tracking import Tracker
-    from glmc.train.trainer import resolve_device
-
-    quiet_lightning()
-    data = DataModule(evaluation_config(cfg).data, seed=0)  # the run's evaluation data, as _run builds them
-    data.setup()
-    test, _ = _evaluators(cfg, data, resolve_device(cfg.trainer.accelerator))
-    cache, seed = EndpointCache(Path(cfg.cache_dir)), cfg.seeds[index]
-    with Tracker(cfg, run_dir) as tracker, cache.lock(key, seed) as waited:
-        pretrained = functools.partial(pretrained_model, cfg, run_dir, tracker)
-        _load_or_train(endpoint_config(cfg, index), seed, key, cache, run_dir, tracker, test, waited, pretrained)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +42,14 @@ def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
         return build(**{"enable_model_summary": False, **overrides, "callbacks": callbacks})
 
     return make
+
+
+def quiet_lightning() -> None:
+    """Lightning's per-fit banners (device summary, tips) would drown the progress bars."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric.utilities.rank_zero").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
 
 
 def _is_terminal(stream) -> bool:
