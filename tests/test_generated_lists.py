@@ -24,3 +24,14 @@ def test_every_registered_matcher_subclasses_the_interface_and_passes_the_users_
     # the same check refuses the class once it drops the interface: no registry shortcut lets it through
     monkeypatch.setattr(found, "match", Matcher.match)
     assert "defines no match(a, b, context) of its own" in matcher_target_problem(node, f"matcher.{name}")
+
+
+def test_the_matchers_sweep_names_no_method_and_expands_the_registry():
+    from omegaconf import OmegaConf
+
+    from conftest import CONF
+
+    path = CONF / "sweep" / "matchers.yaml"
+    assert not [name for name in METHODS if f"[{name}]" in path.read_text()]  # no list beside the registry
+    params = OmegaConf.load(path).hydra.sweeper.params  # the resolver comes from register_configs (conftest)
+    assert params["matcher.methods"] == ",".join(f"[{name}]" for name in METHODS)

@@ -22,7 +22,7 @@ def expand(sweep: str, *extra: str):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"sweep={sweep}", *extra], return_hydra_config=True)
     assert cfg.hydra.mode == RunMode.MULTIRUN, f"sweep/{sweep}.yaml must set hydra.mode: MULTIRUN"
-    params = OmegaConf.to_container(cfg.hydra.sweeper.params)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=True)  # as the sweeper reads them
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
     (batch,) = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     return cfg, batch

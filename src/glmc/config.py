@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from glmc.choices import (
     Dataset,
@@ -27,7 +28,7 @@ from glmc.choices import (
     TokenizerKind,
 )
 from glmc.settings.groups import SymmetryConfig, UniverseTraining
-from glmc.settings.methods import MULTI_METHODS, MatcherConfig
+from glmc.settings.methods import METHODS, MULTI_METHODS, MatcherConfig
 from glmc.settings.ranges import setting
 
 
@@ -248,6 +249,9 @@ class Config:
 
 
 def register_configs() -> None:
-    """Register the schema; conf/config.yaml lists `config_schema` first in its defaults."""
+    """Register the schema (conf/config.yaml lists `config_schema` first in its defaults) and the resolver
+    `${glmc.each_method:}`: every registered method as a job of its own, in Hydra's sweep syntax
+    ([vanilla],[canonical],...), so conf/sweep/matchers.yaml follows the registry."""
+    OmegaConf.register_new_resolver("glmc.each_method", lambda: ",".join(f"[{m}]" for m in METHODS), replace=True)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
