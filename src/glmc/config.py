@@ -36,34 +36,34 @@ from glmc.settings.ranges import setting
 class ModelConfig:
     name: str = "vit_digits"
     family: Family = Family.vit
-    hidden_size: int = 64
-    num_layers: int = 4
-    num_heads: int = 4
-    mlp_size: int = 128
+    hidden_size: int = setting(64, "count")
+    num_layers: int = setting(4, "count")
+    num_heads: int = setting(4, "count")
+    mlp_size: int = setting(128, "count")
     hidden_act: str = "gelu"
-    dropout: float = 0.0
-    layer_norm_eps: float = 1e-6
+    dropout: float = setting(0.0, "fraction")
+    layer_norm_eps: float = setting(1e-6, "positive")
     # ViT only
-    image_size: int = 8
-    patch_size: int = 2
-    num_channels: int = 1
-    num_labels: int = 10
+    image_size: int = setting(8, "count")
+    patch_size: int = setting(2, "count")
+    num_channels: int = setting(1, "count")
+    num_labels: int = setting(10, "count")
     qkv_bias: bool = True
     # text models (GPT-2, BERT, RoBERTa)
-    vocab_size: int = 256
-    max_positions: int = 128
+    vocab_size: int = setting(256, "count")
+    max_positions: int = setting(128, "count")
     # BERT and RoBERTa only: which head the encoder carries ("mlm": masked-LM; "classification": num_labels
     # classes from the first position) and how many token types it embeds
     head: str = "mlm"
-    type_vocab_size: int = 2
+    type_vocab_size: int = setting(2, "count")
     # Llama only: key/value heads (grouped-query attention; None: one per query head), whether the
     # unembedding is the token embedding, and the rotary base (GPT-NeoX reads it too)
     num_kv_heads: int | None = None
     tie_embeddings: bool = False
-    rope_theta: float = 10000.0
+    rope_theta: float = setting(10000.0, "positive")
     # GPT-NeoX only: the share of each head's dims that rotate (Pythia's 0.25), and whether attention and the
     # MLP both read the block's input (parallel residual, Pythia's) or the MLP reads attention's output
-    rotary_pct: float = 0.25
+    rotary_pct: float = setting(0.25, "share")
     parallel_residual: bool = True
 
 
@@ -78,10 +78,10 @@ class DataConfig:
     # text: the validation block before the test block; digits: a stratified share of the training images
     # (conf/data/digits.yaml sets it), which learned matching checks its result on
     val_fraction: float = 0.05
-    split_seed: int = 0  # the train/test split is fixed independently of the endpoint seeds
+    split_seed: int = setting(0, "seed")  # the train/test split is fixed independently of the endpoint seeds
     augment: bool = False
     download: bool = False  # real datasets only; the default run never touches the network
-    num_workers: int = 0
+    num_workers: int = setting(0, "count0")
     limit_train: int | None = None  # keep the first N training examples (debugging)
     limit_test: int | None = None
     # digits only: resize the 8x8 images to image_size x image_size (bilinear) at load; None keeps 8x8.
@@ -92,15 +92,16 @@ class DataConfig:
     # a folder saved with save_pretrained (data.tokenizer=gpt2), or holding the tokenizer.json of a
     # WordPiece tokenizer (data.tokenizer=wordpiece) instead of training one
     tokenizer_path: str | None = None
-    seq_len: int = 128  # tokens per window (bookcorpus: per example, padded with EOS)
+    seq_len: int = setting(128, "count")  # tokens per window (bookcorpus: per example, padded with EOS)
     # your own UTF-8 text file (data=text_file reads it, cut into train / validation / test windows); where it
     # lies is not part of the endpoint cache key, its content is (glmc.data.fingerprint)
     path: str | None = None
-    tokenizer_vocab: int = 1000  # ids of a WordPiece tokenizer trained on the corpus (special tokens included)
+    # ids of a WordPiece tokenizer trained on the corpus (special tokens included)
+    tokenizer_vocab: int = setting(1000, "count")
     # masked LM only (glmc.data.masked_lm): the share of a window's tokens that are chosen, and the seed of
     # the fixed masks of the validation and test windows (training windows draw new masks at every fetch)
     mask_prob: float = 0.15
-    mask_seed: int = 0
+    mask_seed: int = setting(0, "seed")
     # pydoc_topics only: which of num_subsets topic-disjoint datasets of the task (0 .. num_subsets - 1)
     subset: int = 0
     num_subsets: int = 3
@@ -112,15 +113,15 @@ class TrainConfig:
 
     max_epochs: int = 40
     lr: float = 3e-3
-    weight_decay: float = 0.05
-    warmup_fraction: float = 0.05
-    label_smoothing: float = 0.0
-    gradient_clip_val: float = 1.0
-    accumulate_grad_batches: int = 1
+    weight_decay: float = setting(0.05, "nonnegative")
+    warmup_fraction: float = setting(0.05, "fraction")
+    label_smoothing: float = setting(0.0, "fraction")
+    gradient_clip_val: float = setting(1.0, "nonnegative")
+    accumulate_grad_batches: int = setting(1, "count")
     early_stopping_patience: int | None = None  # validations without a better val_loss before stopping
     # endpoints trained at once, each in its own process (glmc.pipeline.side_by_side); 1: one after another
     # in this process. How fast, not what: not part of the cache key
-    parallel_endpoints: int = 1
+    parallel_endpoints: int = setting(1, "count")
 
 
 @dataclass
@@ -182,8 +183,8 @@ class MergeConfig:
 
     name: str = "none"
     kinds: list[MergeKind] = field(default_factory=list)
-    batches: int = 16  # training batches for the Fisher diagonals and RegMean's Gram matrices
-    regmean_alpha: float = 0.9  # RegMean: off-diagonal Gram entries scaled by alpha
+    batches: int = setting(16, "count")  # training batches for the Fisher diagonals and RegMean's Gram matrices
+    regmean_alpha: float = setting(0.9, "share")  # RegMean: off-diagonal Gram entries scaled by alpha
     export: bool = False  # write each pair's midpoint model as a Hugging Face folder where it has HF shape
 
 

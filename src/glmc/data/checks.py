@@ -6,24 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from glmc.config import DataConfig
 from glmc.data.registry import MASKED_LM, TEXT, DatasetInfo, dataset, datasets_for, example_option
-from glmc.settings.ranges import finite_number, rule_problems
-
-# ranges of glmc.settings.ranges.RULES
-RULES = {
-    "seq_len": "count",
-    "split_seed": "seed",
-    "num_workers": "count0",
-    "tokenizer_vocab": "count",
-    "mask_seed": "seed",
-}
+from glmc.settings.ranges import finite_number, setting_problems
 
 
 def data_problems(cfg: Any, pretrained: bool = False) -> list[str]:
     """Every data.* setting that cannot work with data.name's dataset (the models' fit to it is theirs:
     glmc.models.checks, glmc.pipeline.folder_fit)."""
     data = cfg.data
-    problems = rule_problems("data", data, RULES)
+    problems = setting_problems(DataConfig, data, "data")  # the ranges DataConfig declares
     for key in ("limit_train", "limit_test"):
         value = data[key]
         if value is not None and value < 1:

@@ -10,19 +10,7 @@ from typing import Any
 from glmc.config import Config, ModelConfig
 from glmc.data.registry import IMAGES, TEXT, dataset
 from glmc.models.families import families_for_data, family_named
-from glmc.settings.ranges import finite_number, rule_problems
-
-# the ranges (glmc.settings.ranges.RULES) of the model keys a family reads
-RULES = {
-    **dict.fromkeys(("hidden_size", "num_layers", "num_heads", "mlp_size"), "count"),
-    **dict.fromkeys(("image_size", "patch_size", "num_channels", "num_labels"), "count"),
-    **dict.fromkeys(("vocab_size", "max_positions"), "count"),
-    "dropout": "fraction",
-    "layer_norm_eps": "positive",
-    "type_vocab_size": "count",
-    "rope_theta": "positive",
-    "rotary_pct": "share",
-}
+from glmc.settings.ranges import finite_number, setting_problems
 
 
 def model_problems(cfg: Config) -> list[str]:
@@ -114,7 +102,7 @@ def model_key_problems(model: Any, prefix: str, keys: set[str] | None = None) ->
             f"reads {', '.join(family.model_keys) or 'nothing'}); remove the setting (default {getattr(defaults, key)})"
         )
     read = {k: model[k] for k in checked if k in reads}
-    problems += rule_problems(prefix, read, RULES)
+    problems += setting_problems(ModelConfig, read, prefix)
     for key, value in family.fixed_model_values.items():
         if key in checked and model[key] != value:
             problems.append(

@@ -22,14 +22,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from glmc.config import Config, MultiConfig, TrainerConfig
+from glmc.config import Config, MergeConfig, MultiConfig, TrainConfig, TrainerConfig
 from glmc.data.checks import data_problems
 from glmc.models.checks import fits_data, model_key_problems, model_problems
 from glmc.models.families import family_named
 from glmc.pipeline.pairing import seed_pairs  # the pipeline's own pairing: its errors name the seeds
 from glmc.pipeline.targets import target_problems, trainer_target_allowed
 from glmc.settings.methods import METHODS, MULTI_METHODS
-from glmc.settings.ranges import RULES, SEED_LIMIT, rule_problems, setting_problems
+from glmc.settings.ranges import RULES, SEED_LIMIT, setting_problems
 from glmc.symmetry.family_defaults import AUTO
 
 # endpoints of different widths (endpoint_models) share these with the first, and the keys their
@@ -44,19 +44,6 @@ class ConfigError(ValueError):
     """A setting that cannot work; the message names the key, its value and what to do."""
 
 
-# train.* and merge.* by key: a rule of glmc.settings.ranges.RULES each (data.*: glmc.data.checks, model.*:
-# glmc.models.checks; matcher.<name>.* and multi.* declare their ranges where they are declared)
-SECTION_RULES = {
-    "train": {
-        "weight_decay": "nonnegative",
-        "warmup_fraction": "fraction",
-        "label_smoothing": "fraction",
-        "gradient_clip_val": "nonnegative",
-        "accumulate_grad_batches": "count",
-        "parallel_endpoints": "count",
-    },
-    "merge": {"batches": "count", "regmean_alpha": "share"},  # RegMean's alpha G + (1 - alpha) diag(G)
-}
 # (key, whether a value holds, what to do) for the run's settings that no rule of RULES says
 RUN_CHECKS = (
     ("threads", lambda v: v is None or v >= 1, "use at least 1, or null for torch's default"),
@@ -75,7 +62,8 @@ RUN_CHECKS = (
 def _run_problems(cfg: Config) -> list[str]:
     values = [(key, OmegaConf.select(cfg, key), holds, fix) for key, holds, fix in RUN_CHECKS]
     problems = [f"{key}={value}: {fix}" for key, value, holds, fix in values if not holds(value)]
-    return problems + [p for name, rules in SECTION_RULES.items() for p in rule_problems(name, cfg[name], rules)]
+    problems += setting_problems(TrainConfig, cfg.train, "train")  # the ranges declared with the settings
+    return problems + setting_problems(MergeConfig, cfg.merge, "merge")
 
 
 def _problems(cfg: Config) -> tuple[list[str], Any]:

@@ -67,12 +67,6 @@ RULES: dict[str, Rule] = {
 }
 
 
-def rule_problems(where: str, values: Mapping[str, Any], rules: Mapping[str, str]) -> list[str]:
-    """`<where>.<key>=<value>: <fix>` for every key of `rules` (a name of RULES each) in `values` out of range."""
-    out = [(f"{where}.{k}", values[k], RULES[rule]) for k, rule in rules.items() if k in values]
-    return [f"{key}={v}: {r.fix.format(key=key)}" for key, v, r in out if not r.holds(v)]
-
-
 def setting(default: Any = dataclasses.MISSING, rule: str | None = None, *, choices: tuple[str, ...] = ()) -> Any:
     """A dataclass field with its range: a rule of RULES, or the strings it may take."""
     if (rule is None) == (not choices) or (rule is not None and rule not in RULES):
