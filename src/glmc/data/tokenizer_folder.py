@@ -10,9 +10,9 @@ RESAVE = "save the tokenizer there again with save_pretrained"
 TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
 
 
-def error_reason(err: BaseException) -> str:
-    """An error as one short line for a message: its type and the first line of its text."""
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+def error_reason(err: BaseException, limit: int = 200) -> str:
+    """An error as one short line for a message: its type and the first `limit` characters of its first line."""
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:limit]}"
 
 
 def check_tokenizer_folder(path: Path, key: str = "data.tokenizer_path") -> None:

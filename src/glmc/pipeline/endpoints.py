@@ -201,15 +201,7 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
         key = cache_key(cfg)
         with cache.lock(key, seed) as waited:
             model, metrics, cached = load_or_train(
-                cfg,
-                seed,
-                key,
-                cache,
-                run_dir,
-                tracker,
-                evaluator,
-                waited,
-                pretrained,
+                cfg, seed, key, cache, run_dir, tracker, evaluator, waited, pretrained
             )
         model.eval()
         cached = cached and seed not in fresh  # trained side by side by this run: not a cache hit

@@ -38,6 +38,7 @@ from omegaconf import open_dict
 
 from glmc.config import Config
 from glmc.data.registry import dataset
+from glmc.data.tokenizer_folder import error_reason
 
 if TYPE_CHECKING:
     from glmc.models.families.base import Family
@@ -63,10 +64,6 @@ class FolderError(ValueError):
 
 def is_pretrained(cfg: Config) -> bool:
     return str(cfg.endpoints.source) == "pretrained"
-
-
-def _reason(err: BaseException) -> str:
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:300]}"
 
 
 def task_of_class(name: str) -> str | None:
@@ -118,7 +115,7 @@ def _read_json(file: Path, key: str) -> Any:
         return json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise FolderError(
-            f"{key}: {file.name} is not valid JSON ({_reason(err)}): the file is damaged; {SAVE_AGAIN}"
+            f"{key}: {file.name} is not valid JSON ({error_reason(err, 300)}): the file is damaged; {SAVE_AGAIN}"
         ) from None
 
 
@@ -156,8 +153,8 @@ def _weight_files(path: Path, key: str) -> tuple[Path, ...]:
                 f.keys()
         except (SafetensorError, OSError, ValueError) as err:
             raise FolderError(
-                f"{key}: {file.name} is damaged ({_reason(err)}): a copy cut short or overwritten; copy it again "
-                f"or {SAVE_AGAIN}"
+                f"{key}: {file.name} is damaged ({error_reason(err, 300)}): a copy cut short or overwritten; "
+                f"copy it again or {SAVE_AGAIN}"
             ) from None
     return tuple(files)
 
@@ -227,7 +224,7 @@ def read_folder(path: str, index: int, task: str, name: str | None = None) -> Fo
         hf_config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     except Exception as err:  # the library's own errors: say which folder and why
         raise FolderError(
-            f"{key}: {CONFIG} does not load as a {model_type} config ({_reason(err)}); {SAVE_AGAIN}"
+            f"{key}: {CONFIG} does not load as a {model_type} config ({error_reason(err, 300)}); {SAVE_AGAIN}"
         ) from None
     weights = _weight_files(folder, key)
     dtype = stored_dtype(weights, config)
@@ -356,7 +353,7 @@ def load_model(f: Folder):
             output_loading_info=True,
         )
     except Exception as err:  # the library's own errors (a tensor of the wrong shape, a damaged file)
-        raise FolderError(f"{f.key}: does not load as {f.hf_class} ({_reason(err)}); {SAVE_AGAIN}") from err
+        raise FolderError(f"{f.key}: does not load as {f.hf_class} ({error_reason(err, 300)}); {SAVE_AGAIN}") from err
     finally:
         if bars:
             hf_logging.enable_progress_bar()
