@@ -109,13 +109,6 @@ def model_key_problems(model: Any, prefix: str, keys: set[str] | None = None) ->
                 f"{prefix}.{key}={model[key]}: model.family={family.name} fixes it at {value} (its Hugging Face "
                 f"config has no setting for it); set {prefix}.{key}={value}"
             )
-    kv, heads = model.num_kv_heads, model.num_heads
-    if "num_kv_heads" in reads and kv is not None and {"num_kv_heads", "num_heads"} & set(checked):
-        if not (finite_number(kv) and kv >= 1 and finite_number(heads) and heads % kv == 0):
-            problems.append(
-                f"{prefix}.num_kv_heads={kv}: key/value heads must be at least 1 and divide {prefix}.num_heads="
-                f"{heads}; choose a divisor of {heads} (null: one per query head)"
-            )
     if "hidden_act" in read:
         from glmc.models.canonical import canonical_activation
 
@@ -123,20 +116,7 @@ def model_key_problems(model: Any, prefix: str, keys: set[str] | None = None) ->
             canonical_activation(str(read["hidden_act"]))
         except ValueError as err:  # it lists the known names
             problems.append(f"{prefix}.hidden_act={read['hidden_act']}: {err}; set one of them")
-    return problems + _patch_problems(model, prefix, reads, checked)
-
-
-def _patch_problems(model: Any, prefix: str, reads: tuple[str, ...], checked: list[str]) -> list[str]:
-    """Patches must tile the image: a remainder would be cut off without a word."""
-    if "patch_size" not in reads or not {"patch_size", "image_size"} & set(checked):
-        return []
-    size, patch = model.image_size, model.patch_size
-    if finite_number(size) and finite_number(patch) and patch >= 1 and size % patch:
-        return [
-            f"{prefix}.patch_size={patch}: does not divide {prefix}.image_size={size}; choose a patch size that "
-            f"divides the image size (e.g. {next(p for p in range(patch, 0, -1) if size % p == 0)})"
-        ]
-    return []
+    return problems + family.model_problems(model, prefix, set(checked))  # the family's own
 
 
 def fits_data(cfg: Config, model: Any, key: str) -> list[str]:

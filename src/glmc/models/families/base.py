@@ -107,6 +107,11 @@ class Family:
             x = x[:, 0]
         return F.linear(x, p["head.w"], p["head.b"])
 
+    def model_problems(self, model: Any, prefix: str, checked: set[str]) -> list[str]:
+        """What this family's keys of a model config must satisfy together beyond their ranges, where one of
+        `checked` is among them (glmc.models.checks asks it before any work)."""
+        return []
+
     def reads_model_keys(self) -> tuple[str, ...]:
         """Every ModelConfig key a model of this family depends on."""
         return (*COMMON_MODEL_KEYS, *self.model_keys)

@@ -27,6 +27,7 @@ from glmc.models.export import check_model, fresh, set_linear, set_param
 from glmc.models.families.base import Family, layer_sizes
 from glmc.models.families.roles import GATED_GROUPED, Acts, Role
 from glmc.models.rotary import SCALED_TYPES
+from glmc.settings.ranges import finite_number
 
 # the rotary types the canonical form computes, as a Hugging Face config's rope_type names them
 ROTARY_TYPES = ("default", *SCALED_TYPES)
@@ -255,6 +256,18 @@ class LlamaFamily(Family):
     head_roles = (Role("head.w", "head", (Acts("residual", 1, "in"),), reads="final", vocab_rows=True),)
     # an RMSNorm's gain is norm_offset + its weight (Gemma stores the gain less one)
     norm_offset = 0.0
+
+    def model_problems(self, model: Any, prefix: str, checked: set[str]) -> list[str]:
+        """Key/value heads that are not a divisor of the query heads."""
+        kv, heads = model.num_kv_heads, model.num_heads
+        if kv is None or not {"num_kv_heads", "num_heads"} & checked:
+            return []
+        if finite_number(kv) and kv >= 1 and finite_number(heads) and heads % kv == 0:
+            return []
+        return [
+            f"{prefix}.num_kv_heads={kv}: key/value heads must be at least 1 and divide {prefix}.num_heads="
+            f"{heads}; choose a divisor of {heads} (null: one per query head)"
+        ]
 
     def embed_scale(self, inner: nn.Module) -> float:
         """The factor the HF model multiplies its token embeddings by (Gemma: sqrt(hidden_size))."""

@@ -18,6 +18,7 @@ from glmc.models.export import check_heads, check_model, fresh, identity_norm, s
 from glmc.models.families.base import Family, encoder_sizes
 from glmc.models.families.fold import center, common_eps, fold_norm
 from glmc.models.families.roles import Acts, Role
+from glmc.settings.ranges import finite_number
 
 
 @torch.no_grad()
@@ -119,6 +120,19 @@ class ViTFamily(Family):
     tasks = ("classification",)
     shared_model_keys = ("qkv_bias", "image_size", "patch_size", "num_channels", "num_labels")
     model_keys = ("image_size", "patch_size", "num_channels", "num_labels", "qkv_bias")
+
+    def model_problems(self, model: Any, prefix: str, checked: set[str]) -> list[str]:
+        """Patches must tile the image: a remainder would be cut off without a word."""
+        size, patch = model.image_size, model.patch_size
+        if not {"patch_size", "image_size"} & checked or not (finite_number(size) and finite_number(patch)):
+            return []
+        if patch < 1 or not size % patch:
+            return []
+        return [
+            f"{prefix}.patch_size={patch}: does not divide {prefix}.image_size={size}; choose a patch size that "
+            f"divides the image size (e.g. {next(p for p in range(patch, 0, -1) if size % p == 0)})"
+        ]
+
     embed_roles = (
         _writer("embed.pos", 1),
         _writer("embed.patch_w", 0),
