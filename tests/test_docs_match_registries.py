@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from glmc.data.registry import dataset_names
+from glmc.datasets import dataset_names
 from glmc.models.families.registry import family_names
 from glmc.settings.methods import METHODS, MULTI_METHODS
 

@@ -4,25 +4,12 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from glmc.datasets import dataset_names
 from glmc.models.families.registry import family_names
 
-# the model families glmc.models.families registers: a new family is a choice without an edit here
+# the registries' names as choices: a new family or dataset is a choice without an edit here
 Family = StrEnum("Family", [(name, name) for name in family_names()])
-
-
-class Dataset(StrEnum):
-    """data.name: the entries of glmc.data.registry (tests/test_dataset_registry.py keeps the two equal;
-    the schema cannot import the data package, which reads the schema)."""
-
-    digits = "digits"
-    cifar10 = "cifar10"
-    cifar100 = "cifar100"
-    tiny_imagenet = "tiny_imagenet"
-    pydoc = "pydoc"  # embedded text: CPython's help topics
-    pydoc_topics = "pydoc_topics"  # the help topics as a 4-way sequence-classification task
-    tiny_shakespeare = "tiny_shakespeare"
-    bookcorpus = "bookcorpus"
-    text_file = "text_file"  # your own UTF-8 text file, data.path
+Dataset = StrEnum("Dataset", [(name, name) for name in dataset_names()])  # data.name
 
 
 class TokenizerKind(StrEnum):

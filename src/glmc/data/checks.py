@@ -1,4 +1,4 @@
-"""What the data settings of a run must satisfy, asked of the dataset's entry in glmc.data.registry: the
+"""What the data settings of a run must satisfy, asked of the dataset's entry in glmc.datasets: the
 tasks it serves, the tokenizer it reads, its labels, subsets and image sizes, the held-out shares, and the
 entry's own `checks` (a file it needs). Called before any work by glmc.pipeline.validate."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from glmc.config import DataConfig
-from glmc.data.registry import MASKED_LM, TEXT, DatasetInfo, dataset, datasets_for, example_option
+from glmc.datasets import MASKED_LM, TEXT, DatasetInfo, dataset, datasets_for, example_option
 from glmc.settings.ranges import finite_number, setting_problems
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from glmc.config import DataConfig
@@ -71,48 +70,23 @@ def _embedded_digest(sources: tuple[Callable[[], str | bytes], ...]) -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
-class OnDisk:
+def files_checksum(relative: str, cfg: DataConfig) -> str | None:
     """The checksum of a dataset's files: `relative` (a file or a folder) under data.root, where its
     loader reads them; None while they are not there."""
-
-    relative: str
-
-    def __call__(self, cfg: DataConfig) -> str | None:
-        return tree_checksum(Path(cfg.root) / self.relative)
+    return tree_checksum(Path(cfg.root) / relative)
 
 
-@dataclass(frozen=True)
-class Embedded:
+def embedded_checksum(sources: tuple[Callable[[], str | bytes], ...], cfg: DataConfig) -> str | None:
     """The checksum of data that ships with Python or a library: `sources` are functions of nothing
     giving its text or bytes (in order), computed once per process."""
-
-    sources: tuple[Any, ...]
-
-    def __call__(self, cfg: DataConfig) -> str | None:
-        return _embedded_digest(self.sources)
+    return _embedded_digest(sources)
 
 
-@dataclass(frozen=True)
-class AtPath:
+def path_checksum(cfg: DataConfig) -> str | None:
     """The checksum of the user's own file, data.path (data=text_file): by content, wherever it lies; None
     while no file is named or there."""
-
-    def __call__(self, cfg: DataConfig) -> str | None:
-        path = getattr(cfg, "path", None)
-        return tree_checksum(Path(path).expanduser()) if path else None
-
-
-def on_disk(relative: str) -> OnDisk:
-    return OnDisk(relative)
-
-
-def at_path() -> AtPath:
-    return AtPath()
-
-
-def embedded(*sources: Callable[[], str | bytes]) -> Embedded:
-    return Embedded(tuple(sources))
+    path = getattr(cfg, "path", None)
+    return tree_checksum(Path(path).expanduser()) if path else None
 
 
 def tokenizer_checksum(cfg: DataConfig) -> str | None:

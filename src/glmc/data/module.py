@@ -1,4 +1,4 @@
-"""One LightningDataModule for every dataset; the dataset registry (glmc.data.registry) gives the loader."""
+"""One LightningDataModule for every dataset; the dataset registry (glmc.datasets) gives the loader."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from glmc.config import DataConfig
-from glmc.data import registry
+from glmc import datasets
 from glmc.data.device_batches import DeviceBatches, Positions, token_windows
 from glmc.data.step_sampler import StepSampler
 
@@ -29,10 +29,10 @@ class Splits:
 
 
 def load_splits(cfg: DataConfig) -> Splits:
-    """The splits of data.name, by the loader its registry entry names (glmc.data.registry): an image
+    """The splits of data.name, by the loader its registry entry names (glmc.datasets): an image
     loader gives (train, test) or (train, test, validation), a text loader (train, validation, test,
     tokenizer)."""
-    info = registry.dataset(cfg.name)
+    info = datasets.dataset(cfg.name)
     loaded = info.loader(cfg)
     if info.is_text:
         train, val, test, tokenizer = loaded

@@ -1,6 +1,6 @@
 """What the model settings of a run must satisfy, asked of the model's family (glmc.models.families): the
 keys it reads and their ranges, the values it fixes, its heads and tasks, and its fit to the data's entry
-in glmc.data.registry. Called before any work by glmc.pipeline.validate."""
+in glmc.datasets. Called before any work by glmc.pipeline.validate."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import fields
 from typing import Any
 
 from glmc.config import Config, ModelConfig
-from glmc.data.registry import IMAGES, TEXT, dataset
+from glmc.datasets import IMAGES, TEXT, dataset
 from glmc.models.families import families_for_data, family_named
 from glmc.settings.ranges import finite_number, setting_problems
 

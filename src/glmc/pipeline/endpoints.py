@@ -26,7 +26,7 @@ from omegaconf import OmegaConf, open_dict
 from glmc.config import Config
 from glmc.data.fingerprint import tokenizer_checksum
 from glmc.data.module import DataModule
-from glmc.data.registry import dataset
+from glmc.datasets import dataset
 from glmc.eval.evaluator import Evaluator
 from glmc.models.build import build_model
 from glmc.models.convert import to_canonical

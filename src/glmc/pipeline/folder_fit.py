@@ -5,7 +5,7 @@ Before any data is loaded (`folder_problems`, called by glmc.pipeline.validate),
 safetensors headers only: that every folder exists and holds an intact config and weights of a family
 that glmc reads, that the models share their family, layers, vocabulary, positions and classes, that they
 fit the data (its kind and task, the window length, image size, channels and classes, as its entry in
-glmc.data.registry gives them), and that models of different widths can be aligned (the narrower one is
+glmc.datasets gives them), and that models of different widths can be aligned (the narrower one is
 embedded into the wider one first, as for `endpoint_models`); for text, that every folder's saved
 tokenizer (read from its JSON files) asks for no code of its own and has the vocabulary and special
 tokens of the one the text is encoded with, unless data.tokenizer_path names that one on purpose (then
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from glmc.config import Config
-from glmc.data.registry import IMAGES, TEXT, dataset, datasets_for, example_option
+from glmc.datasets import IMAGES, TEXT, dataset, datasets_for, example_option
 from glmc.pipeline.hf_folders import (
     TOKEN_ROLES,
     Folder,
@@ -165,7 +165,7 @@ def _pairing_problems(cfg: Config, n: int) -> list[str]:
 
 
 def _data_problems(cfg: Config, f: Folder) -> list[str]:
-    """The folder's model against the data the run evaluates on (its registry entry, glmc.data.registry)."""
+    """The folder's model against the data the run evaluates on (its registry entry, glmc.datasets)."""
     data, info = cfg.data, dataset(cfg.data.name)
     kind = info.modality
     is_a, own = f"{f.key} is a {f.family.name} model ({f.hf_class})", f.family.data_kind

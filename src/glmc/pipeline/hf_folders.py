@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import open_dict
 
 from glmc.config import Config
-from glmc.data.registry import dataset
+from glmc.datasets import dataset
 from glmc.data.tokenizer_folder import error_reason
 
 if TYPE_CHECKING:

@@ -1,23 +1,12 @@
 """Every dataset glmc reads, one entry each: what it is, what it fits and how it is loaded.
 
-The rest of glmc asks this registry about a dataset (`dataset(cfg.data.name)`) and never names one:
-the config checks (glmc.data.checks, glmc.pipeline.folder_fit), the data module (glmc.data.module),
-the endpoint cache key (glmc.data.fingerprint) and the `data.name` choices (glmc.choices) all read it.
+The rest of glmc asks this registry about a dataset (`dataset(cfg.data.name)`) and never names one: the
+config checks (glmc.data.checks, glmc.pipeline.folder_fit), the data module, the endpoint cache key and the
+`data.name` choices (glmc.choices.Dataset, made from `DATASETS`) all read it. Adding a dataset is a loader
+in glmc/data/, one `DatasetInfo` entry below and one YAML in conf/data/ (docs/adding-a-dataset.md).
 
-Adding a dataset is three things:
-
-1. a loader file in glmc/data/ with a function `<name>_splits(cfg: DataConfig)` that returns
-   (train, test) or (train, test, validation) for images, (train, validation, test, tokenizer) for text;
-2. one `DatasetInfo` entry in `DATASETS` below: its modality and tasks, its shapes (images), the loader
-   (`Lazy("glmc.data.<file>:<function>")`) and its fingerprint (`on_disk(<folder under data.root>)`, or
-   `embedded(...)` for data that ships with Python or a library);
-3. one YAML in conf/data/ (`name: <name>` and the settings a run of it needs).
-
-docs/adding-a-dataset.md walks through it; tests/test_dataset_registry.py checks that every entry has its
-YAML and that no module outside glmc/data names a dataset.
-
-The registry imports no loader (and so neither torch nor torchvision): loaders, label lists and the like
-are `Lazy` references, imported when a run first reads them.
+It imports nothing of glmc, so that the config schema can read it: loaders, label lists and checksums are
+`Lazy` references into glmc.data, imported when a run first reads them.
 """
 
 from __future__ import annotations
@@ -25,12 +14,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from glmc.data.fingerprint import at_path, embedded, on_disk
-
-if TYPE_CHECKING:
-    from glmc.config import DataConfig
+from typing import Any
 
 IMAGES, TEXT = "images", "text"  # a dataset's modality, as a model family's `data_kind` names it
 CLASSIFICATION, CAUSAL_LM, MASKED_LM = "classification", "causal_lm", "masked_lm"  # data.task
@@ -38,16 +22,32 @@ CLASSIFICATION, CAUSAL_LM, MASKED_LM = "classification", "causal_lm", "masked_lm
 
 @dataclass(frozen=True)
 class Lazy:
-    """`module:name`, imported when first read, so the registry stays cheap to import."""
+    """`module:name`, imported when first read; a call passes `args` first, then its own arguments."""
 
     path: str
+    args: tuple[Any, ...] = ()
 
     def get(self) -> Any:
         module, name = self.path.split(":")
         return getattr(importlib.import_module(module), name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.get()(*args, **kwargs)
+        return self.get()(*self.args, *args, **kwargs)
+
+
+def on_disk(relative: str) -> Lazy:
+    """The checksum of the files at `relative` (a file or a folder) under data.root."""
+    return Lazy("glmc.data.fingerprint:files_checksum", (relative,))
+
+
+def embedded(*sources: Lazy) -> Lazy:
+    """The checksum of data that ships with Python or a library: `sources` give its text or bytes."""
+    return Lazy("glmc.data.fingerprint:embedded_checksum", (sources,))
+
+
+def at_path() -> Lazy:
+    """The checksum of the user's own file, data.path."""
+    return Lazy("glmc.data.fingerprint:path_checksum")
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,8 @@ class DatasetInfo:
     name: str
     modality: str
     tasks: tuple[str, ...]
-    loader: Callable[[DataConfig], tuple]
-    fingerprint: Callable[[DataConfig], str | None]
+    loader: Callable[[Any], tuple]  # of the run's DataConfig
+    fingerprint: Callable[[Any], str | None]
     image_size: int | None = None
     channels: int | None = None
     classes: int | None = None
