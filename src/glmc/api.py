@@ -56,10 +56,9 @@ def align(
     """Align model B to model A.
 
     `model_a`, `model_b`: Hugging Face models of a known family (glmc.models.families) or canonical ones.
-    `matcher`: a method name from the registry (vanilla, canonical, weight_perm, weight, activation,
-    activation_orth, rotation, learned, learned_perm, learned_sinkhorn) whose settings are overridden
-    by `options` (e.g. max_iter=5, lr=1e-2; a misspelled option is an error naming it), or any object with a
-    `match(a, b, context)` method. Data-driven methods need `data`, a DataLoader of training
+    `matcher`: a method name of the registry (glmc.matching.registry.METHODS, e.g. "weight") whose settings
+    are overridden by `options` (e.g. max_iter=5, lr=1e-2; a misspelled option is an error naming it), or any
+    object with a `match(a, b, context)` method. Data-driven methods need `data`, a DataLoader of training
     batches (inputs, targets); a DataLoader of a TensorDataset is checked whole against model A
     (sequence lengths, token ids, labels), any other data by its first batch. Learned matching
     trains with a Lightning Trainer (settings from `trainer`, e.g. {"accelerator": "gpu"}) and
