@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from glmc.alignment import Alignment  # re-exported: its home before glmc.alignment
+from glmc.alignment import Alignment
 from glmc.models.canonical import CanonicalTransformer
 
 
