@@ -1,12 +1,8 @@
 """The run folder: whether a run may write into it, and what an earlier run left there.
 
-`check_run_dir` refuses a run folder that cannot be written, that holds a symbolic link leading out of
-it, or that already holds the results of a different config unless `overwrite=true`
-(`config_differences` names the keys that differ; NOT_RESULTS lists those that may); with overwrite=true,
-`remove_previous_outputs` clears what the replaced config wrote and nothing else. `RunFolderGuard` (a
-Hydra callback, conf/config.yaml) locks the folder for the run's duration (`hold_run_dir`: a second run
-into it is refused) and runs the same check, on the config as the run resolves it, before Hydra writes
-the run's .hydra/ files into that folder.
+`check_run_dir` refuses a folder that cannot be written, holds a link leading out of it, or holds the
+results of a different config unless overwrite=true (then `remove_previous_outputs` clears what that
+config wrote). `RunFolderGuard` (a Hydra callback) locks the folder for the run and checks it first.
 """
 
 from __future__ import annotations
@@ -138,11 +134,8 @@ def check_links(run_dir: Path) -> None:
 
 
 def check_run_dir(cfg: Config, run_dir: Path) -> bool:
-    """PermissionError when `run_dir` cannot be written; FileExistsError when it holds results.json
-    of a different config (and overwrite is false). True when overwrite=true replaces such results:
-    `remove_previous_outputs` then clears what that config wrote.
-
-    The same config (up to NOT_RESULTS) may run again: it resumes learned matching from its checkpoints."""
+    """PermissionError when `run_dir` cannot be written; FileExistsError when it holds results.json of a
+    different config (up to NOT_RESULTS) and overwrite is false; True when overwrite=true replaces them."""
     check_writable(run_dir)
     check_links(run_dir)
     results = Path(run_dir) / "results.json"
@@ -226,9 +219,8 @@ def method_folders(run_dir: Path) -> list[Path]:
 
 
 def previous_outputs(run_dir: Path) -> list[Path]:
-    """What the run recorded in `run_dir`/results.json wrote there: inside each of its method folders the
-    diagnostics files, hf_<label> exports and checkpoint folders (`_method_outputs`), then its result
-    files. Files of the user's own in those folders are not listed."""
+    """What the run recorded in `run_dir`/results.json wrote there: `_method_outputs` of each method
+    folder, then its result files."""
     run_dir = Path(run_dir)
     labels = _pair_labels(_saved_results(run_dir))
     inside = [p for folder in method_folders(run_dir) for p in _method_outputs(folder, labels)]
@@ -236,9 +228,7 @@ def previous_outputs(run_dir: Path) -> list[Path]:
 
 
 def remove_previous_outputs(run_dir: Path) -> None:
-    """Remove `previous_outputs`: with overwrite=true, nothing of the replaced config's results (an
-    export, a diagnostics file, a method the new config does not run) is left beside the new ones. A
-    method folder left empty is removed; one holding files of the user's own keeps them."""
+    """Remove `previous_outputs`, and the method folders left empty (the user's own files stay)."""
     folders = method_folders(run_dir)
     for path in previous_outputs(run_dir):
         log.info("overwrite=true: removing %s of the replaced results", path)
@@ -295,11 +285,9 @@ def _first_rank() -> bool:
 
 
 class RunFolderGuard(Callback):
-    """For a single run started by run.py, before Hydra saves .hydra/config.yaml in its folder: locks
-    the folder until the run ends (`hold_run_dir`; a second run into it is refused) and runs
-    `check_run_dir` on the config as run_pipeline resolves it (symmetry=auto replaced by the family's
-    class, as results.json records it). A refused run leaves the folder as it was. Hydra turns a
-    callback's exception into a warning and goes on, so a refusal exits here (glmc.pipeline.refusals)."""
+    """Before Hydra saves .hydra/ in the run folder: locks it until the run ends (`hold_run_dir`) and runs
+    `check_run_dir` on the config as run_pipeline resolves it. A refused run leaves the folder as it was;
+    Hydra would turn a callback's exception into a warning, so a refusal exits here."""
 
     def __init__(self) -> None:
         self._lock: tuple[FileLock, bool] | None = None  # (the held lock, whether its file is this run's)
