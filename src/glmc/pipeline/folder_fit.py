@@ -1,19 +1,11 @@
-"""Whether the model folders of an endpoints=pretrained run fit the data and each other
-(glmc.pipeline.hf_folders reads them).
+"""Whether the model folders of an endpoints=pretrained run (read by glmc.pipeline.hf_folders) fit the
+data and each other, every message naming the folder (`endpoints.paths[i]`).
 
-Before any data is loaded (`folder_problems`, called by glmc.pipeline.validate), from config.json and the
-safetensors headers only: that every folder exists and holds an intact config and weights of a family
-that glmc reads, that the models share their family, layers, vocabulary, positions and classes, that they
-fit the data (its kind and task, the window length, image size, channels and classes, as its entry in
-glmc.datasets gives them), and that models of different widths can be aligned (the narrower one is
-embedded into the wider one first, as for `endpoint_models`); for text, that every folder's saved
-tokenizer (read from its JSON files) asks for no code of its own and has the vocabulary and special
-tokens of the one the text is encoded with, unless data.tokenizer_path names that one on purpose (then
-`check_tokenizer` warns that a folder's own tokenizer is not used), and that the command line asks for no
-tokenizer built from the corpus (data.tokenizer=char). After the tokenizer is loaded (`check_tokenizer`):
-that its ids fit every model's vocabulary. When the weights are loaded (`check_pairs`): that the
-canonical models of every pair fit together (glmc.models.compatibility). Every message names the folder
-(`endpoints.paths[i]`).
+Before any data is loaded (`folder_problems`), from config.json, the safetensors headers and the saved
+tokenizers' JSON: the folders' family, sizes and tokenizers against each other and the data's registry
+entry, and whether models of different widths can be aligned. Once the tokenizer is loaded
+(`check_tokenizer`): its ids against every vocabulary. Once the weights are (`check_pairs`): every pair's
+canonical models (glmc.models.compatibility).
 """
 
 from __future__ import annotations
