@@ -93,8 +93,9 @@ def _problems(cfg: Config) -> tuple[list[str], Any]:
         problems += model_problems(cfg) + _endpoint_model_problems(cfg)
     problems += _method_problems(cfg, family, where)
     problems += _multi_problems(cfg)
-    problems += _precision_problems(cfg)
-    problems += _parallel_problems(cfg)
+    from glmc.train.trainer import trainer_problems  # Lightning: imported where a Trainer is checked
+
+    problems += trainer_problems(cfg)
     problems += _unknown_keys(cfg, Config, "")
     return problems, family
 
@@ -140,33 +141,6 @@ def _path_problems(cfg: Config) -> list[str]:
             f"{key}: {what} ({err.strerror or err}); the trained endpoints are cached there: make it writable "
             "or set cache_dir=<a writable folder>"
         ]
-    return []
-
-
-def _parallel_problems(cfg: Config) -> list[str]:
-    """train.parallel_endpoints > 1 trains each endpoint in a process of its own on one device: not with
-    Trainers that spread one endpoint over several devices or processes (DDP)."""
-    trainer, parallel = cfg.trainer, cfg.train.parallel_endpoints
-    if parallel in (None, 1) or not RULES["count"].holds(parallel):
-        return []
-    if str(trainer.devices) == "1" and trainer.num_nodes == 1 and "ddp" not in str(trainer.strategy):
-        return []
-    return [
-        f"train.parallel_endpoints={parallel}: each endpoint trains in a process of its own on one device, "
-        f"not with trainer.devices={trainer.devices}, trainer.strategy={trainer.strategy}, "
-        f"trainer.num_nodes={trainer.num_nodes}; use train.parallel_endpoints=1 with these, or trainer=gpu "
-        "or trainer=cpu"
-    ]
-
-
-def _precision_problems(cfg: Config) -> list[str]:
-    """trainer.precision that glmc does not train with, or 16-mixed on CPU (glmc.train.trainer)."""
-    from glmc.train.trainer import resolve_precision
-
-    try:
-        resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)
-    except ValueError as err:
-        return [str(err)]
     return []
 
 

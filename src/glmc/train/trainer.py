@@ -13,6 +13,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig
 
+from glmc.settings.ranges import finite_number
 from glmc.train.process_group import CloseProcessGroup
 from glmc.train.progress_log import ProgressLog
 
@@ -103,6 +104,33 @@ def resolve_precision(precision: Any, accelerator: str) -> str:
             "trainer.precision=bf16-mixed or 32-true"
         )
     return precision
+
+
+def trainer_problems(cfg: Any) -> list[str]:
+    """What in the run config's trainer.* cannot train: a precision resolve_precision refuses, or
+    train.parallel_endpoints with a Trainer that spreads one endpoint over several devices."""
+    try:
+        resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)
+        problems = []
+    except ValueError as err:
+        problems = [str(err)]
+    return problems + _parallel_problems(cfg)
+
+
+def _parallel_problems(cfg: Any) -> list[str]:
+    """train.parallel_endpoints > 1 trains each endpoint in a process of its own on one device: not with
+    Trainers that spread one endpoint over several devices or processes (DDP)."""
+    trainer, parallel = cfg.trainer, cfg.train.parallel_endpoints
+    if parallel in (None, 1) or not finite_number(parallel) or parallel < 1:
+        return []
+    if str(trainer.devices) == "1" and trainer.num_nodes == 1 and "ddp" not in str(trainer.strategy):
+        return []
+    return [
+        f"train.parallel_endpoints={parallel}: each endpoint trains in a process of its own on one device, "
+        f"not with trainer.devices={trainer.devices}, trainer.strategy={trainer.strategy}, "
+        f"trainer.num_nodes={trainer.num_nodes}; use train.parallel_endpoints=1 with these, or trainer=gpu "
+        "or trainer=cpu"
+    ]
 
 
 def trained_precision(trainer_cfg: DictConfig | Any) -> str:
