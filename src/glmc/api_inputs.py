@@ -1,11 +1,8 @@
 """What the public API (glmc.api) accepts, checked where it enters.
 
-Models must have the head their family reads (GPT2LMHeadModel, not the bare GPT2Model) and hold their
-weights (not on the meta device), the task must be one the model is built for
-(read from the model when not given), and each batch must be an (inputs, targets) pair of the form
-the model's family reads: integer token ids [batch, time] for text, float images [batch, channels,
-height, width] for images, with targets of the shape the task compares. Each problem is a TypeError
-or ValueError that names the argument and says what to pass, not a torch error from a forward pass.
+Models must have their family's head and hold their weights, the task must be the model's, and each
+batch an (inputs, targets) pair of the form the family reads (INPUT_FORMS) with targets the task compares.
+Each problem is a TypeError or ValueError naming the argument and what to pass.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """How a refusal reaches the command line: glmc's own message on stderr, no traceback, exit status 1.
 
-A refusal is an error glmc raised on purpose to say what is wrong and what to do instead: a bad
-setting, a folder that cannot be read or written, a disk that filled up. Those are told by where
-they were raised (the innermost frame lies in glmc's source or in run.py) and by their kind (a
-ValueError, an OSError, a NotImplementedError, or one of glmc's own exception classes). Anything
-else, a failure inside torch or another library, keeps Hydra's report with its traceback, since that
-is a fault to investigate rather than an input to change. With HYDRA_FULL_ERROR=1 every error keeps
-its full traceback, as Hydra does.
+A refusal is an error of REFUSAL_KINDS or of glmc's own classes raised in glmc's source or run.py: a
+setting or folder to change. Any other error (inside torch or another library) keeps Hydra's report and
+traceback, as every error does with HYDRA_FULL_ERROR=1.
 """
 
 from __future__ import annotations

@@ -113,10 +113,8 @@ LOOP = "a symbolic link on this path leads back to itself (a loop), so nothing c
 
 
 def _path_problems(cfg: Config) -> list[str]:
-    """The folders a run reads or writes besides its run folder (glmc.pipeline.run_folder): with
-    endpoints=pretrained the folders of endpoints.paths must not loop; with trained endpoints cache_dir
-    must not loop, must be a folder (or one that can be created) and must be writable, since the cache
-    takes a lock file even to load an endpoint."""
+    """endpoints.paths that loop; a cache_dir that loops, is a file or cannot be written (the cache takes
+    a lock file even to load an endpoint). The run folder is glmc.pipeline.run_folder's."""
     if str(cfg.endpoints.source) == "pretrained":
         return [
             f"endpoints.paths[{i}]={path}: {LOOP}; remove the link or give the model folder itself"
@@ -273,9 +271,8 @@ def _widths(model: Any) -> dict[str, int]:
 
 
 def _method_problems(cfg: Config, family: Any = None, where: str = "") -> list[str]:
-    """Every method the run builds: the names, and each one's settings (the ranges its config declares).
-    `family`: the endpoints' model family, whose residual classes the methods must keep to (None: not
-    known, not checked); `where` names it in the message (model.family=..., or the folders)."""
+    """Every method the run builds: its name, its settings' declared ranges, and its residual class against
+    the endpoints' `family` (None: not known), which `where` names."""
     names = list(cfg.matcher.methods)
     unknown = [n for n in names if n not in METHODS]
     if unknown:
@@ -300,8 +297,7 @@ def _method_problems(cfg: Config, family: Any = None, where: str = "") -> list[s
 
 
 def _multi_problems(cfg: Config) -> list[str]:
-    """multi.*: read by pairing=universe runs only, checked in every run (a setting nothing reads
-    may as well be right)."""
+    """multi.*: read by pairing=universe runs only, checked in every run."""
     from glmc.pipeline.endpoints import endpoint_ids
 
     m = cfg.multi

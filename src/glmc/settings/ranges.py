@@ -6,12 +6,10 @@ A settings dataclass declares a field's range once:
     vocabulary: str = setting("train", choices=("train", "all"))
     residual: ResidualClass = ResidualClass.orthogonal         # an enum: its members are the choices
 
-From these, `setting_problems(schema, values, where)` lists every value out of its range as
-`<where>.<key>=<value>: <what to use instead>` (the config check, glmc.pipeline.validate, reads a composed
-node with it) and `check_settings` raises the first as a ValueError (a matcher's constructor and the
-training settings check their arguments with it, for callers from Python). Hydra refuses a wrong enum
-value while composing; `check_settings` refuses it for Python callers. Settings that constrain each other
-(activation matching's residual and residual_map) are checked where they are read.
+`setting_problems(schema, values, where)` lists every value out of its range as `<where>.<key>=<value>:
+<what to use instead>` (the config check of the command line reads it); `check_settings` raises the first
+as a ValueError (a matcher's constructor and glmc.align). Settings that constrain each other are checked
+where they are read.
 """
 
 from __future__ import annotations
