@@ -33,8 +33,8 @@ from omegaconf import open_dict
 
 from glmc.config import register_configs
 from glmc.data.module import DataModule
+from glmc.eval.evaluator import run_evaluators
 from glmc.pipeline.endpoints import get_endpoints
-from glmc.pipeline.evaluation import evaluators
 from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import validate_config
 from glmc.train.trainer import quiet_lightning, resolve_device
@@ -67,7 +67,7 @@ def stage_seconds(cfg, seeds: list[int], parallel: int, folder: Path) -> float:
         cfg.cache_dir = str(folder / "endpoints")
     data = DataModule(cfg.data, seed=0)
     data.setup()
-    test, _ = evaluators(cfg, data, resolve_device(cfg.trainer.accelerator))
+    test, _ = run_evaluators(cfg, data, resolve_device(cfg.trainer.accelerator))
     start = time.perf_counter()
     with Tracker(cfg, folder / "run") as tracker:
         endpoints = get_endpoints(cfg, folder / "run", tracker, test)

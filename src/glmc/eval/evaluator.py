@@ -165,6 +165,21 @@ class Evaluator:
             return f.forward(f.tensors, inputs).float()
 
 
+def run_evaluators(cfg: Any, data: Any, device: torch.device) -> tuple[Evaluator, Evaluator]:
+    """A run's (glmc.config.Config) test split evaluator and the one its paths are evaluated with (the same
+    unless eval.split names another split of the DataModule `data`), with its eval.* settings."""
+    options = dict(
+        task=cfg.data.task,
+        device=device,
+        precision=cfg.eval.precision,
+        cache_mb=cfg.eval.cache_batches_mb,
+        progress=cfg.trainer.enable_progress_bar,
+    )
+    test = Evaluator(data.test_dataloader(), **options)
+    evaluator = test if cfg.eval.split == "test" else Evaluator(data.eval_dataloader(cfg.eval.split), **options)
+    return test, evaluator
+
+
 def evaluate(model: torch.nn.Module, loader: Iterable, task: str = "classification", **options) -> tuple[float, float]:
     """Mean loss and accuracy of `model` over `loader` (options: device, precision)."""
     return Evaluator(loader, task, progress=False, **options).evaluate(model)

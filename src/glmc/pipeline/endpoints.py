@@ -27,13 +27,12 @@ from glmc.config import Config
 from glmc.data.fingerprint import tokenizer_checksum
 from glmc.data.module import DataModule
 from glmc.datasets import dataset
-from glmc.eval.evaluator import Evaluator
+from glmc.eval.evaluator import Evaluator, run_evaluators
 from glmc.models.build import build_model
 from glmc.models.convert import to_canonical
 from glmc.models.families import family_named, family_names
 from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
 from glmc.pipeline.endpoint_record import Endpoint
-from glmc.pipeline.evaluation import evaluators
 from glmc.pipeline.folder_fit import check_pairs, read_folders
 from glmc.pipeline.hf_folders import (
     canonical_of,
@@ -337,7 +336,7 @@ def _train_and_cache(cfg: Config, index: int, key: dict[str, Any], run_dir: Path
     quiet_lightning()
     data = DataModule(evaluation_config(cfg).data, seed=0)  # the run's evaluation data, as the run builds them
     data.setup()
-    test, _ = evaluators(cfg, data, resolve_device(cfg.trainer.accelerator))
+    test, _ = run_evaluators(cfg, data, resolve_device(cfg.trainer.accelerator))
     cache, seed = EndpointCache(Path(cfg.cache_dir)), cfg.seeds[index]
     with Tracker(cfg, run_dir) as tracker, cache.lock(key, seed) as waited:
         pretrained = functools.partial(pretrained_model, cfg, run_dir, tracker)

@@ -25,15 +25,16 @@ from glmc.alignment import Alignment
 from glmc.choices import EvalPrecision
 from glmc.config import Config
 from glmc.data.module import DataModule
-from glmc.eval.barrier import lambda_grid
-from glmc.eval.evaluator import Evaluator, path_losses
+from glmc.eval.barrier import barrier, barrier_vs_mean, lambda_grid, path_end_mismatches
+from glmc.eval.evaluator import Evaluator, path_losses, run_evaluators
 from glmc.matching.base import MatchContext
 from glmc.matching.registry import build_matcher, method_config
+from glmc.metrics import is_token_task
+from glmc.models.canonical import relative_deviation
 from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.cache import config_hash
 from glmc.pipeline.endpoint_record import Endpoint
 from glmc.pipeline.endpoints import cache_key, endpoint_ids, get_endpoints, training_kept
-from glmc.pipeline.evaluation import evaluate_alignment, evaluators
 from glmc.pipeline.folder_fit import check_tokenizer
 from glmc.pipeline.hf_folders import evaluation_config, is_pretrained
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
@@ -89,6 +90,42 @@ def summarise(pairs: list[dict[str, Any]]) -> dict[str, Any]:
 def is_global_zero() -> bool:
     """Only one process writes results when the pipeline runs once per rank (torchrun, SLURM)."""
     return int(os.environ.get("RANK", 0)) == 0
+
+
+def evaluate_alignment(
+    evaluator: Evaluator,
+    alignment: Alignment,
+    b: Endpoint,
+    lambdas: list[float],
+    task: str,
+    desc: str,
+    end_losses: tuple[float, float] | None = None,
+    endpoint_models: bool = False,
+) -> dict[str, Any]:
+    """The path's curve, barriers and how far the aligned B is from B (relative logit deviation).
+
+    `end_losses` (A's and B's own losses on the evaluator's batches): a function-preserving path must
+    start and end at them; a mismatch above float32 round-off is an error naming both values.
+    `endpoint_models`: whether the run sets endpoint_models, which the error then names as a suspect."""
+    curve = evaluator.path(alignment, lambdas, desc=desc)
+    if end_losses is not None and alignment.function_preserving:
+        mismatches = path_end_mismatches(lambdas, curve["loss"], *end_losses)
+        if mismatches:
+            suspect = " (a model setting of endpoint_models beyond the widths?)" if endpoint_models else ""
+            raise ValueError(
+                f"{desc}: the path does not end at its endpoints ({'; '.join(mismatches)}): the interpolated "
+                f"model computes another function than the endpoint: a setting of B's forward taken from A{suspect}"
+            )
+    return {
+        "barrier": barrier(lambdas, curve["loss"]),
+        "barrier_vs_mean": barrier_vs_mean(lambdas, curve["loss"]),
+        "lambdas": lambdas,
+        "test_loss": curve["loss"],
+        "test_accuracy": curve["accuracy"] if task == "classification" else [None] * len(lambdas),
+        **({"test_perplexity": [math.exp(x) for x in curve["loss"]]} if is_token_task(task) else {}),
+        "endpoint_deviation": relative_deviation(evaluator.logits(alignment.model), evaluator.logits(b.model)),
+        "function_preserving": alignment.function_preserving,
+    }
 
 
 def check_vocabulary(cfg: Config, data: DataModule) -> None:
@@ -356,7 +393,7 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
         data = DataModule(evaluation_config(cfg).data, seed=0)  # pretrained text: the folders' tokenizer
         data.setup()
         check_vocabulary(cfg, data)
-        test, evaluator = evaluators(cfg, data, device)
+        test, evaluator = run_evaluators(cfg, data, device)
         stage["name"] = "endpoints"
         endpoints = get_endpoints(cfg, run_dir, tracker, test)
         # every endpoint's own loss on the path's batches, where each function-preserving path must end
