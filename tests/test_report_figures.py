@@ -42,7 +42,7 @@ PAIRS = [(0, 1), (2, 3), (4, 5)]
 
 
 def pair_result(seeds, barrier=0.1, loss=(0.2, 0.5, 0.2), accuracy=(0.9, 0.6, 0.9), diagnostics=None, **more):
-    """One entry of results.json's methods[name]["pairs"] (glmc.pipeline.evaluation + glmc.pipeline.run)."""
+    """One entry of results.json's methods[name]["pairs"] (glmc.pipeline.run.evaluate_alignment + _run)."""
     return {
         "seeds": list(seeds),
         "barrier": barrier,
