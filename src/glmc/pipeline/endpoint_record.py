@@ -1,5 +1,5 @@
-"""What the endpoint stage hands the stages after it: one endpoint, trained here or read from a folder
-(glmc.pipeline.endpoints makes them)."""
+"""What the endpoint stage (glmc.pipeline.endpoints) hands the stages after it: one endpoint, trained or
+read from the cache or from a model folder."""
 
 from __future__ import annotations
 
