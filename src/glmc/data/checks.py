@@ -23,19 +23,17 @@ def data_problems(cfg: Any, pretrained: bool = False) -> list[str]:
     for key in ("batch_size", "eval_batch_size"):
         if data[key] < 1:
             problems.append(f"data.{key}={data[key]}: use a batch size of at least 1")
-    problems += _fraction_problems(data)
-    problems += _task_problems(cfg, pretrained)
-    problems += _dataset_problems(cfg)
-    return problems + _image_size_problems(data)
+    info = dataset(data.name)  # the entry, read once: every check below asks it
+    problems += _fraction_problems(data, info) + _task_problems(cfg, info, pretrained)
+    return problems + _dataset_problems(cfg, info) + _image_size_problems(data, info)
 
 
-def _task_problems(cfg: Any, pretrained: bool) -> list[str]:
+def _task_problems(cfg: Any, info: DatasetInfo, pretrained: bool) -> list[str]:
     """The task against the data: masked LM needs WordPiece's [CLS] and [MASK] (or a saved tokenizer's,
     data.tokenizer=pretrained) and fixed windows, the topic task is classification over WordPiece ids
     and picks one of its datasets."""
     data = cfg.data
     problems = []
-    info = dataset(data.name)
     # the user's own file says which tokenizer it needs in its own check (_dataset_problems)
     if data.tokenizer == "pretrained" and not data.tokenizer_path and not info.reads_path:
         problems.append(
@@ -64,12 +62,11 @@ def _task_problems(cfg: Any, pretrained: bool) -> list[str]:
             f"model.num_labels={cfg.model.num_labels}: data={data.name} has {len(labels)} labels "
             f"({', '.join(labels)}); set model.num_labels={len(labels)}"
         )
-    return problems + _subset_problems(data)
+    return problems + _subset_problems(data, info)
 
 
-def _dataset_problems(cfg: Any) -> list[str]:
+def _dataset_problems(cfg: Any, info: DatasetInfo) -> list[str]:
     """data.path where the dataset reads no file of the user's, and the entry's own `checks`."""
-    info = dataset(cfg.data.name)
     if cfg.data.path is not None and not info.reads_path:
         readers = [d.name for d in datasets_for() if d.reads_path]
         return [
@@ -90,10 +87,9 @@ def _task_refusal(task: str, info: DatasetInfo) -> str:
     return f"data.task={task}: data={info.name} is a {' or '.join(info.tasks)} task"
 
 
-def _subset_problems(data: Any) -> list[str]:
+def _subset_problems(data: Any, info: DatasetInfo) -> list[str]:
     """data.num_subsets and data.subset, checked in every run (the topics are counted only where read)."""
-    subsets = dataset(data.name).subsets
-    most = None if subsets is None else subsets()
+    most = None if info.subsets is None else info.subsets()
     if not (finite_number(data.num_subsets) and 1 <= data.num_subsets <= (most or data.num_subsets)):
         upto = f"1 to {most} (every dataset must hold topics of every label)" if most else "at least 1"
         return [f"data.num_subsets={data.num_subsets}: use {upto}"]
@@ -105,11 +101,11 @@ def _subset_problems(data: Any) -> list[str]:
     return []
 
 
-def _fraction_problems(data: Any) -> list[str]:
+def _fraction_problems(data: Any, info: DatasetInfo) -> list[str]:
     """The held-out shares: images may hold out no validation split, text cuts train, validation and test."""
     val, test = data.val_fraction, data.test_fraction
     problems = []
-    if dataset(data.name).is_text and not (finite_number(val) and 0 < val < 1):
+    if info.is_text and not (finite_number(val) and 0 < val < 1):
         problems.append(
             f"data.val_fraction={val}: data={data.name} cuts a validation block from its text; use a value "
             "in (0, 1) (e.g. data.val_fraction=0.05)"
@@ -126,9 +122,9 @@ def _fraction_problems(data: Any) -> list[str]:
     return problems
 
 
-def _image_size_problems(data: Any) -> list[str]:
+def _image_size_problems(data: Any, info: DatasetInfo) -> list[str]:
     """data.image_size resizes the datasets the registry marks resizable only, never below their native size."""
-    size, info = data.image_size, dataset(data.name)
+    size = data.image_size
     if size is not None and not info.resizable:
         resizable = " or ".join(f"data={d.name}" for d in datasets_for() if d.resizable)
         return [

@@ -5,12 +5,15 @@ in glmc.datasets. Called before any work by glmc.pipeline.validate."""
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glmc.config import Config, ModelConfig
-from glmc.datasets import IMAGES, TEXT, dataset
+from glmc.datasets import IMAGES, TEXT, DatasetInfo, dataset
 from glmc.models.families import families_for_data, family_named
 from glmc.settings.ranges import finite_number, setting_problems
+
+if TYPE_CHECKING:
+    from glmc.models.families.base import Family
 
 
 def model_problems(cfg: Config) -> list[str]:
@@ -22,18 +25,18 @@ def model_problems(cfg: Config) -> list[str]:
             f"model.hidden_size={model.hidden_size}: not divisible by model.num_heads={model.num_heads}; "
             "choose a width that is a multiple of the number of heads"
         )
-    problems += _image_size_problems(cfg)
-    problems += _head_problems(cfg)
+    family, info = family_named(str(model.family)), dataset(cfg.data.name)
+    problems += _image_size_problems(cfg, family, info) + _head_problems(cfg, family, info)
     return problems + model_key_problems(model, "model") + fits_data(cfg, model, "model")
 
 
-def _image_size_problems(cfg: Config) -> list[str]:
+def _image_size_problems(cfg: Config, family: Family, info: DatasetInfo) -> list[str]:
     """An image model reads the size a resizable dataset loads at (data.image_size, else its native size):
     the endpoint cache key holds model.image_size, so resized endpoints stay apart from native-size ones."""
-    size, info = cfg.data.image_size, dataset(cfg.data.name)
+    size = cfg.data.image_size
     loaded = info.image_size if size is None else size
-    images = family_named(str(cfg.model.family)).data_kind == IMAGES
-    if info.resizable and images and cfg.model.image_size != loaded and (size is None or size >= info.image_size):
+    not_below = size is None or size >= info.image_size  # a smaller size: refused by glmc.data.checks
+    if info.resizable and family.data_kind == IMAGES and not_below and cfg.model.image_size != loaded:
         return [
             f"data.image_size={size}: data={info.name} would load at {loaded}x{loaded} but model.image_size="
             f"{cfg.model.image_size}; set data.image_size={cfg.model.image_size} (or choose a model for "
@@ -42,15 +45,14 @@ def _image_size_problems(cfg: Config) -> list[str]:
     return []
 
 
-def _head_problems(cfg: Config) -> list[str]:
+def _head_problems(cfg: Config, family: Family, info: DatasetInfo) -> list[str]:
     """Families with a head per task (BERT): model.head must be the data's task, and a pretrained start
     (pretrain.enabled) needs a head of the family trained on pretrain.data's task, with the same ids."""
-    family = family_named(str(cfg.model.family))
     heads = family.task_heads
     problems = []
     if cfg.data.task not in family.tasks:
         # the families for the data's kind: the model's own kind may be the wrong one (a ViT on text)
-        kind = dataset(cfg.data.name).modality
+        kind = info.modality
         others = [n for n in families_for_data(kind) if cfg.data.task in family_named(n).tasks]
         fix = (
             f"choose a model of family {' or '.join(others)}"
