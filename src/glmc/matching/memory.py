@@ -1,78 +1,23 @@
 """What one step of learned matching keeps in accelerator memory, estimated from a model's shapes.
 
-learned_matching_memory(model, batch, seq) counts, in bytes, what LearnedMatchingModule holds at the
-peak of a training step (glmc.matching.learned_module: project the latents, transform B's weights
-densely, interpolate with A, forward and backward on a batch, AdamW on the latents). All tensors are
-taken to have `bytes_per_float` bytes per entry (4: learned matching trains in float32). Every rank
-of a DDP run holds all of it (`batch` is the per-rank batch). Not counted: DDP's gradient bucket (as
-large as latent_grads), the CUDA context and the allocator's cache and fragmentation (leave a GiB or
-two), the data loader, and temporaries of a single kernel. Written for pre-norm models, multi-head
-(GPT-2, ViT) or grouped-query (Llama); post-norm ones (BERT) are counted alike, their LayerNorms as the
-norms, their masked-LM head's dense layer and norm (a few D per position) left out.
+learned_matching_memory(model, batch, seq) counts the bytes LearnedMatchingModule holds at the peak of a
+training step, per DDP rank (`batch` is per rank), every tensor `bytes_per_float` bytes per entry. Not
+counted: DDP's gradient bucket, the CUDA context and allocator cache, the data loader, kernel temporaries.
+With P the canonical parameter count and n each latent space's size, in entries:
 
-The parts, in entries of `bytes_per_float` bytes, with P the canonical parameter count (heads untied
-from the embeddings, biases the source lacks as zeros), n the size of each space that has a latent
-(the residual width D; per layer the heads, or a grouped-query model's key/value groups; the MLP
-units F), and B x T the batch:
-
-  endpoints       2 P: both models' canonical tensors.
-  latents         3 sum n^2: each n x n latent and AdamW's two moments.
-  latent_grads    sum n^2: the latents' gradients (a projected matrix's gradient becomes its latent's),
-                  made in the backward through the moves of B's weights.
-  projections     sum n^2 for the projected matrices the contractions keep for the backward, plus
-                  2 D^2 for the polar factor's saved SVD (U, V^T) of an orthogonal residual, or
-                  2 * iters n^2 more per Sinkhorn latent (every normalisation keeps its input).
-  stacked         with an orthogonal residual latent, B's tensors that the residual map acts on, stacked
-                  once as rows of one matrix (glmc.matching.latent_apply), so that the map is one
-                  product per step.
-  transformed     one tensor per move of B's weights by a latent (the residual product, a permutation's
-                  gather: each keeps its input for the latent's gradient), except a first move that
-                  reads B's own tensor in place (a vector or matrix, or the space on the last axis):
-                  in-place reads are part of the endpoints.
-  aligned         T(B)'s tensors that a latent moves: built before the merge, freed after it.
-  interpolated    the path's weights lam A + (1 - lam) T(B); a pair interpolated as circuits (GPT-2
-                  and ViT heads by default) stacks both models' heads, so its q, k, v and o tensors
-                  count twice.
-  forward_weights the copies of the interpolated attention weights that the forward reads in its own
-                  layout, kept for the backward: every layer's output projection o_w, and where the
-                  heads are not grouped its q, k and v weights too (joined for one product).
-  weight_grads    the gradients of the interpolated weights that depend on a latent. The backward
-                  frees each interpolated weight as it makes its gradient, so they take the weights'
-                  place, and in the backward through the moves the gradients of T(B)'s tensors take
-                  theirs, one tensor at a time (counted: the largest aligned tensor, `largest_aligned`).
-  activations     what the forward keeps for its backward, per layer and position
-                      4 D                             the stream read by the two norms, and their outputs
-                    + H (dq + dk + 2 dv + 1)          fused attention's q, k, v, output and log-sum-exp
-                                                      (multi-head: the output projection reads it in place)
-                    + H (dq + dk + 3 dv + 1)          grouped-query instead: key/value heads repeated to the
-                                                      H query heads, and a copy of the output for its projection
-                    + 2 F (plain) | 4 F (gated)       the MLP's pre-activation and activation; gated: gate
-                                                      pre-activation, its activation, the up branch, the product
-                  plus 2 D at the ends (the embedding's output, the final norm's output). On top of
-                  these, the larger of two transients: a language model's loss, 3 B T V_out (the logits,
-                  their shifted copy and the log-softmax; at the start of the backward the log-softmax
-                  and its gradient and the logits' gradient: three B x T x vocabulary tensors live at
-                  once; classification: B x classes), and the last layer's backward, (D + F) per
-                  position for a plain MLP, (D + 2 F) for a gated one (the stream's gradient and the
-                  MLP's gradients before the tensors they replace are freed). dq, dk, dv are the
-                  interpolated head dimensions (twice the model's where the pair is a circuit). Assumes
-                  a fused attention kernel (flash or memory-efficient, the GPU default), which keeps no
-                  T x T scores; PyTorch's math fallback would add B H T^2 per layer.
-
-Endpoints, latents, projections and transformed are held through the step; the rest peaks in one of
-three phases, so
+  endpoints 2 P; latents 3 sum n^2 (with AdamW's moments); latent_grads sum n^2; projections sum n^2
+  plus the polar factor's saved SVD (2 D^2) or 2 * iters n^2 per Sinkhorn latent; stacked: B's rows the
+  orthogonal residual map reads; transformed: one input kept per move of B's weights (a first move that
+  reads B's tensor in place is free); aligned: T(B)'s moved tensors; interpolated: the path's weights
+  (circuit pairs stack both models' heads); forward_weights: attention weights the forward copies into
+  its layout; weight_grads and largest_aligned: the backward through the moves, one tensor at a time;
+  activations: activation_entries (fused attention assumed: no T x T scores).
 
   total = endpoints + stacked + latents + projections + transformed
-          + max(aligned + interpolated,                          the merge
-                interpolated + forward_weights + activations,    the turn from forward to backward
-                weight_grads + latent_grads + largest_aligned)   the backward through the moves
+          + max(aligned + interpolated, interpolated + forward_weights + activations,
+                weight_grads + latent_grads + largest_aligned)
 
-The second phase counts every interpolated weight, though the forward keeps no token or position
-table (a lookup keeps the indices): an overestimate by those tables, largest where the loss's
-vocabulary tensors are about as large. Checked against the peak of what a step allocates beyond the
-endpoints and latents on the CPU (PyTorch's profiler; its fused attention keeps what the GPU kernels
-keep), for two-layer GPT-2, Llama and ViT shapes of 0.5 to 6 million parameters and batches of 16 to
-16,640 positions: the estimate is 0 to 13 per cent above the measurement.
+Checked against PyTorch's profiler for two-layer GPT-2, Llama and ViT shapes: 0 to 13 per cent above.
 """
 
 from __future__ import annotations
@@ -83,15 +28,10 @@ from glmc.models.families.base import layer_sizes
 from glmc.models.families.roles import HEAD_PAIRS, role_key
 from glmc.symmetry import SymmetrySpec
 
-# The constants of the activation count (module docstring), entries per position: per layer
-# NORM_ACTIVATIONS * D, per query head QK_ACTIVATIONS * (dq + dk) + V_ACTIVATIONS * dv + LSE_ACTIVATIONS,
-# and PLAIN_MLP_ACTIVATIONS or GATED_MLP_ACTIVATIONS per MLP unit; END_ACTIVATIONS * D once; then the
-# larger transient of LOSS_ACTIVATIONS * vocabulary (language models) and D + BACKWARD_MLP_* * F.
+# Entries kept per position (activation_entries): two norms' inputs and outputs per layer; per query head
+# q, k, v, output, log-sum-exp (grouped-query also repeats k/v and copies the output: v three times)
 NORM_ACTIVATIONS = 4
 QK_ACTIVATIONS = 1
-# multi-head attention projects q, k, v in one product and its output projection reads the attention
-# output in place (dv twice: v and the output); grouped-query attention repeats keys and values per
-# query head and copies the output for its projection (three times)
 V_ACTIVATIONS = {"full": 2, "grouped": 3}
 LSE_ACTIVATIONS = 1
 PLAIN_MLP_ACTIVATIONS = 2
@@ -101,19 +41,9 @@ LOSS_ACTIVATIONS = 3
 BACKWARD_PLAIN_MLP = 1
 BACKWARD_GATED_MLP = 2
 
-PARTS = (
-    "endpoints",
-    "stacked",
-    "latents",
-    "latent_grads",
-    "projections",
-    "transformed",
-    "aligned",
-    "interpolated",
-    "forward_weights",
-    "weight_grads",
-    "largest_aligned",
-    "activations",
+PARTS = tuple(
+    "endpoints stacked latents latent_grads projections transformed aligned interpolated forward_weights"
+    " weight_grads largest_aligned activations".split()
 )
 
 
@@ -152,11 +82,8 @@ def learned_matching_memory(
 ) -> dict[str, int]:
     """Bytes per part of one learned-matching step (module docstring) and their `total`.
 
-    model_a: one endpoint in factored form (the other has the same shapes). batch, seq: the training
-    batch, per rank, and its tokens per input (ViT: patches + 1). residual: orthogonal | permutation |
-    none; units: permutation | sinkhorn for the heads and MLP latents (heads / mlp switch them off);
-    circuits: the attention pairs interpolated as circuits (None: ("qk", "vo"), the learned matcher's
-    default; rotary heads stack the same way)."""
+    model_a: one factored endpoint; batch, seq: per-rank batch and tokens per input; residual, units,
+    heads, mlp: the latents trained; circuits: pairs interpolated as circuits (None: qk and vo)."""
     circuits = _checked(model_a, batch, seq, bytes_per_float, residual, units, circuits)
     params = model_a.params()
     numel = {name: t.numel() for name, t in params.items()}
@@ -294,7 +221,7 @@ def activation_entries(
     model: CanonicalTransformer, batch: int, seq: int, circuits: tuple[str, ...] = ()
 ) -> tuple[int, int]:
     """(kept, transient): the entries the forward keeps for the backward, and the larger of the loss's
-    and the last layer's backward transients (module docstring); `activations` is their sum."""
+    logits (3 B T V) and the last layer's backward (D + F, gated D + 2 F per position)."""
     family = family_named(model.config.family)
     gated = family.mlp_kind == "gated"
     v_saved = V_ACTIVATIONS[family.attention_kind]
