@@ -1,38 +1,16 @@
 """Activation matching (paper 003, Verma & Elbayad): units paired by how their activations correlate.
 
-Both canonical models run on the same training batches; every unit's activation is recorded at
-every token (padding excluded) and A's units are compared with B's by the standardised
-cross-correlation corr(X_A, X_B) (Eq. 1). Assignments maximise the summed correlation (Eq. 2,
-scipy's linear_sum_assignment):
-  residual  none (`identity`: the stream keeps its coordinates, paper 003's best residual strategy),
-            or one permutation of the stream for the whole model, from the embedding output (`first`),
-            the final normalised stream (`last`), or every layer's stream after attention and after
-            the MLP (`all`: the states' correlation matrices summed, each standardised on its own).
-            `separate` gives each of those states its own permutation: not a symmetry of the model
-            (the skip connections add differently permuted vectors), evaluated as paper 003 did.
-            residual_map=orthogonal (`activation_orth`) instead fits an orthogonal map by Procrustes
-            on the residual activations, O = polar(sum_t x_A,t x_B,t^T): the data-driven counterpart
-            of weight matching's residual map.
-  mlp       per layer, the units after the activation. Gated MLPs (SwiGLU: silu(gate) * up) are
-            assigned on |corr|, since a unit's up row and down column may change sign together (the
-            mlp_scale symmetry); each matched unit then gets mlp_scale = sign(corr) * rms(a_A) / rms(a_B),
-            which moves B's unit onto A's sign and magnitude (exact for a hidden scaled permutation).
-  heads     per layer, the two-stage assignment on the heads' outputs before W_O (Eq. 5-6): for each
-            head pair (j, k) the best in-head permutation of its dv x dv correlation block and its
-            summed correlation, then heads assigned on those sums; the in-head permutation acts on
-            V/O and on Q/K alike (an exact symmetry). `monotonic` keeps heads in place and only
-            permutes inside them. `ignore` (paper 003's Ignore-Heads) assigns all heads' features at
-            once, so features move between heads: not a symmetry, evaluated as function-changing.
-            Grouped-query attention (Llama: K key/value groups of G query heads): a pair of groups
-            costs the best assignment of their query heads (Hungarian on G x G over the query heads'
-            two-stage costs), groups are assigned on those costs (K x K; heads.{l}), and within each
-            matched pair the query heads follow the inner assignment (qheads.{l}). A group's value
-            dims are shared by its query heads: one permutation per group (vo.{l}, as an
-            OrthogonalScale of permutation matrices), the assignment of the summed correlation blocks
-            of its matched query heads. Rotary query/key spaces admit no permutation (qk.{l} takes
-            rotation-scalings per frequency pair only), so qk is left alone; `ignore` is refused.
-Permuted factored weights are interpolated as they are (qk = vo = none), as in paper 003; a family
-without a circuit form (Llama) refuses qk or vo = circuit.
+Both models run on the same training batches; units are compared by the standardised cross-correlation
+of their activations over non-padding tokens (Eq. 1) and assigned to maximise its sum (Eq. 2):
+  residual  `identity` (no map), or one stream permutation from the embedding output (`first`), the
+            final stream (`last`) or every sublayer's output (`all`); `separate` permutes each state on
+            its own (not a symmetry). residual_map=orthogonal fits polar(sum_t x_A,t x_B,t^T) instead.
+  mlp       per layer; gated units are assigned on |corr| and get mlp_scale = sign(corr) rms(a_A) / rms(a_B).
+  heads     the two-stage assignment on the heads' outputs (Eq. 5-6): in-head permutations, then heads on
+            their sums; grouped-query attention assigns groups on their query heads' best assignment, with
+            one value permutation per group; rotary q/k are left alone. `monotonic` keeps heads in place;
+            `ignore` moves features between heads (not a symmetry; refused for grouped-query attention).
+Permuted factored weights are interpolated as they are (qk = vo = none), as in paper 003.
 """
 
 from __future__ import annotations
@@ -89,12 +67,8 @@ class CrossMoments:
 
 def residual_states(num_layers: int, strategy: str) -> list[str]:
     """The recorded stream states a residual strategy reads (canonical_forward's record names)."""
-    if strategy == "identity":
-        return []
-    if strategy == "first":
-        return ["embed"]
-    if strategy == "last":
-        return ["final"]
+    if strategy in ("identity", "first", "last"):
+        return {"identity": [], "first": ["embed"], "last": ["final"]}[strategy]
     layers = [f"blocks.{l}.{s}" for l in range(num_layers) for s in ("attn_out", "mlp_out")]
     return ["embed"] + layers if strategy == "separate" else layers
 
@@ -155,17 +129,11 @@ def two_stage_heads(corr: Tensor, heads: int, monotonic: bool = False) -> tuple[
 def grouped_two_stage(
     corr: Tensor, groups: int, size: int, monotonic: bool = False
 ) -> tuple[Permutation, Permutation, Tensor, Tensor]:
-    """Two-stage assignment for grouped-query attention: `groups` key/value groups of `size` query
-    heads each, query head k * size + g of group k; corr (H*dv, H*dv) between A's and B's head outputs,
-    H = groups * size, features ordered (head, dim).
+    """Two-stage assignment for `groups` key/value groups of `size` query heads (query head k * size + g
+    of group k); corr (H*dv, H*dv) between A's and B's head outputs, features ordered (head, dim).
 
-    A query head pair costs its best in-head assignment (paper 003's two-stage cost); a pair of groups
-    costs the best assignment of their query heads on those costs; groups are assigned on the group
-    costs. Value dims are shared by a group's query heads, so each matched pair of groups gets one
-    permutation of them, the assignment of its matched query heads' summed correlation blocks.
-    `monotonic` keeps groups and query heads in place. Returns (groups: new group i = B's group
-    outer[i]; query heads: (groups, size), per new group; (groups, dv, dv) permutation matrices
-    mapping B's value dims onto A's; for every A feature the B feature matched to it)."""
+    Returns (group permutation, (groups, size) query-head permutations, (groups, dv, dv) value-dim
+    permutation matrices, for every A feature the B feature matched to it)."""
     heads = groups * size
     dv = corr.shape[0] // heads
     blocks = corr.reshape(heads, dv, heads, dv).permute(0, 2, 1, 3)  # (H_A, H_B, dv, dv)

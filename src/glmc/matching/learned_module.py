@@ -34,9 +34,8 @@ KINDS = ("orthogonal", "permutation", "sinkhorn")
 
 @dataclass
 class LearnedSettings(LearnedTraining):
-    """Training settings of learned matching (their defaults and meaning: LearnedTraining in
-    glmc.settings.groups, the registry's too), checked against their declared ranges; `where` names the
-    config node in errors."""
+    """Learned matching's training settings (glmc.settings.groups.LearnedTraining), range-checked;
+    `where` names the config node in errors."""
 
     where: str = "matcher.learned"
 
@@ -46,9 +45,8 @@ class LearnedSettings(LearnedTraining):
 
 
 def sample_lambda(scheme: str, generator: torch.Generator) -> float:
-    """Paper 001 Appendix C.1.1: 0.5; U[0.4, 0.6]; U[0, 1]; N(0.5, 0.1) clipped to [0, 1]. Ours: the
-    arcsine law Beta(1/2, 1/2), sin^2(pi u / 2) for u ~ U[0, 1], which draws the ends of the path more
-    often than U[0, 1] does (a fifth of the draws below 0.1 instead of a tenth)."""
+    """Paper 001 Appendix C.1.1: 0.5; U[0.4, 0.6]; U[0, 1]; N(0.5, 0.1) clipped to [0, 1]; ours: the
+    arcsine law sin^2(pi u / 2), which draws the path's ends more often."""
     if scheme == "fixed":
         return 0.5
     if scheme == "uniform_mid":
@@ -63,9 +61,8 @@ def sample_lambda(scheme: str, generator: torch.Generator) -> float:
 
 
 def full_precision(device: torch.device):
-    """Autocast off for what builds the merged parameters (the latents' projections, B's transform, the
-    interpolation): under a mixed trainer.precision these stay float32, and only the merged model's
-    forward runs in half, as an endpoint's does."""
+    """Autocast off while the merged parameters are built, so that under mixed precision only the
+    merged model's forward runs in half, as an endpoint's does."""
     return torch.autocast(device.type, enabled=False)
 
 
@@ -73,10 +70,8 @@ def full_precision(device: torch.device):
 def worst_draw(
     config, task: str, circuits, members: list[dict[str, Tensor]], inputs, targets, candidates, configs=None
 ) -> int:
-    """Index of the merge coefficients (one list per candidate, one entry per member) whose loss on
-    this batch lies furthest above the members' losses combined by those coefficients: Eq. 2's excess,
-    and a pair's barrier for two members. Costs one forward pass per member and per candidate.
-    `configs`: one per member where they may differ in norm_eps (merge_configs); else `config` for all."""
+    """Index of the candidate merge coefficients whose loss on this batch lies furthest above the members'
+    losses combined by them (Eq. 2's excess). `configs`: one per member where norm_eps may differ."""
     configs = configs or [config] * len(members)
     ends = [batch_loss(c, task, params, inputs, targets) for c, params in zip(configs, members)]
     with full_precision(inputs.device):
@@ -117,15 +112,9 @@ def _first_line(err: BaseException) -> str:
 
 
 class DivergenceStop:
-    """Hooks that stop training the latents cleanly once it diverges, for a LightningModule with
-    `latents` (ParameterDict) and `history` (one row per step: the loss, then the step's draws).
-
-    After every step the loss and the latents are checked (one scalar read); the first non-finite
-    one, or a projection that fails (`projection_failed`, from the training step), sets `diverged`
-    to (step, what) and stops the Trainer. Latents that are already non-finite when training starts
-    (a resumed checkpoint of a diverged run) stop it before the first step. `divergence()` reads
-    the same from the history and the latents after fit, so it holds where the training ran in
-    other processes (ddp_spawn hands back the state dict only)."""
+    """Hooks that stop training cleanly at the first non-finite loss or latent, or failed projection,
+    for a LightningModule with `latents` and `history` (per step: the loss, then the step's draws).
+    `divergence()` reads the same from history and latents after fit (ddp_spawn returns only those)."""
 
     diverged: tuple[int, str] | None = None
 
@@ -135,8 +124,7 @@ class DivergenceStop:
         self.trainer.should_stop = True
 
     def projection_failed(self, err: BaseException, draws: list[float]) -> None:
-        """The training step could not project the latents (an SVD of values near overflow): the
-        step is recorded with a NaN loss and no optimisation step is taken."""
+        """The latents could not be projected: the step is recorded with a NaN loss, and not taken."""
         step = self.global_step
         if step < len(self.history):
             self.history[step] = torch.tensor([math.nan, *draws], dtype=self.history.dtype)
@@ -176,17 +164,9 @@ class DivergenceStop:
 
 
 class LearnedMatchingModule(DivergenceStop, L.LightningModule):
-    """Latents for the spaces in `kinds` (space name -> orthogonal | permutation | sinkhorn).
-
-    `init` holds a dense starting matrix per space (the weight-matching element or the identity);
-    the latents start there plus noise. `circuits`: the attention pairs ("qk", "vo") interpolated as
-    circuits, as the pipeline evaluates the path (rotary heads stack as circuits too). Only
-    spaces without per-head elements can be learned (apply_dense): residual, heads (key/value groups
-    for grouped-query models, their query heads moving along) and mlp.
-
-    `reference_init` (learned_dual): a dense start per space of A's own transform T_A, learned beside
-    B's (latents keyed REFERENCE + space): the path then runs from T_A(theta_A) to T(theta_B).
-    """
+    """Latents for the spaces in `kinds` (space name -> orthogonal | permutation | sinkhorn), started at
+    `init`'s dense matrices plus noise; `circuits`: the pairs interpolated as circuits. `reference_init`
+    (learned_dual): starts of A's own transform T_A, so the path runs from T_A(theta_A) to T(theta_B)."""
 
     def __init__(
         self,
@@ -279,10 +259,8 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         return out
 
     def hard_permutations(self, straight: dict[str, Tensor], tag: str = "") -> dict[str, Permutation]:
-        """The hard permutation of each (detached) straight-through latent: the rows' maxima where they
-        fall in distinct columns; else, where `on_device` says so, the certified auction of
-        glmc.matching.device_assignment on the latents' device (batched by size, each started from its
-        last answer); else SciPy's solver on the host. `tag` keeps A's and B's latents' answers apart."""
+        """The hard permutation of each detached straight-through latent: its rows' maxima when distinct,
+        else the device auction (`on_device`), else SciPy. `tag` keeps A's and B's answers apart."""
         hard = {n: Permutation.from_row_maxima(z) for n, z in straight.items()}
         solve = [n for n, p in hard.items() if p is None]
         if self.on_device(straight):
@@ -294,8 +272,7 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
             )
             hard.update({n: found[tag + n] for n in solve if tag + n in found})
             solve = [n for n in solve if tag + n not in found]
-        # the rest need the solver unless the last step's permutation is still optimal (certified on
-        # the latents' device); the problems are independent: side by side (SciPy releases the GIL)
+        # the rest: the last answer where certified still optimal, else SciPy, side by side
         if self.keep_assignments:
             project = lambda i: self._kept.project(tag + solve[i], straight[solve[i]])  # noqa: E731
         else:
@@ -324,9 +301,8 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         return out
 
     def aligned_params(self) -> dict[str, Tensor]:
-        """T(theta_B) in factored form, inside the graph: by LatentApplier (one product for the
-        residual map, permutations by index), or with `dense_apply` set by apply_dense on the
-        straight-through matrices (the earlier path: the same values and gradients, more work)."""
+        """T(theta_B) in factored form, inside the graph: by LatentApplier, or with `dense_apply` by
+        apply_dense (the same values and gradients, more work)."""
         if self.dense_apply:
             return apply_dense(self.matrices(), self.spec, self.endpoint_params("b"))
         if self._applier is None:
@@ -390,9 +366,8 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         return candidates[worst]
 
     def drawn_loss(self, inputs: Tensor, targets: Tensor, candidates: list[float]) -> tuple[Tensor, float]:
-        """The loss at the worst of `candidates` (the only one when there is one, else as worst_lambda
-        chooses), and that lambda. T(theta_B) is built once, and each candidate's loss is computed
-        once, in the graph: the chosen one is the loss, the others are dropped."""
+        """The loss at the worst of `candidates` (as worst_lambda chooses), and that lambda; T(theta_B) is
+        built once and each candidate's loss computed once, in the graph."""
         with full_precision(self.device):
             aligned, reference = self.aligned_params(), self.reference_params()
         if len(candidates) == 1:
@@ -428,17 +403,14 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        """Logs `match_test_loss`, the loss of the path's midpoint (lambda 0.5, the current latents as
-        training projects them) on the first `epoch_test_batches` batches of the test split (-1: all;
-        0: off). Only with a DataModule (a plain loader has no test split). No gradients, and the
-        global torch generator is restored afterwards, so the training trajectory is unchanged."""
+        """Logs `match_test_loss`, the midpoint's loss on the first `epoch_test_batches` test batches
+        (-1: all; 0: off; needs a DataModule), leaving the training trajectory unchanged."""
         n = self.settings.epoch_test_batches
         datamodule = getattr(self.trainer, "datamodule", None)
         if n == 0 or datamodule is None or not hasattr(datamodule, "test_dataloader") or self.diverged:
             return
         total, count = 0.0, 0
-        # a DataLoader's iterator draws its base seed from the global generator, which augmentation
-        # of the training batches also uses: fork it so that the next epoch sees the same draws
+        # a DataLoader draws its seed from the global generator: fork it so later epochs see the same draws
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             params = merge_params([self.reference_params(), self.aligned_params()], [0.5, 0.5], self.circuits)
             for i, (inputs, targets) in enumerate(datamodule.test_dataloader()):
@@ -469,12 +441,8 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
 
     @torch.no_grad()
     def hard_transform(self, side: str = "b") -> Transform:
-        """The final group elements: Hungarian for permutation and Sinkhorn latents, U V^T for orthogonal;
-        of B's transform, or of A's (`side="a"`, learned_dual).
-
-        Hungarian on a Sinkhorn latent Z equals Hungarian on log Sinkhorn(Z), which differs from Z
-        by row and column constants only: the most likely permutation under the soft one.
-        """
+        """The final group elements of B's transform (or A's, `side="a"`): Hungarian for permutation and
+        Sinkhorn latents (the most likely permutation under the soft one), U V^T for orthogonal."""
         out = Transform()
         for name, key in self._latent_keys(side).items():
             kind = self.kinds[name]

@@ -1,37 +1,18 @@
 """weight_refined: weight matching whose residual map is refined without data (beyond papers 001-003).
 
-Paper 001 §6 finds that learned matching keeps weight matching's head and MLP permutations and
-corrects its orthogonal residual map by small angles. This matcher looks for such a correction from
-the weights alone, by minimising over the residual map R (with the unit permutations P re-solved
-in between)
+Paper 001 §6 finds learned matching keeps weight matching's unit permutations and corrects its residual
+map by small angles; this matcher seeks that correction from the weights alone, minimising over R (the
+unit permutations re-solved in between)
 
     J(R, P) = ||theta_A - T(theta_B)||^2 / ||theta_A||^2  +  proxy_weight * proxy(R, P)
 
-The first term is weight matching's own objective, over circuit-form parameters. The second is a
-data-free stand-in for the midpoint's loss, built on second moments of the residual stream
-propagated through a model in a Gaussian approximation: the stream's moment is the sum of its
-writers' (embeddings averaged over their rows, each head's OV circuit applied to the normalised
-stream, each MLP's output columns weighted by its units' input variance), normalised as the RMS
-norm does (Moments, stream_gains).
-
-  gain    (the default) mean_r (log rho_r)^2: where A and T(B) disagree, averaging shrinks the
-          midpoint's readers (QK and OV circuits, MLP inputs, the classifier) while the RMS norm undoes
-          any shrinking of the stream they read, so pre-activations and attention logits lose scale
-          neither endpoint had. rho_r is reader r's gain at the midpoint over the endpoints' mean gain.
-  stream  the mean over readers and writers of ||B's - A's|| measured on the stream A's moments
-          describe, relative to A's own (stream_errors): weight matching's distance with each map
-          weighted by what it reads instead of uniformly.
-
-The search starts from weight matching's solution, from the permuted residual's (weight_perm) and
-from `starts` random orthogonal maps. From each start it alternates `rounds` times: the head and
-MLP assignments at the current map (weight matching's similarities), kept only where J decreases,
-then up to `steps` Riemannian gradient steps on the orthogonal group (polar retraction, Armijo
-backtracking), the first tried as a Procrustes jump to polar(-grad J). Every accepted move lowers J,
-so the result is never worse than weight matching's by J; the lowest J over the starts is returned.
-
-The refinement needs a pre-norm circuit-form family with an orthogonal residual map and plain head
-and MLP permutations (ViT, GPT-2 and the like); elsewhere the matcher returns weight matching's
-alignment and says why in its diagnostics (`refined`).
+The proxy stands in for the midpoint's loss using the residual stream's second moments propagated in a
+Gaussian approximation (Moments, stream_gains): "gain" (default), mean_r (log rho_r)^2 over readers of
+the midpoint's gain against the endpoints' mean; "stream", each reader's and writer's distance weighted
+by A's moments (stream_errors). Starts: weight matching's solution, weight_perm's and `starts` random
+maps; each alternates assignments (kept where J falls) with Riemannian steps (polar retraction, Armijo
+backtracking), so the result is never worse than weight matching's by J. Families without a pre-norm
+circuit form, orthogonal residual and plain permutations get weight matching's alignment and the reason.
 """
 
 from __future__ import annotations
@@ -441,11 +422,8 @@ def start_points(
 class WeightRefinedMatcher(Matcher):
     """`weight_refined`: weight matching, then its residual map refined without data (module docstring).
 
-    residual / heads / mlp / qk / vo / max_iter / tol / vocabulary: as weight matching's (the start and
-    the fallback). proxy: "gain" or "stream", and proxy_weight its weight in J (0: weight matching's
-    objective alone, refined over several starts). starts: random orthogonal starts besides weight
-    matching's and the permuted residual's. rounds: alternations of assignments and residual steps per
-    start; steps: Riemannian steps per round; seed: the random starts'."""
+    The weight-matching settings are as `weight`'s; proxy, proxy_weight: the proxy and its weight in J;
+    starts: extra random starts (seeded by seed); rounds per start, Riemannian steps per round."""
 
     def __init__(
         self,
