@@ -1,36 +1,13 @@
 """Embedding a canonical Transformer into a wider one that computes exactly the same function.
 
-The residual stream is mapped by U (M x m) with orthonormal columns (paper 001 §3.2.3, Appendix E):
-writers W -> U W, readers W -> W U^T, as `apply` does with an Orthogonal element. The RMS reference
-width then becomes N (default M), so that the result can be matched and interpolated with a model
-trained at width M (paper 001 Fig. 3c). With n = config.norm_dim and |U x| = |x|,
-
-  sqrt(|U x|^2 / N + eps n / N) = sqrt(n / N) sqrt(|x|^2 / n + eps),
-
-so eps -> eps n / N and every weight that reads the normalised stream (q_w, k_w, v_w, in_w, head.w;
-the residual block of qk and ov in circuit form) is scaled by sqrt(n / N). Biases are added after
-the product and stay as they are.
-
-The RMS norm also makes the stream's scale free: writers (every residual axis on the output side)
-multiplied by s and eps by s^2 leave the function as it is. `stream_scale=s` applies it; with
-s = sqrt(N / n) the embedded stream has the narrow stream's root mean square and eps is the narrow
-model's own (`match_widths(..., stream="rms")`), so a wide model and an embedded narrow one that
-were trained alike carry streams of one size. The scale sets how fast the wide model's writers take
-over along a path between them; on the digits ViTs the kept norm (s = 1) gave the lower barriers
-(docs/experiments.md, "Many models and different widths").
-
-Heads (grouped-query attention: key/value groups and the query heads of each), head dimensions and MLP
-units are padded with zeros: padded heads and units write nothing through their zero output weights,
-whatever the activation gives at 0; zero query/key dimensions add 0 to the scores; zero value dimensions
-meet zero columns of o_w. Padding goes at the end; a matcher permutes it into place.
-
-Under rotary positions (Llama, GPT-NeoX) a query/key dimension is not free: dims i and i + r/2 turn
-together at theta^(-2i/n) (glmc.models.rotary). A wider head keeps each pair of the narrow one on the
-wide pair that turns at the same frequency (n' / n times its index: a wider head's frequencies include the
-narrow one's when n' is a multiple of n) and the pass-through dims of partial rotary on the first
-pass-through dims there; the dims left over are zero. The scores q^T R_{s-t} k are then the narrow
-model's, and the result carries the wide layout (CanonicalConfig.rope_dim, rotary_dims, rotary_freq_dim).
-Where no pair has a narrow pair's frequency the embedding is refused naming both layouts.
+The stream is mapped by U (M x m) with orthonormal columns (paper 001 §3.2.3, Appendix E) and the RMS
+reference width becomes N: since sqrt(|U x|^2 / N + eps n / N) = sqrt(n / N) sqrt(|x|^2 / n + eps), eps
+becomes eps n / N and every reader of the normalised stream is scaled by sqrt(n / N) (biases stay).
+`stream_scale=s` multiplies the writers by s and eps by s^2 (the RMS norm makes the scale free); with
+s = sqrt(N / n) (`match_widths(..., stream="rms")`) the stream keeps the narrow model's RMS and eps.
+Heads, head dimensions and MLP units are padded with zeros at the end, which write or score nothing.
+Rotary query/key pairs go to the wide pair of the same frequency and pass-through dims to the first wide
+ones (refused, naming both layouts, where no wide pair has a narrow pair's frequency).
 """
 
 from __future__ import annotations
@@ -55,8 +32,7 @@ from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import Transform
 
 PerLayer = Sequence[int] | int | None
-# the per-layer spaces and the names embed_width's sizes have for them (a gated MLP's linear branch is
-# scaled per unit: its space is the units')
+# the per-layer spaces and embed_width's names for their sizes (a gated MLP's scales are per unit)
 SIZE_NAMES = {"heads": "heads", "qheads": "qheads", "qk": "qk_dim", "vo": "vo_dim", "mlp": "mlp", "mlp_scale": "mlp"}
 
 
@@ -295,19 +271,9 @@ def embed_width(
 
 STREAM_CHOICES = tuple(s.value for s in EmbedStream)  # the config's embed_stream values
 # what the embedded model takes from the narrow one and must share with the wide one
-_SAME_CONFIG = (
-    "family",
-    "form",
-    "activation",
-    "causal",
-    "pooling",
-    "patch_size",
-    "num_channels",
-    "rope_theta",
-    "rope_scaling",
-    "sliding_window",
-    "sliding_layers",
-    "parallel_residual",
+_SAME_CONFIG = tuple(
+    "family form activation causal pooling patch_size num_channels rope_theta rope_scaling sliding_window"
+    " sliding_layers parallel_residual".split()
 )
 
 
@@ -318,14 +284,10 @@ def match_widths(
     generator: torch.Generator | None = None,
     stream: str = "keep",
 ) -> CanonicalTransformer:
-    """`narrow` embedded to exactly the parameter shapes and norm_dim of `wide`, so that any matcher
-    for equal shapes can align it to `wide`.
+    """`narrow` embedded to exactly the parameter shapes and norm_dim of `wide`, for any equal-shape matcher.
 
-    stream="keep": the stream keeps its size (|U x| = |x|) and the result's norm_eps is narrow's
-    rescaled, narrow.config.norm_eps * n / N, which in general differs from wide's: a path between the
-    two interpolates it with the weights (glmc.interpolation.merge_configs), so it ends at each. stream="rms":
-    the writers are scaled by sqrt(N / n), so the stream keeps its root mean square and norm_eps
-    stays narrow's own."""
+    stream="keep": the stream keeps its size and norm_eps becomes narrow's times n / N (a path interpolates
+    it, glmc.interpolation.merge_configs); "rms": writers scaled by sqrt(N / n), norm_eps narrow's own."""
     if stream not in STREAM_CHOICES:
         raise ValueError(f"stream={stream!r} is not one of {STREAM_CHOICES}")
     for key in _SAME_CONFIG:
@@ -384,9 +346,7 @@ def _planned_heads(model: Any, keys: tuple[str, ...]) -> tuple[int, int, RotaryH
 
 def planned_width_problems(family: str, wide: Any, narrow: Any) -> list[str]:
     """Why an endpoint built from the ModelConfig `narrow` cannot be embedded exactly into one built from
-    `wide` (match_widths), found from the configs before either is trained: more key/value heads or more
-    query heads per key/value head than the wide model's, or rotary heads whose frequencies the wide
-    heads lack (rotary_index). Each problem names the keys that decide it."""
+    `wide` (match_widths), found before training; each problem names the keys that decide it."""
     keys = family_named(family).model_keys
     (kv_w, group_w, rotary_w), (kv_n, group_n, rotary_n) = (_planned_heads(m, keys) for m in (wide, narrow))
     problems = []
