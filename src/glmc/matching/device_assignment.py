@@ -1,28 +1,12 @@
 """Linear assignment on the device that holds the problem: an ε-scaling auction (Bertsekas 1988) whose
-answers are certified optimal, batched over many problems of one size.
+answers are certified optimal, batched over many problems of one size, in float64.
 
-auction_assignment(S) maximises sum_i S[i, perm[i]] for every square (n, n) matrix of a (..., n, n)
-batch, in torch, where S lives (CPU or CUDA), in float64 whatever S's dtype (float32 entries are
-copied exactly):
-
-* **bidding** (Jacobi): every unassigned row of every problem bids at once for its best column j at
-  price p_j + (best - second best value) + ε; each column goes to its highest bidder (scatter_reduce)
-  and its previous owner becomes unassigned. The assignment keeps ε-complementary slackness
-  S[i, perm[i]] - p[perm[i]] >= max_j (S[i, j] - p[j]) - ε. ε starts at a quarter of a problem's range
-  and falls by THETA each phase; a phase releases only the rows that break the new ε's slackness;
-* **certificate**: once ε is small, the prices are raised by longest-path relaxation (as
-  glmc.matching.warm_assignment does for a kept permutation) into potentials v with
-  S[i, j] - v[j] <= S[i, perm[i]] - v[perm[i]] + tie for every i, j: the row duals u_i = max_j (S[i, j]
-  - v[j]) then meet complementary slackness on the assignment, which is optimal to within n float64
-  ties. Integer-valued problems are proved optimal instead by a duality gap below 1, which ε < 1/n
-  gives. The certificate is tried after every phase (a few rounds only before ε is small, which
-  settles ties, where every assignment is optimal, at once). A problem not certified by ε = FLOOR of
-  its range (costs closer than float64 resolves, a bidding war too long) is solved by SciPy on the
-  host, and the answer says which;
-* **warm start**: the prices and permutation of an earlier answer (`prices`, `perm`) start the next
-  call: a permutation the certificate still proves optimal costs no bidding, and otherwise ε starts
-  near its worst slackness violation instead of the range, so a matrix that moved a little costs the
-  rows that broke slackness and a few phases.
+Bidding: every unassigned row bids at once for its best column at price p_j + (best - second) + ε,
+keeping ε-complementary slackness; ε starts at COLD of a problem's range and falls by THETA per phase.
+Certificate: longest-path relaxation raises the prices into potentials under which the assignment meets
+complementary slackness to within float64 ties (integer problems: a duality gap below 1). Problems not
+certified by ε = FLOOR of their range go to SciPy on the host. Warm start: an earlier answer's prices and
+permutation start the next call, so a matrix that moved a little costs only the rows that broke slackness.
 """
 
 from __future__ import annotations
@@ -40,34 +24,26 @@ from glmc.symmetry import Permutation
 # ε as a share of a problem's range (max - min entry): COLD at a cold start, divided by THETA per phase
 COLD = 0.25
 THETA = 8.0
-# the certificate is tried in full once ε is below TARGET of the range (n times that bounds how far the
-# assignment may be from optimal, so most are optimal there) or a phase gave every row its column back,
-# and in QUICK_ROUNDS after the other phases; bidding stops at FLOOR of the range or of the largest
-# |entry|, below which float64 prices no longer resolve ε
+# the full certificate once ε is below TARGET of the range; bidding stops at FLOOR (float64's resolution)
 TARGET = 1e-10
 FLOOR = 1e-14
-# an arc better than the assignment by at most TIE of the range (warm_assignment.TIE, made relative),
-# plus ROUNDING of the largest |entry| (float64 sums of such entries are exact to a few 1e-16 of it),
+# an arc better than the assignment by at most TIE of the range plus ROUNDING of the largest |entry|
 # does not refute it
 TIE = 1e-12
 ROUNDING = 1e-14
-# relaxation rounds per certificate: from the auction's prices an optimal assignment took under 30
-# (n = 1,024); from an earlier answer's potentials, after the matrix moved, under 50
+# relaxation rounds per certificate (measured: under 30 from the auction's prices, under 50 warm)
 RELAX_ROUNDS = 32
 WARM_ROUNDS = 64
 QUICK_ROUNDS = 4
-# a warm start's first ε, as a share of its worst slackness violation: the rows that broke it most bid
-# first, with increments that keep most prices (a tenth took fewer rounds than a half or a hundredth on
-# random and near-permutation matrices moved by 1e-3 to 1e-2 of their range, n = 64 to 1,024)
+# a warm start's first ε as a share of its worst slackness violation (a tenth took the fewest rounds)
 WARM_SCALE = 0.1
 
 
 @dataclass
 class Assignment:
-    """perm (..., n) int64: row i takes column perm[i]; prices (..., n) float64: the column potentials
-    that certified it (the auction's prices where the certificate was the gap, or SciPy solved it),
-    least 0, to start the next call; fallback: the problems (flat batch indices) SciPy solved; rounds: bidding
-    rounds (all problems bid in the same rounds); relax_rounds: the certificates' relaxation rounds."""
+    """perm (..., n): row i takes column perm[i]; prices (..., n) float64, least 0: the potentials that
+    certified it, to start the next call; fallback: the flat batch indices SciPy solved; rounds, relax_rounds:
+    bidding and relaxation rounds."""
 
     perm: Tensor
     prices: Tensor
@@ -98,8 +74,7 @@ def _checked(similarity: Tensor) -> Tensor:
 
 class _Auction:
     """Bidding state of B problems of size n: prices, row -> column and column -> row (-1: none), flat,
-    with one scratch slot at the end where masked-out writes go (no data-dependent shapes, so no
-    host synchronisation beyond one per round)."""
+    with a scratch slot at the end for masked-out writes (no data-dependent shapes)."""
 
     def __init__(self, s: Tensor, prices: Tensor | None, perm: Tensor | None):
         b, n = s.shape[0], s.shape[1]
@@ -121,8 +96,7 @@ class _Auction:
         if prices is not None:
             given = prices.detach().reshape(b, n).to(device=device, dtype=torch.float64)
             given = torch.where(given.isfinite(), given, 0.0)
-            # prices spread over more than twice the range would cost bidding rounds to even out (an
-            # earlier answer's spread over less), and only their differences count
+            # only differences count; a spread over twice the range would cost rounds to even out
             self.p.copy_(torch.minimum(given - given.amin(1, keepdim=True), 2 * self.unit[:, None]))
         if perm is not None:
             perm = perm.detach().reshape(b, n).to(device=device, dtype=torch.long)
@@ -152,9 +126,8 @@ class _Auction:
         self.flat_rows[torch.where(bad, at, self.scratch).reshape(-1)] = -1
 
     def bid(self, eps: Tensor) -> bool:
-        """One round: every unassigned row of an active problem bids for its best column, each column
-        goes to its highest bid (the highest row index among equal ones). False where none was free.
-        Rows are numbered b * n + i across the batch; flat_cols holds a problem's own row index."""
+        """One round: every unassigned row (numbered b * n + i) bids for its best column, which goes to its
+        highest bid (the highest row among equal ones). False where no row was free."""
         free = ((self.flat_rows[: self.scratch] < 0) & self.bidding).nonzero().squeeze(1)
         if not len(free):
             return False
@@ -177,9 +150,8 @@ class _Auction:
         return True
 
     def phase(self, eps: Tensor, cap: int) -> tuple[int, Tensor]:
-        """Bidding rounds at ε until every active problem is assigned (at most `cap`; the problems left
-        unassigned then stop bidding). Returns the rounds, and per problem whether rows were released
-        and all took their columns back (a hint that the assignment is optimal)."""
+        """Bidding rounds at ε until every active problem is assigned (at most `cap`, then the unassigned stop).
+        Returns the rounds and per problem whether released rows all took their columns back."""
         before = self.row_col.clone()
         self.bidding = self.active.repeat_interleave(self.n)
         self.release(eps)
@@ -202,9 +174,7 @@ def _slackness(s: Tensor, v: Tensor, perm: Tensor) -> tuple[Tensor, Tensor]:
 
 def relax_prices(s: Tensor, p: Tensor, perm: Tensor, tie: Tensor, rounds: int) -> tuple[Tensor, Tensor, int]:
     """(certified, v, rounds): potentials v >= p raised by longest-path relaxation until
-    S[i, j] - v[j] <= S[i, perm[i]] - v[perm[i]] + tie (a round sets v[j] to the most any row r asks
-    of it, S[r, j] - (S[r, perm[r]] - v[perm[r]])); certified per problem where the potentials satisfy
-    that to within 2 tie, which proves perm optimal to within 2 n tie."""
+    S[i, j] - v[j] <= S[i, perm[i]] - v[perm[i]] + tie; certified per problem where that holds to 2 tie."""
     v, own_s = p.clone(), s.gather(2, perm[..., None]).squeeze(2)
     done = 0
     while done < rounds:
@@ -256,9 +226,8 @@ def _scipy(s: Tensor, b: int) -> Tensor:
 
 
 def _start(auction: _Auction, done: Tensor) -> tuple[Tensor, int]:
-    """The first ε of each problem (as a share of its range) and the relaxation rounds spent: warm
-    permutations the certificate still proves optimal are done, the others start at WARM_SCALE of their
-    worst slackness violation (the first phase releases the rows that break it most), cold ones at COLD."""
+    """The first ε of each problem (a share of its range) and the relaxation rounds spent: certified warm
+    starts are done, other warm ones start at WARM_SCALE of their worst violation, cold ones at COLD."""
     rel = torch.full_like(auction.unit, COLD)
     if not bool(auction.warm.any()):
         return rel, 0
@@ -277,10 +246,9 @@ def _trivial(s: Tensor, batch: tuple[int, ...], n: int) -> Assignment:
 
 
 def auction_assignment(similarity: Tensor, prices: Tensor | None = None, perm: Tensor | None = None) -> Assignment:
-    """The permutations maximising sum_i S[i, perm[i]] for each (n, n) problem of a (..., n, n) tensor,
-    computed on its device and certified optimal (to within float64 ties), SciPy deciding the problems
-    the certificate leaves open. `prices` (..., n) and `perm` (..., n) from an earlier Assignment start
-    the auction there (a row of perm that is no permutation, such as -1s, starts that problem cold)."""
+    """The permutations maximising sum_i S[i, perm[i]] for each (n, n) problem of a (..., n, n) tensor, on
+    its device, certified optimal (SciPy deciding the rest). `prices`, `perm` from an earlier Assignment
+    start the auction there (a perm row that is no permutation starts cold)."""
     s = _checked(similarity)
     batch, n = tuple(similarity.shape[:-2]), s.shape[-1]
     if n < 2:
@@ -310,17 +278,15 @@ def auction_assignment(similarity: Tensor, prices: Tensor | None = None, perm: T
 
 
 class DeviceAssignments:
-    """The last answer per key (a latent's name), started from by the next solve of that key; problems
-    of one size on one device are solved as one batch. `counts`: problems solved, those SciPy decided
-    (fallback), and bidding rounds, over all calls."""
+    """The last answer per key, started from by that key's next solve; problems of one size and device are
+    solved as one batch. `counts`: problems solved, SciPy fallbacks and bidding rounds over all calls."""
 
     def __init__(self) -> None:
         self.states: dict[object, tuple[Tensor, Tensor]] = {}
         self.counts = {"solved": 0, "fallback": 0, "rounds": 0}
 
     def remember(self, key: object, perm: Permutation) -> None:
-        """An assignment found otherwise: the rows' maxima in distinct columns, proved optimal by zero
-        prices (every row takes its largest entry)."""
+        """An assignment of the rows' distinct maxima, proved optimal by zero prices."""
         p = perm.perm
         self.states[key] = (torch.zeros(p.shape, dtype=torch.float64, device=p.device), p)
 
