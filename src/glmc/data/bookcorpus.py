@@ -1,14 +1,6 @@
-"""BookCorpus through Hugging Face datasets: one example (a sentence) per row of a "text" column.
-
-On disk it is `<data.root>/bookcorpus`, a folder written by `save_to_disk` (a `Dataset`, or a
-`DatasetDict` whose "train" split is used). With `data.download=true` and no such folder, the hub's
-`bookcorpus` is loaded once and saved there, so later runs are offline.
-
-The rows are split by their order: the last `data.test_fraction` are the test split, the
-`data.val_fraction` before them validation, the rest training. Each example is tokenized with GPT-2's
-tokenizer and becomes one row of `data.seq_len` tokens padded with EOS (`PaddedSequences`, which keeps
-the ids unpadded and pads a row when it is fetched).
-`data.limit_train` / `data.limit_test` keep the first rows of each split before tokenizing.
+"""BookCorpus: a folder `<data.root>/bookcorpus` written by `save_to_disk` (fetched from the hub once with
+data.download=true), one sentence per row of a "text" column. The rows are split by their order (test
+last), tokenized with GPT-2's tokenizer and padded with EOS to data.seq_len when fetched.
 """
 
 from __future__ import annotations
@@ -63,8 +55,7 @@ RESAVE = "save the corpus there again with save_to_disk (or remove the folder an
 
 
 def load_saved(path: Path):
-    """`datasets.load_from_disk`, with a ValueError naming the folder, or the damaged file in it,
-    where that fails (a copy cut short, a save of no rows, a folder of something else)."""
+    """`datasets.load_from_disk`, with a ValueError naming the folder, or its damaged file, where that fails."""
     import datasets
 
     try:
@@ -98,8 +89,7 @@ def _unreadable_arrow(path: Path) -> str | None:
 
 
 def encode_rows(tokenizer: HFTokenizer, texts: list[str], seq_len: int) -> tuple[Tensor, Tensor]:
-    """The rows' ids, each cut to `seq_len`, end to end as one int32 tensor, and each row's length
-    (PaddedSequences.packed): chunk by chunk, so no list of Python ints for the whole corpus is built."""
+    """The rows' ids cut to `seq_len`, end to end (int32), and each row's length, tokenized by chunks."""
     flat, lengths = [], []
     for start in range(0, len(texts), CHUNK):
         batch = [

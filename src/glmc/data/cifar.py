@@ -1,9 +1,6 @@
-"""CIFAR-10/100 from the python-pickle batches that the official archives unpack to.
-
-The files are read directly (not through torchvision's dataset class, whose checksum test rejects
-anything but the full release), so small files in the same format work for tests. They are
-unpickled by `BatchUnpickler`, which admits only the numpy array reconstruction that the batches
-use: a planted file cannot run code.
+"""CIFAR-10/100 from the python-pickle batches of the official archives, read directly (torchvision's
+checksum rejects small test files) by `BatchUnpickler`, which admits only numpy arrays: a planted file
+cannot run code.
 """
 
 from __future__ import annotations

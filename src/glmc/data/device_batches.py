@@ -1,14 +1,7 @@
-"""Training batches of fixed token windows, sliced from one tensor on the training device.
+"""Training batches of fixed token windows, sliced from one tensor copied to the training device once.
 
-A text dataset's training windows (glmc.data.text.TokenWindows) are one (windows, seq_len) tensor, and a
-window is its own target. Training on a GPU, `DeviceBatches` copies that tensor to the device once and
-takes every batch there by index, instead of a DataLoader fetching each window, collating the batch on
-the host and copying it over at every step.
-
-The order is the DataLoader's own: the positions come from a DataLoader of the positions 0..n-1 built
-with the training loader's sampler, batch size, drop_last and generator, which draws from its generator
-exactly as the loader of the windows does. The same seed therefore gives the same batches in the same
-order, and the generator's state after an epoch (what glmc.train.resume saves) is the same.
+The positions come from a DataLoader of 0..n-1 built like the windows' own loader (sampler, batch size,
+drop_last, generator), so a seed gives the same batches, and the same generator state, as that loader.
 """
 
 from __future__ import annotations
@@ -36,8 +29,7 @@ class Positions(Dataset):
 
 
 def token_windows(dataset: Dataset) -> Tensor | None:
-    """The (examples, seq_len) tensor of a TokenWindows set or of a Subset of one, row i being example
-    i; None for any other dataset (masked-LM windows draw masks at every fetch: they keep the loader)."""
+    """The (examples, seq_len) tensor of a TokenWindows set or a Subset of one; None for other datasets."""
     if isinstance(dataset, Subset):
         inner = token_windows(dataset.dataset)
         return None if inner is None else inner[torch.as_tensor(list(dataset.indices), dtype=torch.long)]
@@ -46,8 +38,7 @@ def token_windows(dataset: Dataset) -> Tensor | None:
 
 class DeviceBatches:
     """(inputs, targets) batches of `windows` rows in the order of `positions` (a DataLoader of
-    Positions), the rows copied to `device` once; inputs and targets are one tensor, as a window is its
-    own target. `generator` is the positions loader's, which glmc.train.resume saves and restores."""
+    Positions); `generator` is the positions loader's, which glmc.train.resume saves."""
 
     def __init__(self, windows: Tensor, positions: DataLoader, device: torch.device | str):
         self.windows = windows.to(device)
@@ -65,8 +56,7 @@ class DeviceBatches:
         return len(self.positions)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        # the epoch's positions drawn when the first batch is asked for (an iterator made and dropped
-        # draws nothing), then moved to the device in one copy
+        # drawn at the first batch (an iterator made and dropped draws nothing), moved in one copy
         chunks = list(self.positions)
         if not chunks:
             return

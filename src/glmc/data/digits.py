@@ -1,7 +1,4 @@
-"""sklearn's digits (8x8 grey images, 10 classes): the embedded default, no download.
-
-`data.image_size` resizes them once at load (bilinear), so models built for larger inputs (paper
-001's 32x32 CIFAR ViT) train on the same embedded data."""
+"""sklearn's digits (8x8 grey images, 10 classes): the embedded default, resized once to data.image_size."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ NATIVE_SIZE = 8
 
 
 class ShiftedDigits(Dataset):
-    """Training images shifted by up to `shift` pixels in each direction (data.augment=true): padded
-    by `shift` with the background value and cropped back at a random offset."""
+    """Training images shifted by up to `shift` pixels each way (data.augment=true), background-padded."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, background: float, shift: int = 1):
         self.size = images.shape[-1]
@@ -44,10 +40,8 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
 
 
 def digits_splits(cfg: DataConfig) -> tuple[Dataset, TensorDataset, TensorDataset | None]:
-    """Stratified train/test split fixed by `split_seed`, resized to `image_size` and then
-    standardised with train statistics (of the resized pixels, so the inputs stay mean 0, std 1).
-    With `val_fraction` > 0 that share of the training images (stratified, same seed) is held out
-    as a validation split: learned matching then checks its result against its start on it."""
+    """Stratified train/test (and, with `val_fraction` > 0, validation) splits fixed by `split_seed`,
+    resized to `image_size` and standardised with the training statistics."""
     images, labels = load_digits(return_X_y=True)
     images = images.astype(np.float32).reshape(-1, 1, NATIVE_SIZE, NATIVE_SIZE)
     size = cfg.image_size or NATIVE_SIZE

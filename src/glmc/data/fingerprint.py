@@ -1,12 +1,6 @@
-"""Checksums of what a dataset reads: the corpus (or images) and the tokenizer.
-
-They enter the endpoint cache key (glmc.pipeline.cache), so an endpoint trained on one corpus, one
-tokenizer or one Python's embedded help text is never reused for another, wherever the files live
-(`data.root` itself is not part of the key: the same files in another folder are the same data).
-
-A folder is summed file by file (relative path, size, content). Files above `FULL_HASH_BYTES` are
-summed by their size and their first and last MiB, which keeps a multi-gigabyte corpus from costing
-minutes per run while any edit that changes the length or either end still changes the sum.
+"""Checksums of what a dataset reads (the corpus or images, the tokenizer) for the endpoint cache key
+(glmc.pipeline.cache); `data.root` itself is not part of it. Files above `FULL_HASH_BYTES` are summed by
+their size and their first and last MiB.
 """
 
 from __future__ import annotations
@@ -71,28 +65,23 @@ def _embedded_digest(sources: tuple[Callable[[], str | bytes], ...]) -> str:
 
 
 def files_checksum(relative: str, cfg: DataConfig) -> str | None:
-    """The checksum of a dataset's files: `relative` (a file or a folder) under data.root, where its
-    loader reads them; None while they are not there."""
+    """The checksum of `relative` (a file or folder) under data.root; None while it is not there."""
     return tree_checksum(Path(cfg.root) / relative)
 
 
 def embedded_checksum(sources: tuple[Callable[[], str | bytes], ...], cfg: DataConfig) -> str | None:
-    """The checksum of data that ships with Python or a library: `sources` are functions of nothing
-    giving its text or bytes (in order), computed once per process."""
+    """The checksum of data shipped with Python or a library, from `sources` (functions giving its content)."""
     return _embedded_digest(sources)
 
 
 def path_checksum(cfg: DataConfig) -> str | None:
-    """The checksum of the user's own file, data.path (data=text_file): by content, wherever it lies; None
-    while no file is named or there."""
+    """The checksum of data.path (data=text_file) by content; None while no file is named or there."""
     path = getattr(cfg, "path", None)
     return tree_checksum(Path(path).expanduser()) if path else None
 
 
 def tokenizer_checksum(cfg: DataConfig) -> str | None:
-    """The saved tokenizer's files (data.tokenizer_path); for a WordPiece tokenizer trained here, the
-    version of its rules (the corpus and the data.* keys determine the rest); None for the character
-    tokenizer, which the corpus itself determines, and for images."""
+    """The saved tokenizer's files; a WordPiece trained here: its rules' version; None for char and images."""
     if cfg.get("tokenizer_path") and str(cfg.tokenizer) != "char":
         return tree_checksum(Path(cfg.tokenizer_path))
     if str(cfg.get("tokenizer")) == "wordpiece":  # the rules that train it, so a change of them retrains

@@ -1,17 +1,9 @@
-"""Masked-LM windows (BERT's objective) from a tokenized text block.
+"""Masked-LM windows (BERT's objective): [CLS] followed by `data.seq_len - 1` tokens of a text block.
 
-A window is [CLS] followed by `data.seq_len - 1` tokens of the block (non-overlapping, the tail shorter
-than a window dropped). Of its positions that hold no special token, a share `data.mask_prob` is
-chosen, at least one: the count is mask_prob times the candidates, rounded up or down at random so its
-expectation is exactly that share. Of the chosen positions 80 % show [MASK], 10 % a random non-special
-token and 10 % their own token (each position independently). The targets hold the original id at the
-chosen positions and IGNORE_INDEX (-100) elsewhere, so the loss counts the chosen positions only
-(glmc.metrics, task masked_lm). An item is (inputs, targets), two LongTensors of shape (seq_len,).
-
-Training windows draw new masks each time an item is fetched, from torch's global generator (Lightning
-seeds it from the endpoint seed, so an endpoint's training is reproducible). Validation and test masks
-are drawn once, when the set is built, from a generator seeded by `data.mask_seed`: every point of every
-path and every method is evaluated on the same masked inputs.
+Of a window's non-special positions a share `data.mask_prob` is chosen (at least one; stochastic
+rounding keeps the expectation exact): 80 % show [MASK], 10 % a random token, 10 % their own. Targets
+hold the original id at the chosen positions and IGNORE_INDEX elsewhere. Training windows draw new masks
+at every fetch (torch's global generator); validation and test masks are drawn once from `data.mask_seed`.
 """
 
 from __future__ import annotations
@@ -25,8 +17,7 @@ from torch.utils.data import Dataset
 from glmc.metrics import IGNORE_INDEX
 
 MASK_SHARE, RANDOM_SHARE = 0.8, 0.1  # of the chosen positions; the rest keep their token
-# each split's fixed masks come from their own stream; mask_seed < 2^32 (validated), so no choice of
-# it makes one split repeat another's
+# each split's fixed masks come from their own stream (mask_seed < 2^32: no split repeats another's)
 SPLIT_STREAMS = {"validation": 0, "test": 1, "train": 2}
 
 
@@ -36,8 +27,7 @@ def split_mask_seed(mask_seed: int, split: str) -> int:
 
 @dataclass(frozen=True)
 class Masking:
-    """BERT's masking for one tokenizer: `special` marks the ids never chosen nor drawn as a random
-    replacement ([PAD], [UNK], [CLS], [SEP], [MASK])."""
+    """BERT's masking for one tokenizer: `special` marks the ids never chosen nor drawn as replacements."""
 
     special: Tensor  # (vocab_size,) bool
     mask_id: int
@@ -52,9 +42,7 @@ class Masking:
         return cls(special, int(tokenizer.mask_id), float(prob))
 
     def __call__(self, windows: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """(inputs, targets) for a batch of windows (N, T), masked as the module docstring says. The
-        random numbers drawn do not depend on the tokens, so a generator gives the same masks for the
-        same shapes. `generator=None` draws from torch's global generator."""
+        """(inputs, targets) for windows (N, T); the draws depend on the shapes alone, not the tokens."""
         n, t = windows.shape
         candidate = ~self.special[windows]
         available = candidate.sum(1)
@@ -75,8 +63,7 @@ class Masking:
 
 
 class MaskedWindows(Dataset):
-    """Windows of [CLS] + (seq_len - 1) tokens, masked anew at every fetch (`mask_seed=None`) or once
-    with a generator seeded by `mask_seed`."""
+    """[CLS] + (seq_len - 1) token windows, masked at every fetch (`mask_seed=None`) or once from `mask_seed`."""
 
     def __init__(self, tokens: Tensor, seq_len: int, tokenizer, mask_prob: float, mask_seed: int | None = None):
         body = seq_len - 1
@@ -104,8 +91,7 @@ class MaskedWindows(Dataset):
         return inputs[0], targets[0]
 
     def with_fixed_masks(self, mask_seed: int) -> MaskedWindows:
-        """The same windows with masks drawn once from `mask_seed` (the training split evaluated along
-        a path: every λ must see the same inputs)."""
+        """The same windows with masks drawn once from `mask_seed` (every λ of a path sees the same inputs)."""
         fixed = object.__new__(MaskedWindows)
         fixed.windows, fixed.masking = self.windows, self.masking
         fixed.fixed = self.masking(self.windows, torch.Generator().manual_seed(mask_seed))
@@ -113,8 +99,7 @@ class MaskedWindows(Dataset):
 
 
 def check_masked_lm_tokenizer(cfg) -> None:
-    """data.task=masked_lm needs [CLS] and [MASK]: the WordPiece tokenizer has them, and a saved one
-    (data.tokenizer=pretrained) is checked for them when it is loaded (glmc.data.text)."""
+    """data.task=masked_lm needs [CLS] and [MASK]: WordPiece has them, a saved one is checked at load."""
     if str(cfg.tokenizer) not in ("wordpiece", "pretrained"):
         raise ValueError(
             f"data.task=masked_lm needs data.tokenizer=wordpiece: its windows start with [CLS] and hide tokens "

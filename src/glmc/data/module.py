@@ -10,17 +10,15 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from glmc.config import DataConfig
 from glmc import datasets
+from glmc.config import DataConfig
 from glmc.data.device_batches import DeviceBatches, Positions, token_windows
 from glmc.data.step_sampler import StepSampler
 
 
 @dataclass
 class Splits:
-    """A dataset's splits. `val` is None where the dataset has no validation split of its own (the
-    vision sets: their validation loop then watches the test split, for logging only); `tokenizer`
-    is the text datasets'."""
+    """A dataset's splits; `val` is None where it has none (the validation loop then watches test)."""
 
     train: Dataset
     test: Dataset
@@ -29,9 +27,7 @@ class Splits:
 
 
 def load_splits(cfg: DataConfig) -> Splits:
-    """The splits of data.name, by the loader its registry entry names (glmc.datasets): an image
-    loader gives (train, test) or (train, test, validation), a text loader (train, validation, test,
-    tokenizer)."""
+    """The splits of data.name, by the loader its registry entry (glmc.datasets) names."""
     info = datasets.dataset(cfg.name)
     loaded = info.loader(cfg)
     if info.is_text:
@@ -45,8 +41,7 @@ def _limit(dataset: Dataset, n: int | None) -> Dataset:
 
 
 def _fixed_masks(dataset: Dataset, cfg: DataConfig) -> Dataset:
-    """Masked-LM training windows draw new masks at every fetch; evaluated along a path, every λ
-    must see the same inputs, so they are drawn once (from data.mask_seed's training stream)."""
+    """Masked-LM training windows with masks drawn once (data.mask_seed): every λ sees the same inputs."""
     if isinstance(dataset, Subset):
         return Subset(_fixed_masks(dataset.dataset, cfg), dataset.indices)
     if not hasattr(dataset, "with_fixed_masks"):
@@ -56,20 +51,14 @@ def _fixed_masks(dataset: Dataset, cfg: DataConfig) -> Dataset:
     return dataset.with_fixed_masks(split_mask_seed(cfg.mask_seed, "train"))
 
 
-# worker processes of a loader that feeds a GPU where data.num_workers is 0 (at most the cores Lightning
-# suggests): enough that Lightning's "does not have many workers" warning no longer applies
+# workers of a loader feeding a GPU where data.num_workers is 0 (enough to quiet Lightning's warning)
 CUDA_WORKERS = 4
 
 
 class DataModule(L.LightningDataModule):
-    """Train loader shuffled by a generator seeded from the endpoint seed (or continued from
-    `train_generator_state` when training resumes, or positioned at `train_start_step` in the same
-    order); test loader fixed.
-
-    Training on one CUDA device, the token windows of a text dataset are copied to the device once and
-    batched there (glmc.data.device_batches), in the loader's order; the loaders that remain pin their
-    batches and, where data.num_workers is 0 and a fetch draws nothing at random, get worker processes
-    (the same batches, sooner). On CPU the loaders are as data.num_workers makes them."""
+    """Train loader shuffled by a generator seeded from the endpoint seed (or resumed from
+    `train_generator_state`, or positioned at `train_start_step`); test loader fixed. On one CUDA
+    device a text dataset's windows are batched on the device (glmc.data.device_batches)."""
 
     def __init__(self, cfg: DataConfig, seed: int = 0):
         super().__init__()
@@ -130,8 +119,7 @@ class DataModule(L.LightningDataModule):
         return self.trainer.strategy.root_device, self.trainer.world_size
 
     def _batch_device(self) -> torch.device | None:
-        """Where training batches are sliced from the windows (device_batches), None for a DataLoader;
-        always a DataLoader across processes, whose sampler Lightning shards."""
+        """Where training batches are sliced from the windows, None for a DataLoader (always so across processes)."""
         device, processes = self._training_device()
         if self.device_batches is False or processes > 1:
             return None
@@ -140,9 +128,8 @@ class DataModule(L.LightningDataModule):
         return device if device is not None and device.type == "cuda" else None
 
     def _loader_options(self, train: bool) -> dict[str, Any]:
-        """A DataLoader's data.num_workers; training on CUDA, also pinned batches and, where data.num_workers
-        is 0 and fetching draws nothing at random (no augmentation, no masks drawn per training window),
-        persistent workers: they fetch the same batches in the same order."""
+        """data.num_workers; on CUDA also pinned batches, and workers where none are set and a fetch draws
+        nothing at random."""
         options: dict[str, Any] = {"num_workers": self.cfg.num_workers}
         device, _ = self._training_device()
         if device is None or device.type != "cuda":
@@ -164,8 +151,7 @@ class DataModule(L.LightningDataModule):
         return DataLoader(val, batch_size=self.cfg.eval_batch_size, **self._loader_options(train=False))
 
     def eval_dataloader(self, split: str) -> DataLoader:
-        """A fixed-order loader of `split` (test or train) for evaluation: the training split
-        without augmentation, in its stored order, and with masked-LM masks drawn once."""
+        """A fixed-order loader of `split` (test or train), without augmentation and with fixed masks."""
         if split == "test":
             return self.test_dataloader()
         if split != "train":

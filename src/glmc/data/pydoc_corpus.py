@@ -1,8 +1,4 @@
-"""The embedded text corpus: CPython's help topics (`pydoc_data.topics`), which ship with Python.
-
-About 465,000 characters of English prose and code examples, 103 distinct characters; the topics are
-joined in the order of their names, so the corpus is the same on every machine with the same Python.
-"""
+"""The embedded text corpus: CPython's help topics (`pydoc_data.topics`) joined in name order."""
 
 from __future__ import annotations
 

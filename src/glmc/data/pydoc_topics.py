@@ -1,51 +1,11 @@
-"""Topic classification on the embedded corpus (`data=pydoc_topics`): which part of the language a
-window of a Python help topic comes from.
+"""Topic classification on the embedded corpus (`data=pydoc_topics`): which of four labels (`TABLE`:
+statement, expression, builtin, data_model) the Python help topic of a window has.
 
-Labels. Each of the 79 help topics of `pydoc_data.topics` gets one of four labels (`TABLE` below):
-
-    0 statement     the simple and compound statements (language reference, chapters 7 and 8)
-    1 expression    expressions, operators, and the lexical syntax of names and literals (chapters 2, 6)
-    2 builtin       the built-in types and their methods, and the library's pdb (library reference)
-    3 data_model    the data and execution models: objects, special methods, names, exceptions (3, 4)
-
-Text. Many topics repeat others: "compound" holds every compound statement, "specialnames" the
-customisation topics, "execmodel" "naming" and "exceptions", and "if" and "else" are one text. A
-paragraph (text between blank lines) that occurs in several topics is kept only in the shortest of them
-(ties: the first name), so no text is in two datasets; a topic left with no text ("if", whose text
-"else" keeps) is left out. A topic's own paragraphs, joined, are tokenized with the WordPiece tokenizer
-of the masked-LM pretraining corpus (below) and cut into windows of [CLS] + (`data.seq_len` - 1)
-tokens, non-overlapping, the shorter tail dropped. A topic too short for one window gives one window
-padded with [PAD] after its text; the models get no attention mask, so they see those [PAD]s (none at
-seq_len 64; 6 of the 971 windows at seq_len 128). An item is (input_ids (seq_len,), label), both
-LongTensors, the label a scalar.
-
-Datasets. `data.num_subsets` (default 3) datasets share the labels but not the topics, a domain shift
-like that between paper 002's emotion datasets: within each label the topics, largest first (characters
-of their own text; ties by name), go each to the dataset holding the fewest characters of that label so
-far (ties: the lower index), so every dataset gets every label in about equal amounts. `data.subset`
-picks one. Models fine-tuned on one dataset from two seeds give in-domain pairs; on different datasets,
-cross-dataset pairs.
-
-Splits. A dataset's windows, in the order of their topics' names and of their place in the text, are
-numbered i = 0, 1, ...; window i is a test window when (i + data.split_seed) % 10 == 0, a validation
-window when it is 1, a training window otherwise: 10 / 10 / 80 %, every topic spread over the splits.
-Neighbouring windows of one topic can fall in different splits, and a line repeated inside a paragraph
-(the rules of operator-summary's table) can give equal windows in two splits.
-
-Tokenizer. The WordPiece tokenizer is the one `data=pydoc_mlm` trains: on the training block of the
-whole corpus (`pydoc_text()` split by `data.val_fraction` and `data.test_fraction`, as glmc.data.text
-does) with `data.tokenizer_vocab` ids, so a model pretrained there and fine-tuned here reads the same
-ids; keep those three keys equal to the pretraining run's, or point `data.tokenizer_path` at the
-tokenizer saved with the pretrained model. The pretraining block holds the text (not the labels) of
-most test windows here: the task measures what a model learns about topics, not unseen text.
-
-Measured with conf/data/pydoc_topics.yaml (seq_len 64, tokenizer_vocab 1000, val/test fractions 0.05,
-split_seed 0; Python 3.11's topics, 78 of them with text of their own), windows per label (statement /
-expression / builtin / data_model), of which the largest label is a third:
-
-    dataset 0 (25 topics)  695 windows   137 / 127 / 234 / 197   train 555, validation 70, test 70
-    dataset 1 (28 topics)  639 windows   124 / 105 / 213 / 197   train 511, validation 64, test 64
-    dataset 2 (25 topics)  655 windows   128 / 116 / 211 / 200   train 523, validation 66, test 66
+A paragraph several topics hold stays only in the shortest (ties: the first name). Each topic's text is
+cut into [CLS] + (seq_len - 1) token windows with data=pydoc_mlm's WordPiece tokenizer (a short topic
+gives one window padded with [PAD]). `data.num_subsets` datasets share the labels, not the topics: each
+topic, largest first, goes to the dataset holding the fewest characters of its label. Window i is a test
+window when (i + data.split_seed) % 10 == 0, a validation window when it is 1, else a training one.
 """
 
 from __future__ import annotations

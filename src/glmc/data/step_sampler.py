@@ -1,13 +1,6 @@
-"""A shuffling sampler whose order is a function of the optimisation step alone.
-
-`StepSampler(n, seed, batch_size, drop_last, start_step)` shuffles every epoch by its own generator,
-seeded from (seed, epoch), and its first epoch starts at the batch that step `start_step` trains on
-(`batch_size` and `drop_last` as the DataLoader's, to count the batches of an epoch). A run resumed
-from a checkpoint written at any step, mid-epoch included, therefore sees exactly the batches the
-uninterrupted run saw next, which Lightning cannot restore for a plain loader.
-
-The position advances as batches are drawn, not when an iterator is made, so an iterator Lightning
-creates and drops unused moves nothing.
+"""A shuffling sampler whose order is a function of the optimisation step alone: every epoch is shuffled by
+a generator seeded from (seed, epoch), and the first starts at the batch step `start_step` trains on, so
+a run resumed mid-epoch sees the batches the uninterrupted run saw. It advances as batches are drawn.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Shared pieces of the text datasets: tokenizers, contiguous splits and fixed token windows.
 
-A corpus is split into contiguous train / validation / test blocks (by `data.val_fraction` and
-`data.test_fraction` of its characters, in that order), each block tokenized on its own and cut into
-non-overlapping windows of `data.seq_len` tokens. The test windows are fixed, so every method is
-evaluated on the same tokens. A window is (inputs, targets) with targets = inputs: the causal-LM
-loss shifts them (glmc.metrics); target id -100 marks padding that no loss counts. With
-`data.task=masked_lm` the windows are [CLS] + (seq_len - 1) tokens with BERT's masking
-(glmc.data.masked_lm). The WordPiece tokenizer is trained on the training block alone
-(glmc.data.wordpiece); the character tokenizer reads the whole corpus; a tokenizer saved with
-save_pretrained (`data.tokenizer=pretrained`, `data.tokenizer_path`: what endpoints=pretrained reads)
-is used as it is, with its own special tokens.
+A corpus is split into contiguous train / validation / test blocks (data.val_fraction,
+data.test_fraction), each tokenized on its own and cut into non-overlapping windows of data.seq_len
+tokens, (inputs, targets) with targets = inputs (the causal-LM loss shifts them; -100 marks padding).
+With data.task=masked_lm a window is [CLS] + (seq_len - 1) tokens (glmc.data.masked_lm).
 """
 
 from __future__ import annotations
@@ -49,9 +43,7 @@ class CharTokenizer:
         return "".join(self.chars[i] for i in ids)
 
     def to_hf(self):
-        """The same ids as a Hugging Face fast tokenizer (a word-level vocabulary of single characters,
-        no special tokens), which save_pretrained writes and data.tokenizer=pretrained reads back; a
-        character outside the corpus is an error there as here."""
+        """The same ids as a Hugging Face fast tokenizer (single characters, no special tokens)."""
         from tokenizers import Regex, models, pre_tokenizers
         from tokenizers import Tokenizer as Fast
         from transformers import PreTrainedTokenizerFast
@@ -62,9 +54,7 @@ class CharTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face tokenizer (GPT-2's byte-level BPE, or any tokenizer saved with save_pretrained)
-    behind the same members, with the ids of its special tokens (None where it has none): the
-    masked-LM windows read cls_id, mask_id and special_ids, padded rows eos_id or pad_id."""
+    """A Hugging Face tokenizer behind the same members, with its special tokens' ids (None where absent)."""
 
     def __init__(self, tokenizer, source: str = "the tokenizer"):
         self.hf = tokenizer
@@ -80,8 +70,7 @@ class HFTokenizer:
         return self.hf(text, add_special_tokens=False)["input_ids"]
 
     def require(self, purpose: str, **tokens: str) -> None:
-        """ValueError naming the tokenizer's folder when it lacks a special token `purpose` needs;
-        `tokens` maps an attribute (cls_id) to the token's name ("a [CLS] token")."""
+        """ValueError when a special token `purpose` needs is missing; `tokens`: attribute -> token name."""
         missing = [name for attribute, name in tokens.items() if getattr(self, attribute) is None]
         if missing:
             raise ValueError(
@@ -91,8 +80,7 @@ class HFTokenizer:
 
 
 def saved_tokenizer(path: str | Path, key: str = "data.tokenizer_path") -> HFTokenizer:
-    """The tokenizer saved with save_pretrained in `path`, read with AutoTokenizer from local files
-    only and never with code from the folder. Errors name `key`, the folder and the problem."""
+    """The tokenizer saved with save_pretrained in `path` (local files only, no code from the folder)."""
     from transformers import AutoTokenizer
 
     path = Path(path)
@@ -109,8 +97,7 @@ def saved_tokenizer(path: str | Path, key: str = "data.tokenizer_path") -> HFTok
 
 
 def gpt2_tokenizer(cfg: DataConfig) -> HFTokenizer:
-    """`data.tokenizer_path` (a folder saved with save_pretrained) or, with data.download=true, the
-    hub's `gpt2`. Offline and without a folder this fails naming both settings."""
+    """`data.tokenizer_path` or, with data.download=true, the hub's `gpt2`."""
     from transformers import AutoTokenizer
 
     if cfg.tokenizer_path:
@@ -174,12 +161,8 @@ class TokenWindows(Dataset):
 
 
 class PaddedSequences(Dataset):
-    """One example per row, cut or padded to `seq_len` with EOS; targets ignore the padding after
-    the first EOS (the model learns to end a sequence, not to repeat padding).
-
-    The rows are kept unpadded, as one flat int32 tensor of ids and each row's length, and padded when a
-    row is fetched: BookCorpus's 74 million sentences of about 14 GPT-2 tokens take some 4 GB this way,
-    where padded int64 inputs and targets of 512 positions would take 600 GB."""
+    """One example per row, cut or padded to `seq_len` with EOS (targets ignore the padding after the
+    first EOS); kept unpadded as flat int32 ids and padded when fetched (BookCorpus: 4 GB, not 600)."""
 
     def __init__(self, sequences: list[list[int]], seq_len: int, eos_id: int):
         rows = [ids[:seq_len] for ids in sequences]
@@ -188,8 +171,7 @@ class PaddedSequences(Dataset):
 
     @classmethod
     def packed(cls, flat: Tensor, lengths: Tensor, seq_len: int, eos_id: int) -> PaddedSequences:
-        """Rows given as their ids end to end (`flat`) and each row's number of ids (`lengths`), every
-        row already cut to `seq_len` (glmc.data.bookcorpus.encode_rows)."""
+        """Rows as their ids end to end (`flat`) and each row's length, each already cut to `seq_len`."""
         if (lengths.numel() and int(lengths.max()) > seq_len) or int(lengths.sum()) != flat.numel():
             raise ValueError(f"packed rows: lengths must be at most {seq_len} and add up to the {flat.numel()} ids")
         rows = cls.__new__(cls)
@@ -218,8 +200,7 @@ SPLITS = ("train", "validation", "test")
 
 
 def check_task(cfg: DataConfig, source: str, chars: int) -> None:
-    """Before a corpus of `chars` characters is tokenized: an empty corpus, and a masked-LM task without
-    a tokenizer that has [CLS] and [MASK], are refused."""
+    """Refuse an empty corpus, and a masked-LM task without a tokenizer that has [CLS] and [MASK]."""
     if cfg.task == "masked_lm":
         from glmc.data.masked_lm import check_masked_lm_tokenizer
 
@@ -236,8 +217,7 @@ def check_task_tokenizer(cfg: DataConfig, tokenizer: Tokenizer) -> None:
 def token_windows(
     cfg: DataConfig, tokenizer: Tokenizer, name: str, tokens: Tensor, chars: tuple[int, int], source: str
 ):
-    """One split's windows from its token ids (`tokens`, long); `chars`: (the corpus's characters, the
-    split's), which the ValueError of a split too short for one window names with `source`."""
+    """One split's windows; `chars` (the corpus's and the split's characters) name a split too short."""
     masked = cfg.task == "masked_lm"
     if tokens.numel() < cfg.seq_len - masked:  # a masked-LM window holds [CLS] and seq_len - 1 tokens
         share = min(cfg.val_fraction, cfg.test_fraction)
@@ -255,8 +235,7 @@ def token_windows(
 
 
 def text_splits(cfg: DataConfig, text: str, source: str = "the corpus") -> tuple[Dataset, Dataset, Dataset, Tokenizer]:
-    """A whole corpus -> fixed-window train / validation / test sets and the tokenizer. `source`
-    names the corpus (its file) in the ValueError of a corpus too short for one window per split."""
+    """A whole corpus -> fixed-window train / validation / test sets and the tokenizer."""
     check_task(cfg, source, len(text))
     blocks = split_text(text, cfg.val_fraction, cfg.test_fraction)
     tokenizer = make_tokenizer(cfg, text, training_text=blocks[0])

@@ -1,27 +1,10 @@
-"""Your own text: `data=text_file data.path=/some/file.txt` evaluates on a UTF-8 text file of yours (and
-trains on it: endpoints trained here, data-driven matchers), cut as every text dataset is (glmc.data.text):
-contiguous train / validation / test blocks by data.val_fraction and data.test_fraction, each cut into
-windows of data.seq_len tokens.
+"""Your own text (`data=text_file data.path=<file>`): a UTF-8 file cut as every text dataset is
+(glmc.data.text), read with a saved tokenizer (data.tokenizer_path), or data.tokenizer=char or wordpiece
+set on purpose: nothing falls back to characters unasked.
 
-The text is read with a saved tokenizer (conf/data/text_file.yaml: data.tokenizer=pretrained): with
-endpoints=pretrained the folders' own (the first folder's, or data.tokenizer_path's). Endpoints trained here
-from seeds have no tokenizer of their own, so they need data.tokenizer_path=<a folder written by
-save_pretrained>, or data.tokenizer=char (one id per character of the file) or data.tokenizer=wordpiece
-(trained on its training block) set on purpose: nothing falls back to characters unasked.
-
-Before any work (`text_file_problems`, through the registry's `checks`): a run that names no file, a path
-where no file is, and a run with no tokenizer are refused. At load (`text_file_splits`): a file that is not
-UTF-8, and one too short for a window in every split. Every message names data.path.
-
-The file is never held whole: it is read twice, CHUNK bytes at a time, decoded incrementally (a character
-cut by a read is completed by the next). The first pass checks the UTF-8 and counts the characters (and,
-for data.tokenizer=char, collects them), which places the split points; the second tokenizes each split in
-segments of about CHUNK characters and appends their ids to a compact array (uint16 where the vocabulary
-fits, else int32). A segment ends where the tokenizer reads the text the same cut or uncut: before a
-whitespace run (or, in text without one, anywhere) where the ids of a stretch around the cut equal those
-of its two sides. A tokenizer that reads every cut differently (a normalizer that prepends to every input)
-tokenizes each split whole. data.tokenizer=wordpiece learns from the word counts of the training split,
-counted segment by segment.
+The file is never held whole: a first pass checks the UTF-8 and counts the characters (placing the split
+points), a second tokenizes each split in segments of about CHUNK characters into a compact id array. A
+segment ends only where the tokenizer reads the text around the cut the same cut or uncut.
 """
 
 from __future__ import annotations
@@ -59,7 +42,6 @@ ASK = "data=text_file reads your own UTF-8 text file: set data.path=<file> (e.g.
 
 
 def _where(path: Path) -> str:
-    """How a relative data.path was read: from the folder run.py was started in."""
     return "" if path.is_absolute() else f" (read from {Path.cwd()}, the folder run.py was started in)"
 
 
@@ -76,8 +58,7 @@ def file_problem(data: Any) -> str | None:
 
 
 def _tokenizer_problem(cfg: Config) -> str | None:
-    """Why no saved tokenizer can read the file (data.tokenizer=pretrained), or None. With endpoints=pretrained
-    `cfg` is the config as the data are read: data.tokenizer_path is then the first folder's unless set."""
+    """Why no saved tokenizer can read the file (data.tokenizer=pretrained), or None."""
     data = cfg.data
     if str(data.tokenizer) != "pretrained":  # char or wordpiece on purpose, gpt2 reads its own setting
         return None
@@ -103,15 +84,13 @@ def _tokenizer_problem(cfg: Config) -> str | None:
 
 
 def text_file_problems(cfg: Config) -> list[str]:
-    """What keeps a run of data=text_file from reading its file, found before any work: no data.path, no
-    file there, no tokenizer to read it with."""
+    """What keeps data=text_file from reading its file: no data.path, no file there, no tokenizer."""
     found = [file_problem(cfg.data), _tokenizer_problem(cfg)]
     return [p for p in found if p]
 
 
 def _decoded(path: Path, key: str, chunk: int) -> Iterator[str]:
-    """The file's text in pieces of up to `chunk` bytes, without a leading byte-order mark; ValueError
-    naming `key` and the first byte that is not UTF-8."""
+    """The file's text in pieces of up to `chunk` bytes, without a byte-order mark; UTF-8 checked."""
     decoder, read, first = codecs.getincrementaldecoder("utf-8")(), 0, True
     with path.open("rb") as f:
         while True:
@@ -159,8 +138,7 @@ WHITESPACE_CUT = re.compile(r"(?<=\S)\s")  # a whitespace run begins
 
 
 def _cut(text: str, chunk: int, cuttable: Callable[[str, int], bool]) -> int | None:
-    """A position in the last `chunk` characters of `text` (leaving CONTEXT after it) that `cuttable`
-    accepts: the last whitespace runs' starts first, then evenly spaced positions; None if none is."""
+    """A cut in the last `chunk` characters that `cuttable` accepts (whitespace starts first), or None."""
     lo, hi = max(len(text) - chunk, CONTEXT), len(text) - CONTEXT
     starts = [m.start() for m in WHITESPACE_CUT.finditer(text, lo, hi)][-TRIES:] if hi > lo else []
     spaced = [hi - k * max((hi - lo) // TRIES, 1) for k in range(TRIES)]
@@ -171,8 +149,7 @@ def _cut(text: str, chunk: int, cuttable: Callable[[str, int], bool]) -> int | N
 
 
 def _segments(pieces: Iterable[tuple[int, str]], chunk: int, cuttable) -> Iterator[tuple[int, str]]:
-    """(split index, text) segments of each split, about `chunk` to 2 * `chunk` characters where `cuttable`
-    allows a cut there, each split's last segment ending at its end."""
+    """(split index, text) segments of about `chunk` to 2 * `chunk` characters where `cuttable` allows."""
     pending, current = "", 0
     for block, text in pieces:
         if block != current:
@@ -205,8 +182,7 @@ def id_dtype(vocab_size: int) -> np.dtype:
 
 
 def read_token_ids(path: Path, key: str, tokenizer: Tokenizer, points, chunk: int = CHUNK) -> list[np.ndarray]:
-    """The train, validation and test splits' ids (split at the character offsets `points`) as compact
-    arrays, tokenized segment by segment (module docstring)."""
+    """The three splits' ids (cut at the character offsets `points`) as compact arrays."""
     dtype = id_dtype(tokenizer.vocab_size)
     parts: list[list[np.ndarray]] = [[] for _ in SPLITS]
     for block, text in _segments(_block_pieces(path, key, chunk, points), chunk, _transparent(tokenizer)):
@@ -215,8 +191,7 @@ def read_token_ids(path: Path, key: str, tokenizer: Tokenizer, points, chunk: in
 
 
 def _training_word_counts(path: Path, key: str, points, chunk: int) -> Counter:
-    """WordPiece's word counts (glmc.data.wordpiece.word_counts) of the training split, counted segment by
-    segment: its words never hold whitespace, so a cut before a whitespace run leaves them as they are."""
+    """WordPiece's word counts of the training split, by segments cut before whitespace (words hold none)."""
     from glmc.data.wordpiece import word_counts
 
     counts: Counter = Counter()
@@ -228,8 +203,7 @@ def _training_word_counts(path: Path, key: str, points, chunk: int) -> Counter:
 
 
 def _tokenizer(cfg: DataConfig, path: Path, key: str, points, chars: set[str], chunk: int) -> Tokenizer:
-    """The tokenizer data.tokenizer names: char from the file's characters, a trained WordPiece from its
-    training split's words; the others read no text."""
+    """The tokenizer data.tokenizer names (char and a trained WordPiece from the file itself)."""
     if cfg.tokenizer == "char":
         return CharTokenizer("".join(sorted(chars)))
     if cfg.tokenizer == "wordpiece" and not cfg.tokenizer_path:

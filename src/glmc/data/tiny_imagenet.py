@@ -1,9 +1,4 @@
-"""Tiny ImageNet (200 classes, 64x64) in its released folder layout; the val split serves as test.
-
-<root>/tiny-imagenet-200/wnids.txt
-<root>/tiny-imagenet-200/train/<wnid>/images/*.JPEG
-<root>/tiny-imagenet-200/val/images/*.JPEG  +  val/val_annotations.txt (file, wnid, box)
-"""
+"""Tiny ImageNet (200 classes, 64x64) in its released folder layout; the val split serves as test."""
 
 from __future__ import annotations
 
@@ -44,16 +39,7 @@ def tiny_imagenet_splits(cfg: DataConfig) -> tuple[Dataset, Dataset]:
         name, wnid = line.split("\t")[:2]
         test_items.append((base / "val" / "images" / name, index[wnid]))
     to_tensor = [transforms.ToTensor(), transforms.Normalize(MEAN, STD)]
-    train_tf = transforms.Compose(
-        (
-            [
-                transforms.RandomResizedCrop(64),
-                transforms.RandomHorizontalFlip(),
-                transforms.AutoAugment(transforms.AutoAugmentPolicy.IMAGENET),
-            ]
-            if cfg.augment
-            else []
-        )
-        + to_tensor
-    )
+    policy = transforms.AutoAugmentPolicy.IMAGENET
+    augment = [transforms.RandomResizedCrop(64), transforms.RandomHorizontalFlip(), transforms.AutoAugment(policy)]
+    train_tf = transforms.Compose((augment if cfg.augment else []) + to_tensor)
     return ImageFiles(train_items, train_tf), ImageFiles(test_items, transforms.Compose(to_tensor))

@@ -1,5 +1,4 @@
-"""Tiny Shakespeare: the char-rnn corpus, one plain-text file `<data.root>/tiny_shakespeare/input.txt`
-(about 1.1 million characters). `data.download=true` fetches it on a machine with network."""
+"""Tiny Shakespeare: the char-rnn corpus, `<data.root>/tiny_shakespeare/input.txt` (data.download=true fetches it)."""
 
 from __future__ import annotations
 

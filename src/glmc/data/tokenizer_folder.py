@@ -16,9 +16,8 @@ def error_reason(err: BaseException, limit: int = 200) -> str:
 
 
 def check_tokenizer_folder(path: Path, key: str = "data.tokenizer_path") -> None:
-    """ValueError naming the folder when it lacks the tokenizer's files, naming the first of its
-    JSON files that does not parse (a copy cut short, a file overwritten by something else), or when
-    its tokenizer_config.json asks for code of its own (`auto_map`), which is never run."""
+    """ValueError naming the folder when it lacks the tokenizer's files, one of its JSON files does not
+    parse, or its tokenizer_config.json asks for code of its own (`auto_map`), which is never run."""
     if not any(all((path / name).is_file() for name in files) for files in TOKENIZER_FILES):
         present = sorted(p.name for p in path.iterdir())
         raise ValueError(

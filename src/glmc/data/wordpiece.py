@@ -1,26 +1,10 @@
-"""BERT-style WordPiece tokenizer for the encoders: trained on a corpus's training block, or loaded
-from a folder holding `tokenizer.json` (`data.tokenizer_path`).
+"""BERT-style WordPiece tokenizer: trained on a corpus's training block, or loaded from a folder holding
+`tokenizer.json` (`data.tokenizer_path`).
 
-The vocabulary is learned here rather than by `tokenizers.trainers.WordPieceTrainer`, which numbers
-its continuation pieces in hash-map order and breaks ties between equally frequent merges by those
-numbers, so the same text can give another vocabulary in another process (huggingface/tokenizers
-issue 1794). Here every choice is ordered: the alphabet by code point, merges by count and then by
-the text of the two pieces, so the same corpus and `data.tokenizer_vocab` give the same ids on every
-machine. The `tokenizers` library still normalises, splits words and encodes (greedy longest match).
-
-- Normaliser: BERT's, keeping case and accents. Python is case-sensitive (`None`, `True`, class
-  names against keywords), and a masked-LM that cannot tell `None` from `none` learns a blurrier task;
-  at 1,000 ids the price is a few more pieces per capitalised word.
-- Words: BERT's pre-tokeniser, whitespace and every punctuation character on its own, so an operator
-  (`**`, `//`) becomes pieces of one character and a code example stays readable in the vocabulary.
-- Alphabet: every character of the training block, as a word start and as a continuation (`##c`), so
-  text outside the training block becomes [UNK] only for characters the block never shows.
-- Merges: the most frequent adjacent pair of pieces over the words (counted with their frequency) until
-  the vocabulary holds `data.tokenizer_vocab` ids or no pair occurs twice.
-
-Ids 0-4 are [PAD] [UNK] [CLS] [SEP] [MASK]. The saved tokenizer adds [CLS] in front of a text when
-asked for special tokens (the windows the models train on start with [CLS]); `encode` adds none.
-Special tokens are not matched in the text itself, so a literal "[MASK]" in a corpus stays text.
+The vocabulary is learned here, not by `tokenizers.trainers.WordPieceTrainer`, whose ties depend on
+hash-map order (huggingface/tokenizers issue 1794): merges go by count, then by the pieces' text, so the
+same corpus gives the same ids on every machine. Case and accents are kept (Python is case-sensitive).
+Ids 0-4 are [PAD] [UNK] [CLS] [SEP] [MASK]; `encode` adds no special tokens.
 """
 
 from __future__ import annotations
@@ -72,8 +56,7 @@ def _merge(pieces: list[str], a: str, b: str, merged: str) -> list[str]:
 
 
 def learn_vocabulary(counts: dict[str, int], size: int) -> list[str]:
-    """The pieces in id order: the special tokens, the alphabet, then the merged pieces in the order
-    they were learned. A ValueError naming data.tokenizer_vocab when the alphabet alone is larger."""
+    """The pieces in id order: the special tokens, the alphabet, then the merges in learned order."""
     words = sorted(counts)
     freq = [counts[w] for w in words]
     pieces = [[w[0], *(PREFIX + c for c in w[1:])] for w in words]
@@ -135,7 +118,6 @@ def build_tokenizer(vocab: Iterable[str]):
     tokenizer = Tokenizer(models.WordPiece(vocab=ids, unk_token="[UNK]", continuing_subword_prefix=PREFIX))
     tokenizer.normalizer, tokenizer.pre_tokenizer = _pipeline()
     tokenizer.decoder = decoders.WordPiece(prefix=PREFIX)
-    # what the models are trained on: [CLS] first (a pair, never used here, as BERT joins two texts)
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A",
         pair="[CLS] $A [SEP] $B [SEP]",
@@ -145,8 +127,7 @@ def build_tokenizer(vocab: Iterable[str]):
 
 
 class WordPieceTokenizer:
-    """The project's tokenizer interface (vocab_size, encode, decode) over a `tokenizers.Tokenizer`,
-    with the ids of the special tokens that the masked-LM and classification windows use."""
+    """The project's tokenizer interface over a `tokenizers.Tokenizer`, with its special tokens' ids."""
 
     def __init__(self, tokenizer, source: str = "the tokenizer"):
         ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
@@ -174,8 +155,7 @@ class WordPieceTokenizer:
         return [self.tokenizer.id_to_token(i) for i in range(self.vocab_size)]
 
     def save(self, folder: str | Path) -> Path:
-        """Write tokenizer.json (what data.tokenizer_path reads) and a tokenizer_config.json naming the
-        special tokens, so `transformers.AutoTokenizer` loads the folder as well; returns the folder."""
+        """Write tokenizer.json and a tokenizer_config.json (for AutoTokenizer); returns the folder."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.tokenizer.save(str(folder / FILE))
@@ -187,8 +167,7 @@ class WordPieceTokenizer:
 
 @lru_cache(maxsize=4)
 def trained_wordpiece(text: str, vocab_size: int) -> WordPieceTokenizer:
-    """The WordPiece tokenizer of `text` (kept per process: every split and every dataset built from
-    the same block shares it)."""
+    """The WordPiece tokenizer of `text`, kept per process."""
     return WordPieceTokenizer(build_tokenizer(learn_vocabulary(word_counts(text), vocab_size)))
 
 
@@ -215,8 +194,7 @@ def load_wordpiece(path: str | Path) -> WordPieceTokenizer:
 
 
 def wordpiece_tokenizer(cfg: DataConfig, training_text: str) -> WordPieceTokenizer:
-    """`data.tokenizer_path` when set, else the tokenizer trained on `training_text` with
-    `data.tokenizer_vocab` ids."""
+    """`data.tokenizer_path` when set, else one trained on `training_text` (data.tokenizer_vocab ids)."""
     if cfg.tokenizer_path:
         return load_wordpiece(cfg.tokenizer_path)
     return trained_wordpiece(training_text, int(cfg.tokenizer_vocab))
