@@ -1,21 +1,11 @@
-"""Assignments that carry over from one weight-matching iteration to the next.
+"""Assignments that carry over from one weight-matching iteration to the next, by two LP-duality certificates.
 
-Late in weight matching the residual map moves by a few parts in a million and every layer's MLP
-assignment comes out the same as before. Two certificates from linear-programming duality let an
-iteration skip the work instead of redoing it:
-
-* **exact**: a permutation sigma maximises sum_i S[i, sigma(i)] iff there are column potentials v
-  with S[i, j] - v[j] <= S[i, sigma(i)] - v[sigma(i)] for all i, j. They exist iff the graph on
-  columns with an arc k -> j of weight S[r, j] - S[r, k] (r the row assigned to k) has no positive
-  cycle, and longest-path relaxation (Bellman-Ford) finds them. Started from the previous
-  iteration's potentials it converges in a few rounds of O(n^2) each, against a full Hungarian
-  solve when the previous permutation is still optimal;
-* **radius**: if the graph keeps no positive cycle after every arc gains 2 eps, sigma is optimal for
-  every S' with |S' - S| <= eps entrywise (a cycle through m arcs changes by at most 2 eps m). MLP
-  similarities are cosines of unit rows that the residual map R rotates, so |S(R') - S(R)| <=
-  ||R' - R||_2 <= ||R' - R||_F: while R stays within the certified radius of the R that S was
-  computed at, neither the similarity nor the solve is needed. The Frobenius norm is tried first; the
-  spectral norm, often several times smaller, is computed where only it could keep the radius.
+* **exact**: sigma maximises sum_i S[i, sigma(i)] iff column potentials v exist with S[i, j] - v[j] <=
+  S[i, sigma(i)] - v[sigma(i)]; longest-path relaxation from the last potentials finds them in a few
+  O(n^2) rounds when sigma is still optimal, instead of a full solve.
+* **radius**: if that holds with every arc gaining 2 eps, sigma is optimal for every S' within eps of S;
+  MLP similarities are cosines of rows the residual map R rotates, so |S(R') - S(R)| <= ||R' - R||_2:
+  while R stays within the radius, neither the similarity nor the solve is needed.
 
 A fresh assignment of a large layer is solved on each row's best candidates by a sparse solver and
 proved optimal on the whole matrix by the exact certificate, the dense solver deciding where it is not.
@@ -36,30 +26,22 @@ from torch import Tensor
 
 from glmc.symmetry import Permutation
 
-# relaxation rounds before a certificate is given up (the Hungarian solve then decides): the longest
-# paths of the MLP similarities met so far took under twenty; a radius that does not hold is given
-# up sooner
+# relaxation rounds before a certificate (or, sooner, a radius) is given up (measured: under twenty)
 MAX_ROUNDS = 32
 RADIUS_ROUNDS = 16
 # a residual map that moved this far (Frobenius) since the last solve is not checked against it
 MAX_MOVE = 1.0
-# radii tried as moves of the map, smallest first, the last one certified kept: a tenth, once and ten
-# times the map's last move (the next moves of a converging search are smaller) up to MAX_RADIUS,
-# else these (a radius that does not hold costs RADIUS_ROUNDS rounds, and ends the search)
+# radii tried, smallest first: a tenth, once and ten times the map's last move up to MAX_RADIUS, else RADII
 RADII = (1e-2, 5e-3, 2e-3, 1e-3, 1e-4, 1e-5)
 MAX_RADIUS = 1e-2
-# float32 similarities are exact to about this much per entry of magnitude one (a dot product of two
-# unit rows of a few thousand entries): a skip needs the map's move plus this inside the radius
+# float32 similarities' error per entry of magnitude one: a skip needs the move plus this inside the radius
 FLOAT_SLACK = 1e-6
 # ties in float64: an alternative this close to as good per arc does not refute a certificate
 TIE = 1e-12
 # arcs relaxed at a time: the (rows, n) float64 sums stay in cache (8x faster than all at once)
 CHUNK = 256
-# A fresh assignment of this many units or more is first solved on every row's CANDIDATES largest
-# entries (a sparse problem, ten times faster than the dense one at 2,048 units; with 32 of them the
-# whole matrix's optimum was missed on 2 of 12 GPT-2 layers, with 64 on none) and kept where the
-# exact certificate, started from zero potentials and given FRESH_ROUNDS rounds, proves it optimal on
-# the whole matrix; else the dense solver decides
+# fresh assignments of SPARSE_UNITS or more: solved on each row's CANDIDATES largest entries (64 missed
+# no GPT-2 layer's optimum, 32 missed two of twelve), kept where FRESH_ROUNDS of relaxation prove them
 SPARSE_UNITS = 1024
 CANDIDATES = 64
 FRESH_ROUNDS = 256
@@ -119,10 +101,8 @@ def is_optimal(similarity: Tensor, perm: Tensor, start: Tensor | None = None) ->
 
 
 def candidate_assignment(similarity: Tensor, candidates: int = CANDIDATES) -> tuple[Tensor, Tensor, Tensor] | None:
-    """The assignment maximising the sum over each row's `candidates` largest entries only (SciPy's
-    sparse solver on the host), as column indices, with those entries' values and columns, (rows,
-    candidates) in no particular order, all on the similarity's device; None where they hold no
-    complete assignment."""
+    """(columns, values, candidate columns): the assignment maximising the sum over each row's `candidates`
+    largest entries only (SciPy's sparse solver), with those entries; None where they hold none complete."""
     s = similarity.detach()
     n = s.shape[0]
     host = (s.float() if s.dtype in (torch.float16, torch.bfloat16) else s).cpu().numpy()  # (exact)
@@ -144,10 +124,8 @@ def candidate_assignment(similarity: Tensor, candidates: int = CANDIDATES) -> tu
 def candidate_potentials(
     similarity: Tensor, perm: Tensor, values: Tensor, columns: Tensor, rounds: int = FRESH_ROUNDS
 ) -> tuple[Tensor | None, int]:
-    """relax() on the arcs among each row's candidates only (k -> j for the candidate columns j of the
-    row assigned to column k, `values` their entries): a few percent of the arcs, so its rounds are
-    cheap, and its potentials are where the relaxation over every arc ends in the common case that no
-    longest path leaves them (then one pass over the whole matrix, `holds`, confirms them)."""
+    """relax() on the arcs among each row's candidates only: cheap rounds, whose potentials one pass over
+    the whole matrix (`holds`) usually confirms."""
     s = similarity.detach()
     n = len(perm)
     rows = Permutation(perm).inverse().perm
@@ -168,9 +146,7 @@ def candidate_potentials(
 
 
 def holds(similarity: Tensor, perm: Tensor, v: Tensor) -> bool:
-    """Whether potentials v prove `perm` optimal over the whole matrix (to within ties): S[r, j] - v[j]
-    <= S[r, perm[r]] - v[perm[r]] for every row r and column j, in float64, a chunk of rows at a time.
-    Relaxed potentials meet their tightest arcs with TIE to spare, less a rounding: twice that is allowed."""
+    """Whether potentials v prove `perm` optimal over the whole matrix (to within 2 TIE), in float64."""
     s = similarity.detach()
     slack = s.gather(1, perm[:, None]).squeeze(1).double() - v.index_select(0, perm) + 2 * TIE
     for i in range(0, s.shape[0], CHUNK):
@@ -190,8 +166,7 @@ def fresh_assignment(similarity: Tensor) -> tuple[Permutation, Tensor | None, in
         found = candidate_assignment(s)
         if found is not None:
             perm, values, columns = found
-            # potentials on the candidates' arcs first (cheap rounds), checked on the whole matrix in
-            # one pass; the relaxation over every arc continues from them where that check fails
+            # the relaxation over every arc continues from the candidates' potentials where they fail
             v, rounds = candidate_potentials(s, perm, values, columns)
             if v is None or not holds(s, perm, v):
                 v, more = relax(arc_weights(s, perm), v, 0.0, FRESH_ROUNDS)
@@ -288,9 +263,8 @@ class WarmAssignments:
         return perm
 
     def _move(self, state: _State, current: Tensor, frobenius: float, within: Callable[[float], float]) -> float:
-        """A bound on ||current - state.reference||_2: the Frobenius norm where that keeps the state's
-        radius or nothing could; else the spectral norm, taken from the last one computed for the
-        state plus the Frobenius move since (the triangle inequality) while that keeps the radius."""
+        """A bound on ||current - state.reference||_2: the Frobenius norm where that keeps the radius or
+        nothing could; else the last spectral bound plus the Frobenius move since, or a new spectral norm."""
         keeps = lambda move: within(move) + state.slack <= state.radius  # noqa: E731
         if frobenius == 0.0 or keeps(frobenius) or not frobenius < MAX_MOVE:
             return frobenius
@@ -306,9 +280,7 @@ class WarmAssignments:
         return min(frobenius, bound)
 
     def kept(self, reference: Tensor, layer: int, within: Callable[[float], float] = float) -> Permutation | None:
-        """The layer's last assignment where `reference` lies inside its certified radius (as `solve`
-        would return it without computing anything), else None: cheap, to be asked before a solve
-        is handed to another thread."""
+        """The layer's last assignment where `reference` lies inside its certified radius, else None (cheap)."""
         state, current = self.states.get(layer), self._store(reference)
         if state is None:
             return None
@@ -326,10 +298,8 @@ class WarmAssignments:
         layer: int,
         within: Callable[[float], float] = float,
     ) -> Permutation:
-        """The optimal assignment of similarity(layer), a matrix computed at map `reference` whose
-        entries at maps R and R' lie within within(||R' - R||_2) of each other (the identity for
-        cosines of rows that R rotates): not computed at all while `reference` stays inside the radius
-        certified for the layer's last one (`kept`)."""
+        """The optimal assignment of similarity(layer), computed at map `reference` (entries at R and R'
+        within within(||R' - R||_2)); not computed while `reference` stays inside the certified radius."""
         kept = self.kept(reference, layer, within)
         if kept is not None:
             return kept
@@ -348,8 +318,7 @@ class WarmAssignments:
         arcs, v, rounds = proof
         moves = tuple(m for m in (10 * moved, moved, moved / 10) if m <= MAX_RADIUS) or RADII
         cap = min(RADIUS_ROUNDS, 2 * rounds + 4)
-        # smallest first, each from the last one's potentials: a radius that holds costs a few rounds,
-        # one that does not the whole cap, so the search ends at the first that does not
+        # smallest first, from the last potentials; a radius that fails costs the whole cap, so stop there
         radius, start = 0.0, v
         for m in sorted(moves):
             start = potentials(arcs, start, 2 * within(m), cap)
