@@ -1,16 +1,6 @@
-"""What a reproducible artefact (a table or figure of paper 001) is: the runs that feed it and the
-function that turns their folders into files.
-
-`experiments/reproduce.py <name>` runs every step of the artefact (`python run.py [-m] ...` with the
-run or sweep folder fixed to `<root>/<step label>`), skips a step whose folder already holds
-finished results, writes `<out>/times.json`, then calls `make(root, out)`.
-
-Conventions for `make`: read a single run with `glmc.report.results.run_results(root / label)` and
-a grid (`multirun=True`, job folders `0/`, `1/`, ...) with `grid_results`; write the files into
-`out` and finish with `glmc.report.section.write_section(ARTEFACT, out, body)`, which adds the
-title, the command and the per-step times around `body` (tables, `![...](file.png)` links).
-A label shared by two artefacts names one set of runs: both must use the same Step.
-"""
+"""A reproducible artefact (a table or figure): the runs that feed it (`experiments/reproduce.py` runs each
+step into `<root>/<step label>`) and `make(root, out)`, which reads them (glmc.report.results) and writes its
+files and section.md (glmc.report.section). A label shared by two artefacts must name the same Step."""
 
 from __future__ import annotations
 
@@ -18,8 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# --tiny for a text model: one layer of width 32 on windows of 32 tokens (after debug=fast, which shrinks the
-# experiment's own model to width 16)
+# --tiny for a text model: one layer of width 32 on windows of 32 tokens
 TINY_TEXT_MODEL = (
     "model.num_layers=1",
     "model.hidden_size=32",

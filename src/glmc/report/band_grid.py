@@ -1,6 +1,5 @@
-"""Mean curves with standard-error bands, on a grid of panels: one column per task (or setting),
-one row per metric (loss, then accuracy or perplexity). Lines of one group (a method) keep one
-colour in every panel; several lines of a group in one panel differ by line style."""
+"""Mean curves with s.e. bands on a grid of panels (a column per task, a row per metric); a group's lines
+(a method's) keep one colour in every panel and differ by line style within one."""
 
 from __future__ import annotations
 

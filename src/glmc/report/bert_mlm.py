@@ -1,11 +1,5 @@
-"""Paper 003's Tables 1 and 2 on tiny post-norm BERTs (masked-LM on the embedded corpus), with weight and
-learned matching beside them: five seeds, all ten pairs, 21 points per path.
-
-Paper 003 reports the barrier against the plain mean of the endpoint losses (`barrier_vs_mean`); paper
-001's Eq. 1 barrier is given beside it. Table 1 varies the attention handling with the FFN permuted and the
-residual stream left in place (identity, the paper's best); Table 2 aligns the residual stream only.
-`ignore heads` and `separate` are not symmetries: their aligned B is another function (marked †).
-"""
+"""Paper 003's Tables 1 (attention handling) and 2 (residual stream only) on tiny post-norm BERTs (masked-LM),
+with weight and learned matching beside them; paper 003's `barrier_vs_mean` beside paper 001's Eq. 1."""
 
 from __future__ import annotations
 
@@ -66,9 +60,7 @@ TABLE2 = {
     "all": ("all", 7.34, False),
     "separate": ("separate †", 9.38, True),
 }
-# Why Table 2's order differs from paper 003's (shown under the table). The check it cites was run once by hand on
-# this experiment's models (seeds 0-3 as two disjoint pairs, the residual-only activation merge of this table)
-# with the decoder's columns moved as a tied decoder's would be; it is not one of this artefact's runs.
+# Why Table 2's order differs from paper 003's (shown under the table); its tied-decoder check was made by hand.
 RESIDUAL_NOTE = (
     "Why the order differs. Paper 003 builds the residual-only merge as this table does (its §3.3 and Table "
     "2): one permutation of the stream for the whole model, applied to the embeddings, every LayerNorm, every "

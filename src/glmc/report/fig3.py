@@ -1,6 +1,5 @@
-"""Paper 001 Fig. 3: the loss along the interpolation path for every method, mean over the seed
-pairs with a band of ± one standard error; one column per task, loss on top, accuracy (digits) or
-perplexity (text) below. Reads the Table 2 runs, so both come from the same endpoints."""
+"""Paper 001 Fig. 3: loss (and accuracy or perplexity) along the path per method, mean ± s.e. over the
+seed pairs, one column per task; read from the Table 2 runs."""
 
 from __future__ import annotations
 
@@ -37,9 +36,4 @@ def make(root: Path, out: Path) -> list[Path]:
     return [figure, write_section(ARTEFACT, out, body)]
 
 
-ARTEFACT = Artefact(
-    name="fig3",
-    title="Fig. 3: loss along the interpolation path per method",
-    steps=(DIGITS_STEP, TEXT_STEP),
-    make=make,
-)
+ARTEFACT = Artefact("fig3", "Fig. 3: loss along the interpolation path per method", (DIGITS_STEP, TEXT_STEP), make)

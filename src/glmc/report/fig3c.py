@@ -1,6 +1,5 @@
-"""Paper 001 Fig. 3c: width-heterogeneous alignment. A wide ViT against narrower ones, each embedded
-exactly into the wide shapes and then aligned (experiment=digits_hetero); one line per (method,
-narrow width), with a ± s.e. band where several pairs share a width, and a table of their barriers."""
+"""Paper 001 Fig. 3c: a wide ViT against narrower ones embedded into its shapes (experiment=digits_hetero);
+one line per (method, narrow width) and a table of their barriers."""
 
 from __future__ import annotations
 
@@ -64,9 +63,4 @@ def make(root: Path, out: Path) -> list[Path]:
     return [figure, csv, write_section(ARTEFACT, out, body)]
 
 
-ARTEFACT = Artefact(
-    name="fig3c",
-    title="Fig. 3c: aligning ViTs of different widths",
-    steps=(STEP,),
-    make=make,
-)
+ARTEFACT = Artefact("fig3c", "Fig. 3c: aligning ViTs of different widths", (STEP,), make)

@@ -1,6 +1,5 @@
-"""Paper 001 Fig. 4: three digits ViTs aligned to a shared universe; the loss over the simplex they
-span as ternary heatmaps (one per method), the multi-model barrier of Eq. 2 and the pairwise Eq. 1
-barriers among the aligned models (experiment=digits_universe)."""
+"""Paper 001 Fig. 4: three digits ViTs on a shared universe: the loss over their simplex per method, the
+Eq. 2 barrier and the pairwise Eq. 1 barriers (experiment=digits_universe)."""
 
 from __future__ import annotations
 
@@ -60,9 +59,4 @@ def make(root: Path, out: Path) -> list[Path]:
     return [figure, csv, write_section(ARTEFACT, out, body)]
 
 
-ARTEFACT = Artefact(
-    name="fig4",
-    title="Fig. 4: three models on a shared universe",
-    steps=(STEP,),
-    make=make,
-)
+ARTEFACT = Artefact("fig4", "Fig. 4: three models on a shared universe", (STEP,), make)

@@ -1,11 +1,5 @@
-"""Paper 001 Fig. 5 (§6): where weight and learned matching differ.
-
-Weight matching's residual map O_wm is close to an arbitrary rotation/reflection: the angles of its
-eigenvalues spread over [0, pi]. The correction learned matching adds, O_learned O_wm^T, has its
-angles near 0: training refines the weight-matching map by small steps. Both come from the per-pair
-diagnostics of the Table 2 digits run (`residual_angles` of `weight`, `correction_angles` of
-`learned`), pooled over the seed pairs.
-"""
+"""Paper 001 Fig. 5 (§6): eigen-angles of weight matching's residual map O_wm (spread over [0, pi]) and of
+learned matching's correction O_learned O_wm^T (near 0), pooled over the pairs of the Table 2 digits run."""
 
 from __future__ import annotations
 
@@ -82,8 +76,5 @@ def make(root: Path, out: Path) -> list[Path]:
 
 
 ARTEFACT = Artefact(
-    name="fig5",
-    title="Fig. 5: eigen-angles of weight matching's residual map and of the learned correction",
-    steps=(DIGITS_STEP,),
-    make=make,
+    "fig5", "Fig. 5: eigen-angles of weight matching's residual map and of the learned correction", (DIGITS_STEP,), make
 )

@@ -1,12 +1,6 @@
-"""Paper 001 Fig. 7 (Appendix C.2): the barrier per number of weight-matching iterations, with an
-orthogonal residual map (`weight`) and a permuted one (`weight_perm`).
-
-One grid job per (max_iter, method), all on the same endpoints (experiment=fig7_iterations
-sweep=fig7). max_iter counts whole iterations: the matcher needs at least one, and the first sees
-only the embeddings and the classifier. A run whose objective stops improving earlier returns its
-best transform, so a curve flattens where weight matching has converged; the table gives the
-iterations actually run.
-"""
+"""Paper 001 Fig. 7 (Appendix C.2): the barrier per number of weight-matching iterations (max_iter), with an
+orthogonal (`weight`) and a permuted (`weight_perm`) residual map; one grid job per (max_iter, method) on the
+same endpoints. A run that converges earlier stops, so the table gives the iterations actually run."""
 
 from __future__ import annotations
 
@@ -97,8 +91,5 @@ def make(root: Path, out: Path) -> list[Path]:
 
 
 ARTEFACT = Artefact(
-    name="fig7",
-    title="Fig. 7: barrier per weight-matching iteration, orthogonal vs permuted residual",
-    steps=(STEP,),
-    make=make,
+    "fig7", "Fig. 7: barrier per weight-matching iteration, orthogonal vs permuted residual", (STEP,), make
 )

@@ -1,15 +1,7 @@
-"""Paper 001 Fig. 8 (Appendix C.1): ablations of learned matching.
-
-(a) lambda sampling schemes (fixed 0.5, U[0.4, 0.6], U[0, 1], N(0.5, 0.1) clipped): the test loss
-    along the interpolation path, mean ± s.d. over the seed pairs, every scheme started from weight
-    matching;
-(b) initialisation from weight matching against the identity: per epoch of learned matching, the
-    training loss (at the sampled lambdas, `match_loss_epoch`) and the midpoint's test loss
-    (`match_test_loss`), read from each job's logs/learned_<a>-<b>/metrics.csv.
-
-One grid job per (scheme, init), all on the Table 2 digits endpoints
-(experiment=fig8_learned_ablation sweep=learned_ablation).
-"""
+"""Paper 001 Fig. 8 (Appendix C.1), ablations of learned matching, one grid job per (scheme, init):
+(a) lambda sampling schemes: the test loss along the path, mean ± s.d. over the seed pairs;
+(b) init from weight matching against the identity: per epoch, the training loss and the midpoint's test
+    loss, read from each job's logs/learned_<a>-<b>/metrics.csv."""
 
 from __future__ import annotations
 
@@ -21,7 +13,7 @@ import matplotlib.pyplot as plt
 from glmc.choices import LambdaScheme
 from glmc.report.artefact import Artefact, Step
 from glmc.report.bands import at_lambda, band, mean_spread, save
-from glmc.report.results import run_results
+from glmc.report.results import grid_jobs, run_results
 from glmc.report.section import write_section
 from glmc.report.tables import markdown, mean_pm, write_csv
 
@@ -36,14 +28,6 @@ STEP = Step(
 INIT_SCHEME = "uniform_mid"  # (b) compares the inits under the scheme paper 001 adopts, where it ran
 LAMBDA_SCHEMES = tuple(s.value for s in LambdaScheme)  # plot order: fixed, uniform_mid, uniform, gaussian
 EPOCH_KEYS = {"train": "match_loss_epoch", "test": "match_test_loss"}
-
-
-def grid_jobs(folder: Path) -> list[Path]:
-    """The job folders of a grid (0/, 1/, ...), in job order."""
-    jobs = sorted((p for p in Path(folder).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
-    if not jobs:
-        raise FileNotFoundError(f"{folder} holds no job folders (0/, 1/, ...): the grid has not run")
-    return jobs
 
 
 def _log_version(folder: Path) -> int:
@@ -157,9 +141,4 @@ def make(root: Path, out: Path) -> list[Path]:
     return [figure, csv_file, write_section(ARTEFACT, out, body)]
 
 
-ARTEFACT = Artefact(
-    name="fig8",
-    title="Fig. 8: learned matching, λ sampling schemes and initialisation",
-    steps=(STEP,),
-    make=make,
-)
+ARTEFACT = Artefact("fig8", "Fig. 8: learned matching, λ sampling schemes and initialisation", (STEP,), make)

@@ -1,13 +1,6 @@
-"""Paper 001 Fig. 9 (Appendix D): learned soft permutations.
-
-`learned_sinkhorn` trains doubly stochastic head and MLP matrices (and an orthogonal residual map).
-The model it aligns is the soft-aligned B, which no longer computes B's function: the pipeline
-reports the relative deviation of its test logits from B's as `endpoint_deviation`, and evaluates
-the hard projection of the same latents (Hungarian), which does compute B's function, as the
-variant `hard_projection`. Per Sinkhorn temperature (experiment=fig9_soft_permutations sweep=fig9):
-(a) that endpoint drift, (b) the test accuracy of the merged model at lambda 0.5 for the soft path
-and for its hard projection; mean ± s.e. over the seed pairs, the endpoints' mean for reference.
-"""
+"""Paper 001 Fig. 9 (Appendix D): learned soft permutations (`learned_sinkhorn`). Per Sinkhorn temperature,
+(a) how far the soft-aligned B drifts from B's function (`endpoint_deviation`), (b) the merged model's test
+accuracy at lambda 0.5 for the soft path and its hard projection (`hard_projection`, exactly B's function)."""
 
 from __future__ import annotations
 
@@ -124,9 +117,4 @@ def make(root: Path, out: Path) -> list[Path]:
     return [figure, csv, write_section(ARTEFACT, out, body)]
 
 
-ARTEFACT = Artefact(
-    name="fig9",
-    title="Fig. 9: learned soft permutations, endpoint drift and merged accuracy",
-    steps=(STEP,),
-    make=make,
-)
+ARTEFACT = Artefact("fig9", "Fig. 9: learned soft permutations, endpoint drift and merged accuracy", (STEP,), make)

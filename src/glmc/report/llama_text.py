@@ -1,8 +1,5 @@
-"""Llama-style models on the language track: character-level Llamas (RMSNorm, rotary positions, 4 query
-heads over 2 key/value heads, SwiGLU) on the embedded corpus, three disjoint pairs, every matcher that
-handles grouped rotary heads. The targets stated beside the table: weight matching at most 0.35x the
-vanilla barrier, learned matching at most 0.05 nats.
-"""
+"""Character-level Llamas (RMSNorm, rotary, grouped-query attention, SwiGLU) on the embedded corpus, every
+matcher of grouped rotary heads, and the targets: weight at most 0.35x vanilla, learned at most 0.05 nats."""
 
 from __future__ import annotations
 

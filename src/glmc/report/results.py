@@ -1,5 +1,5 @@
-"""Reading run folders back: results.json of a single run or of every job of a grid, seed pairs
-pooled across runs, and means with standard errors over pairs (barriers and whole curves)."""
+"""Reading run folders back: results.json of a run or of a grid's jobs, seed pairs pooled across runs,
+and means with standard errors over pairs."""
 
 from __future__ import annotations
 
@@ -28,12 +28,17 @@ def run_results(folder: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def grid_results(folder: Path) -> list[dict[str, Any]]:
-    """results.json of every job of a multirun grid (job folders named by number), in job order."""
+def grid_jobs(folder: Path) -> list[Path]:
+    """The job folders of a multirun grid (0/, 1/, ...), in job order."""
     jobs = sorted((p for p in Path(folder).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
     if not jobs:
         raise FileNotFoundError(f"{folder} holds no job folders (0/, 1/, ...): the grid has not run")
-    return [run_results(job) for job in jobs]
+    return jobs
+
+
+def grid_results(folder: Path) -> list[dict[str, Any]]:
+    """results.json of every job of a multirun grid, in job order."""
+    return [run_results(job) for job in grid_jobs(folder)]
 
 
 # keys pooled over rather than told apart: seed pairs are the samples of a row
@@ -71,10 +76,9 @@ def _label(settings: dict[str, str], keys: list[str]) -> str:
 
 def collect(root: Path) -> dict[tuple[str, str, str, str, str, str], list[dict]]:
     """Seed pairs per (experiment, model, dataset, method, shared settings, method settings) from every
-    results.json below `root`. The settings name (as `key=value, ...`) every config key whose value differs
-    between the runs of one (experiment, model, dataset, method), so runs of a grid over, say, data.seq_len
-    are never pooled; the method's own `matcher.<method>.*` keys are kept apart from the shared ones.
-    A pair seen in several runs of the same settings counts once (the later file wins)."""
+    results.json below `root`. The settings (`key=value, ...`) are the config keys that differ between the
+    runs of one (experiment, model, dataset, method), so a grid's runs are never pooled; a pair seen in
+    several runs of the same settings counts once (the later file wins)."""
     files = sorted(Path(root).rglob("results.json"))
     if not files:
         raise FileNotFoundError(f"no results.json under {root}")
@@ -118,8 +122,8 @@ def unfinished_jobs(root: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class Curve:
-    """One metric against lambda over several seed pairs: the pointwise mean and its standard error
-    (None with a single pair). `label` names the line, `group` picks its colour (e.g. the method)."""
+    """One metric against lambda: the mean over seed pairs and its s.e. (None with a single pair);
+    `group` picks the line's colour (e.g. the method)."""
 
     lambdas: list[float]
     mean: np.ndarray
@@ -137,8 +141,7 @@ def curve(pairs: list[dict[str, Any]], key: str, label: str = "", group: str = "
 
 
 def second_metric(task: str) -> tuple[str, str, float]:
-    """The curve beside the loss: (pair key, axis label, scale). Language models have no accuracy,
-    so they show perplexity (the pipeline stores it per pair as test_perplexity)."""
+    """The curve beside the loss: (pair key, axis label, scale); perplexity for language models."""
     if is_token_task(task):
         return "test_perplexity", "test perplexity", 1.0
     return "test_accuracy", "test accuracy (%)", 100.0

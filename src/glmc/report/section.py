@@ -1,6 +1,5 @@
-"""section.md of an artefact: its title, the command that regenerates it, the table or figure links
-written by its `make`, and what its runs cost (seconds per step from times.json, the machine's cores).
-`experiments/reproduce.py --report` joins every section into REPORT.md."""
+"""section.md of an artefact: its title, the command that regenerates it, its tables and figures, and what
+its runs cost (times.json); `experiments/reproduce.py --report` joins the sections into REPORT.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Paper 001 Table 2: the loss barrier of every alignment method on the digits ViT and the text GPT-2,
-mean ± s.e. over three disjoint seed pairs, its ratio to vanilla averaging and the seconds one pair
-takes to align. Writes table2.md, table2.tex and table2.csv.
-
-`PAPER_ARTEFACT` (`experiments/reproduce.py table2 --paper-size`) makes the same table from paper 001's
-own five columns at the paper's size (conf/experiment/cifar10_vit.yaml and the rest): the ViTs and Tiny
-Shakespeare on one GPU each, BookCorpus on several through DDP (`trainer=ddp_gpu`), as the paper trained it."""
+"""Paper 001 Table 2: each method's loss barrier on the digits ViT and the text GPT-2, its ratio to vanilla
+and the seconds per pair (table2.md, .tex, .csv). `PAPER_ARTEFACT` (`--paper-size`) makes it from paper
+001's own five columns at the paper's size."""
 
 from __future__ import annotations
 
@@ -38,8 +34,7 @@ TEXT_STEP = Step(
     ),
 )
 TASKS = (("digits ViT", DIGITS_STEP), ("text GPT-2", TEXT_STEP))
-# Paper 001 Table 2's columns at the paper's size (App. B): data under data.root (or data.download=true), the
-# GPT-2 tokenizer from data.tokenizer_path; give both with reproduce.py's --set
+# the paper's size (App. B): data under data.root, the GPT-2 tokenizer from data.tokenizer_path (reproduce.py --set)
 PAPER_TASKS = (
     ("ViT CIFAR-10", Step("table2_paper_cifar10", ("experiment=cifar10_vit", "trainer=gpu"))),
     ("ViT CIFAR-100", Step("table2_paper_cifar100", ("experiment=cifar100_vit", "trainer=gpu"))),
@@ -107,10 +102,7 @@ def make_paper_size(root: Path, out: Path) -> list[Path]:
 
 
 ARTEFACT = Artefact(
-    name="table2",
-    title="Table 2: loss barrier per alignment method, digits ViT and text GPT-2",
-    steps=(DIGITS_STEP, TEXT_STEP),
-    make=make,
+    "table2", "Table 2: loss barrier per alignment method, digits ViT and text GPT-2", (DIGITS_STEP, TEXT_STEP), make
 )
 PAPER_ARTEFACT = Artefact(
     name="table2",

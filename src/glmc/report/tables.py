@@ -1,7 +1,5 @@
-"""One table, three formats: Markdown for section.md, LaTeX for the paper, CSV for anything else.
-
-Cells are given as plain text with `±` between a mean and its standard error; LaTeX gets the math
-version of it and escaped underscores (method names such as weight_perm)."""
+"""One table, three formats: Markdown for section.md, LaTeX for the paper, CSV for anything else; cells are
+plain text with `±`, which LaTeX gets as math (and underscores escaped)."""
 
 from __future__ import annotations
 
