@@ -34,9 +34,10 @@ def _image_size_problems(cfg: Config, family: Family, info: DatasetInfo) -> list
     """An image model reads the size a resizable dataset loads at (data.image_size, else its native size):
     the endpoint cache key holds model.image_size, so resized endpoints stay apart from native-size ones."""
     size = cfg.data.image_size
+    if not info.resizable or family.data_kind != IMAGES or (size is not None and size < info.image_size):
+        return []  # a size below the native one: refused by glmc.data.checks
     loaded = info.image_size if size is None else size
-    not_below = size is None or size >= info.image_size  # a smaller size: refused by glmc.data.checks
-    if info.resizable and family.data_kind == IMAGES and not_below and cfg.model.image_size != loaded:
+    if cfg.model.image_size != loaded:
         return [
             f"data.image_size={size}: data={info.name} would load at {loaded}x{loaded} but model.image_size="
             f"{cfg.model.image_size}; set data.image_size={cfg.model.image_size} (or choose a model for "

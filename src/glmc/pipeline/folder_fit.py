@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from glmc.config import Config
-from glmc.datasets import IMAGES, TEXT, dataset, datasets_for, example_option
+from glmc.datasets import IMAGES, TEXT, DatasetInfo, dataset, datasets_for, example_option
 from glmc.pipeline.hf_folders import (
     TOKEN_ROLES,
     Folder,
@@ -75,7 +75,8 @@ def folder_problems(cfg: Config) -> tuple[list[Folder], list[str]]:
                 "model twice; give every endpoint its own folder"
             )
         seen.setdefault(resolved, i)
-    problems += _pairing_problems(cfg, len(paths)) + _tokenizer_kind_problems(cfg)
+    info = dataset(cfg.data.name)  # the data's entry, read once for every folder
+    problems += _pairing_problems(cfg, len(paths)) + _tokenizer_kind_problems(cfg, info)
     folders = []
     names = folder_names(paths)
     for i, path in enumerate(paths):
@@ -85,9 +86,9 @@ def folder_problems(cfg: Config) -> tuple[list[Folder], list[str]]:
             problems.append(str(err))
     if len(folders) < len(paths):
         return folders, problems
-    problems += [p for f in folders for p in _data_problems(cfg, f)]
+    problems += [p for f in folders for p in _data_problems(cfg, info, f)]
     problems += _shared_problems(cfg, folders)
-    if not cfg.data.tokenizer_path and dataset(cfg.data.name).is_text:  # named on purpose: checked when loaded
+    if not cfg.data.tokenizer_path and info.is_text:  # named on purpose: checked when loaded
         problems += _folder_tokenizer_problems(cfg, folders)
     return folders, problems
 
@@ -109,11 +110,11 @@ def command_line_value(key: str) -> Any:
     return given[-1] if given else None
 
 
-def _tokenizer_kind_problems(cfg: Config) -> list[str]:
+def _tokenizer_kind_problems(cfg: Config, info: DatasetInfo) -> list[str]:
     """A tokenizer built from the corpus (data.tokenizer=char, or wordpiece without data.tokenizer_path),
     asked for on the command line: its ids are not those the folders' embedding tables were trained on."""
     kind = str(cfg.data.tokenizer)
-    if not dataset(cfg.data.name).is_text or command_line_value("data.tokenizer") != kind:
+    if not info.is_text or command_line_value("data.tokenizer") != kind:
         return []  # a dataset's own default is replaced by the folders' tokenizer (evaluation_config)
     if kind == "char" or (kind == "wordpiece" and not cfg.data.tokenizer_path):
         return [
@@ -156,9 +157,9 @@ def _pairing_problems(cfg: Config, n: int) -> list[str]:
     return []
 
 
-def _data_problems(cfg: Config, f: Folder) -> list[str]:
+def _data_problems(cfg: Config, info: DatasetInfo, f: Folder) -> list[str]:
     """The folder's model against the data the run evaluates on (its registry entry, glmc.datasets)."""
-    data, info = cfg.data, dataset(cfg.data.name)
+    data = cfg.data
     kind = info.modality
     is_a, own = f"{f.key} is a {f.family.name} model ({f.hf_class})", f.family.data_kind
     if own != kind:
