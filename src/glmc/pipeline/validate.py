@@ -3,9 +3,9 @@
 `validate_config` asks each part of a run in turn what in the config cannot work: the run's own settings
 (seeds, pairing, folders, training, evaluation), the data (glmc.data.checks, from the dataset's registry
 entry), the models (glmc.models.checks, from their family; with endpoints=pretrained the model folders,
-glmc.pipeline.folder_fit), the methods (the ranges their settings declare), the Trainer (its precision,
-its `_target_`: glmc.pipeline.targets) and the keys the schema does not know. The run folder is checked
-by glmc.pipeline.run_folder.
+glmc.pipeline.folder_fit), the methods (the ranges their settings declare), the Trainer
+(glmc.train.trainer; every `_target_`: glmc.pipeline.targets) and the keys the schema does not know. The
+run folder is checked by glmc.pipeline.run_folder.
 """
 
 from __future__ import annotations
