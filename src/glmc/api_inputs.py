@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from glmc.alignment import Alignment
+from glmc.datasets import CAUSAL_LM, CLASSIFICATION, IMAGES, MASKED_LM, TEXT
 from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named, family_of_model_type
@@ -21,11 +22,11 @@ from glmc.models.families import family_named, family_of_model_type
 if TYPE_CHECKING:
     from glmc.models.families.base import Family
 
-TASKS = ("classification", "causal_lm", "masked_lm")
+TASKS = (CLASSIFICATION, CAUSAL_LM, MASKED_LM)  # data.task's values
 # a family's data kind -> (axes of its inputs, what they are)
 INPUT_FORMS = {
-    "text": (2, "integer token ids [batch, time]"),
-    "images": (4, "float images [batch, channels, height, width]"),
+    TEXT: (2, "integer token ids [batch, time]"),
+    IMAGES: (4, "float images [batch, channels, height, width]"),
 }
 
 
@@ -160,7 +161,7 @@ def check_batch_form(family: Family | None, inputs: Any, targets: Any, task: str
 
 def _check_inputs(family: Family, inputs: torch.Tensor, name: str) -> None:
     axes, form = INPUT_FORMS[family.data_kind]
-    text = family.data_kind == "text"
+    text = family.data_kind == TEXT
     if (inputs.is_floating_point() or inputs.is_complex() or inputs.dtype == torch.bool) == text:
         raise TypeError(
             f"{name}'s inputs are {inputs.dtype} of shape {tuple(inputs.shape)}, but a {family.name} model reads "
