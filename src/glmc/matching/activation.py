@@ -294,14 +294,8 @@ class ActivationMatcher(Matcher):
             # mean correlation of matched units: (before, after) per space
             "mean_correlation": {k: list(v) for k, v in correlation.items()},
         }
-        return Alignment(
-            reference=a,
-            model=aligned,
-            transform=transform if function_preserving else None,
-            circuits=self.circuits,
-            diagnostics=diagnostics,
-            function_preserving=function_preserving,
-        )
+        kept = transform if function_preserving else None
+        return Alignment(a, aligned, kept, self.circuits, diagnostics, function_preserving=function_preserving)
 
     def check_family(self, b: CanonicalTransformer) -> None:
         family = family_named(b.config.family)

@@ -4,27 +4,13 @@
   learned_perm      every space permuted, the residual too (straight-through)
   learned_sinkhorn  orthogonal residual + soft head and MLP permutations (Sinkhorn, Appendix D)
 
-The latents start at the weight-matching solution (init="weight") or the identity. Training runs
-through `context.fit` (glmc.train.latent_fit.fit_latents) with the same Lightning Trainer settings as
-the endpoints, with checkpoints under <context.run_dir>/pair_<hash>/checkpoints, the hash covering
-the endpoints and every setting: a run started again with the same endpoints and settings resumes
-from last.ckpt, any other starts afresh. The returned transform is the hard projection of the
-latents, so the aligned model B computes B's function, unless its path is worse than the start's on
-held-out batches (the validation split, or training batches where the dataset has none; measured by
-`context.path_loss`, the evaluator's): then the start is returned (`kept_start`). A run whose loss
-or latents stop being finite stops at that step and returns the start too, with `diverged` in its
-diagnostics and a warning naming the lr (glmc.matching.learned_module.DivergenceStop).
-The Sinkhorn matcher returns the soft-aligned B instead (the path it trained), marked as not
-function-preserving, with the hard projection as a variant path.
-
-Grouped-query rotary models (Llama) have spaces that no latent learns: the query heads within each
-key/value group (qheads), the rotary rotation-scalings (qk), the per-group value maps (vo) and the
-gated MLP's up/down scales (mlp_scale). They are taken from the weight-matching start and applied to
-B before training, each moved to the group or unit of B it belongs to (weight matching indexes them by
-the groups and units after its permutations), so that the learned key/value group and MLP
-permutations carry them along; the returned transform composes both and acts on B itself. With
-init=identity these spaces stay as they are. With qk and vo interpolated as circuits (rotary heads
-stacked, glmc.interpolation) the path does not depend on them.
+The latents start at weight matching's solution (init="weight") or the identity and train through
+`context.fit`, checkpointed under <run_dir>/pair_<hash> (the hash covers endpoints and settings, so a
+rerun resumes). The hard projection is returned unless its path is worse than the start's on held-out
+batches, or training diverged (`kept_start`, `diverged`); the Sinkhorn matcher returns the soft-aligned B
+(not function-preserving) with the hard projection as a variant. Spaces no latent learns (Llama's
+qheads, qk, vo, mlp_scale) take weight matching's elements, applied to B first and carried along by the
+learned permutations.
 """
 
 from __future__ import annotations
@@ -73,11 +59,8 @@ def _rows(g: Element, index: Tensor) -> Element:
 
 
 def carried_along(transform: Transform, order: Transform, inverse: bool = False) -> Transform:
-    """The elements of `transform`'s carried spaces (CARRIED) re-indexed by the permutations in `order`.
-
-    Elements of a transform are indexed by the groups (units) after its permutation P: entry i belongs
-    to B's group P[i]. inverse=True gives entry j to B's own group j (the elements to apply to B before
-    P); inverse=False takes elements indexed by B's own groups to the order after P."""
+    """The elements of `transform`'s carried spaces (CARRIED) re-indexed by the permutations P in `order`:
+    inverse=True from the order after P to B's own groups (to apply to B before P), False back."""
     out = Transform()
     for name, g in transform.items():
         kind, _, layer = name.partition(".")
@@ -150,15 +133,9 @@ class LearnedMatcher(Matcher):
         if self.init == "identity":
             return Transform({s.name: Permutation.identity(s.size) for s in spaces}), {}
         residual = {"orthogonal": "orthogonal", "permutation": "permutation"}.get(self.kinds["residual"], "none")
+        heads, mlp = self.kinds["heads"] != "none", self.kinds["mlp"] != "none"
         transform, diagnostics = weight_matching(
-            a,
-            b,
-            residual=residual,
-            heads=self.kinds["heads"] != "none",
-            mlp=self.kinds["mlp"] != "none",
-            max_iter=self.weight_max_iter,
-            tol=self.weight_tol,
-            tokens=tokens,
+            a, b, residual, heads, mlp, self.weight_max_iter, self.weight_tol, tokens=tokens
         )
         return transform, {"iterations": diagnostics["iterations"], "final_distance": diagnostics["final_distance"]}
 
@@ -204,8 +181,7 @@ class LearnedMatcher(Matcher):
         }
         diagnostics = self.run_diagnostics(begun, run, history, lambda t: [float(x) for x in t], outcome)
         if self.init == "weight" and self.kinds["residual"] == "orthogonal":
-            # paper 001 Fig. 5: what training changed in weight matching's residual map, as the angles of
-            # the correction O_learned O_wm^T (of the trained latents, also where kept_start returns the start)
+            # paper 001 Fig. 5: the angles of the correction O_learned O_wm^T (even where the start is kept)
             start = begun.start
             correction = as_dense(hard["residual"]).cpu().double() @ as_dense(start["residual"]).cpu().double().T
             diagnostics["correction_angles"] = eigen_angles(correction)
@@ -214,15 +190,8 @@ class LearnedMatcher(Matcher):
         if "sinkhorn" not in kinds.values():
             return self.guarded(a, b, begun.start, hard_alignment, diagnostics, context)
         soft_b, diagnostics["endpoint_deviation"] = soft_model(b, begun.b_fixed, module, spec, inputs, logits_b)
-        return Alignment(
-            reference=a,
-            model=soft_b,
-            transform=hard,
-            circuits=self.circuits,
-            diagnostics=diagnostics,
-            function_preserving=False,
-            variants={"hard_projection": hard_alignment},
-        )
+        variants = {"hard_projection": hard_alignment}
+        return Alignment(a, soft_b, hard, self.circuits, diagnostics, function_preserving=False, variants=variants)
 
     def build_module(self, a: CanonicalTransformer, begun: Begun, kinds: dict, task: str) -> LearnedMatchingModule:
         """The LightningModule whose latents learn B's transform, from the start."""

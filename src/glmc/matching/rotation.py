@@ -1,37 +1,15 @@
 """Rotation matching (paper 002 §4.2): per-head orthogonal maps plus rescaling, in closed form.
 
-Inside a head, scores q^T k and outputs W_o v are unchanged by q -> a R q, k -> R k / a and by
-v -> a R v, W_o -> W_o R^T / a for any orthogonal R and a > 0 (`OrthogonalScale`, acting on the
-spaces qk.{l} and vo.{l}). With X the writer and Y the reader of a pair, each (d, n) with the head
-dimension first (QK: X = [W_q | b_q], Y = [W_k | b_k]; VO: X = [W_v | b_v], Y = W_o^T), matching
-B to A is, per head,
+Scores and head outputs are unchanged by q -> a R q, k -> R k / a and v -> a R v, W_o -> W_o R^T / a
+(`OrthogonalScale` on qk.{l}, vo.{l}). With X the writer and Y the reader of a pair (head dim first),
+per head: min_{R, a} ||X_A - a R X_B||^2 + ||Y_A - R Y_B / a||^2. R is the Procrustes solution at a = 1
+(Theorem 4.1), then a the best positive root of the quartic (Eq. 11-12)
+a^4 |X_B|^2 - a^3 <X_A, R X_B> + a <Y_A, R Y_B> - |Y_B|^2 = 0: sequential, not the joint optimum.
 
-    min_{R, a}  ||X_A - a R X_B||^2 + ||Y_A - R Y_B / a||^2.
-
-At a = 1 this is orthogonal Procrustes (Theorem 4.1, Algorithm 1): R = U V^T with
-U S V^T = X_A X_B^T + Y_A Y_B^T. The paper then fixes R and solves for a (Eq. 11-12): setting the
-derivative to zero gives the quartic
-
-    a^4 |X_B|^2 - a^3 <X_A, R X_B> + a <Y_A, R Y_B> - |Y_B|^2 = 0,
-
-whose positive real root with the smallest objective is taken (one always exists: the left side is
-negative at 0 and grows without bound). The sequential solution is not the joint optimum.
-
-Before the heads, weight matching (glmc.matching.weight) permutes the MLP neurons (and optionally
-the heads). Paper 002 leaves the residual stream unaligned, so `residual="none"` is the default;
-"orthogonal" and "permutation" add paper 001's residual map. The per-head maps only change which
-of B's equivalent factored weights are interpolated, so the pairs are interpolated in factored form
-(qk = vo = "none"): as circuits they would be invariant to them. A factored path keeps the shapes
-of the original heads.
-
-Grouped-query rotary models (Llama): the pairs are per key/value group (pair_factors with the family's
-block roles: X holds the group's query heads, Y its key rows or its query heads' output columns). A
-rotary query/key space admits only a rotation-scaling per frequency pair, so qk gets the closed-form
-RotaryScale (glmc.matching.rotary_pairs: the phase of each pair, and with rescale its modulus); vo,
-which rotary positions do not touch, gets the orthogonal map and scale above, one per group; weight
-matching's MLP step there also scales each gated unit's up row against its down column. The
-`head_permutation` variant permutes value dims only there: no permutation of a rotary query/key space
-other than the identity commutes with every position's rotation, so its qk is left in place.
+Weight matching first permutes the MLP units (optionally heads and the residual map; paper 002 leaves
+the residual unaligned). The pairs are interpolated factored (qk = vo = none): as circuits the per-head
+maps would not matter. Rotary models: qk gets a RotaryScale per frequency pair (glmc.matching.rotary_pairs),
+vo one orthogonal map and scale per key/value group; `head_permutation` leaves rotary qk in place.
 """
 
 from __future__ import annotations
@@ -78,11 +56,9 @@ def head_transforms(
     rotary: bool = False,
     rotary_dims: int | None = None,
 ) -> Transform:
-    """OrthogonalScale elements for every qk.{l} and vo.{l} moving pb's heads onto pa's (float64);
-    scales are 1 without rescaling; group="permutation" restricts the maps to in-head permutations.
-    `roles`: the block layout (GATED_GROUPED: one element per key/value group). `rotary`: qk.{l} gets
-    a RotaryScale per frequency pair instead (float32), and none with group="permutation", which
-    rotary query/key spaces do not admit; `rotary_dims`: partial rotary (rotary_scales)."""
+    """OrthogonalScale elements for every qk.{l} and vo.{l} moving pb's heads onto pa's (float64; scales 1
+    without rescale; group="permutation": in-head permutations). `roles`: the block layout. `rotary`: qk
+    gets a RotaryScale per frequency pair (none for permutations); `rotary_dims`: partial rotary."""
     layers = sorted({int(n.split(".")[1]) for n in pa if n.startswith("blocks.")})
     out = Transform()
     for layer in layers:
@@ -135,16 +111,8 @@ class RotationMatcher(Matcher):
         rotary = b.config.rope_theta is not None
         rotary_dims = b.config.rotary_dims
         tokens = used_tokens(b, context) if self.vocabulary == "train" else None
-        units, weight_diag = weight_matching(
-            a,
-            b,
-            residual=self.residual,
-            heads=self.heads != "none",
-            mlp=self.mlp != "none",
-            max_iter=self.max_iter,
-            tol=self.tol,
-            tokens=tokens,
-        )
+        heads, mlp = self.heads != "none", self.mlp != "none"
+        units, weight_diag = weight_matching(a, b, self.residual, heads, mlp, self.max_iter, self.tol, tokens=tokens)
         # grouped models get weight matching's own per-group maps: solved again below, with this rescale
         units = Transform({k: g for k, g in units.items() if k.split(".")[0] not in PAIRS})
         spec = SymmetrySpec.from_model(b)
@@ -174,9 +142,7 @@ class RotationMatcher(Matcher):
             diagnostics["vocabulary_rows"] = int(tokens.numel())
         model = apply(transform, b)
         diagnostics["seconds"] = time.perf_counter() - start
-        # the ablations of paper 002's claim, evaluated beside the full method: the same unit
-        # permutations without the per-head step, with in-head permutations instead of rotations, and
-        # rotation without rescaling
+        # paper 002's ablations: no per-head step, in-head permutations instead, rotation without rescaling
         variants = {"permutation_only": Alignment(reference=a, model=apply(units, b), circuits=self.circuits)}
         # rotary models: value dims only (qk admits no permutation)
         permuted = head_transforms(pa, pb_units, False, "permutation", roles, rotary)
@@ -185,11 +151,4 @@ class RotationMatcher(Matcher):
         if self.rescale:
             no_rescale = Transform({**units, **rotated.to(dtype=torch.float32)})
             variants["no_rescale"] = Alignment(reference=a, model=apply(no_rescale, b), circuits=self.circuits)
-        return Alignment(
-            reference=a,
-            model=model,
-            transform=transform,
-            circuits=self.circuits,
-            diagnostics=diagnostics,
-            variants=variants,
-        )
+        return Alignment(a, model, transform, self.circuits, diagnostics, variants=variants)

@@ -1,27 +1,13 @@
 """Weight matching (paper 001 §4.1): data-free alignment of model B to model A.
 
 Each iteration solves the residual map by Procrustes (an assignment for `residual="permutation"`) on the
-cross-covariance of A's and B's residual-side weights, each block weighted by 1/(its number of columns);
-the first iteration sees only the tensors outside the layers. It then assigns heads per layer on paper
-001's circuit cost, MLP units on the cosine of the rows [W_in | b_in | W_out^T], and a task head's hidden
-units (BERT's masked-LM transform, pooler) on the exact inner product at the current map. It stops when
-the objective, the relative circuit-form distance of A and transformed B, stops improving, and returns
-the best transform seen.
-
-Late iterations keep what their inputs did not change (`reuse`): assignments a certificate proves still
-optimal (glmc.matching.warm_assignment), each layer's linear share of the residual step while its MLP
-permutation stays, and the MLP distance expanded in the map's move (glmc.matching.mlp_distance).
-
-Grouped rotary families (Llama) have no circuit form: the factored distance itself is matched, query
-heads compared after the best in-head maps for each pair (glmc.matching.in_head), key/value groups
-assigned on their query heads, then the matched groups' in-head maps solved in closed form; gated MLP
-units are assigned on their gate rows, then their up/down scale is solved (glmc.matching.mlp_units).
-
-`keep_mean` restricts the orthogonal map to those fixing the all-ones vector, so merges of models with a
-mean-zero stream (Hugging Face conversions) still export to a LayerNorm model (glmc.models.export).
-
-The driver below runs glmc.matching.weight_problem (what is compared, where the search stands, what
-late iterations carry over) and glmc.matching.weight_steps (one iteration's steps).
+cross-covariance of A's and B's residual-side weights (the first only on the tensors outside the layers),
+then assigns heads on paper 001's circuit cost, MLP units on the cosine of [W_in | b_in | W_out^T] and a
+task head's hidden units on the exact inner product. It stops when the relative circuit-form distance
+stops improving and returns the best transform seen; late iterations reuse what did not change
+(glmc.matching.warm_assignment, glmc.matching.mlp_distance). Grouped rotary families (Llama) match the
+factored distance (glmc.matching.in_head, glmc.matching.mlp_units). `keep_mean` makes the orthogonal map
+fix the all-ones vector, so merges of mean-zero streams still export to LayerNorm models.
 """
 
 from __future__ import annotations
@@ -126,19 +112,11 @@ def weight_matching(
     reuse: bool = True,
     layerwise: bool | None = None,
 ) -> tuple[Transform, dict[str, Any]]:
-    """Transform T with T(B) close to A in weight space; diagnostics hold the per-iteration objective.
-
-    The search runs in `dtype`; the Procrustes projection and the objective's cancellations are
-    computed in float64. float32 recovers a hidden symmetry to a relative distance of about 1e-5,
-    float64 to 1e-7. The returned elements are float32; `apply` uses them in float64. `tokens`: the
-    vocabulary rows that enter the residual map and the objective (None: all). `keep_mean`: an
-    orthogonal residual map fixes the all-ones vector and its complement (for mean-zero streams;
-    permutations always do). `threads`: how many layers' MLP assignments (of PARALLEL_UNITS units or more)
-    are solved at once (None: torch's thread count; 1: one after another, the same solutions).
-    `reuse`: skip the work whose inputs did not change (module docstring; the MLP shares from
-    PARALLEL_UNITS units); False recomputes everything every iteration. `layerwise`: B's transformed
-    weights are computed layer by layer as each step reads them, never held whole (glmc.matching.layerwise;
-    the same floats); None: from LAYERWISE_BYTES of layer weights."""
+    """Transform T (float32 elements) with T(B) close to A in weight space; diagnostics hold the
+    per-iteration objective. The search runs in `dtype` (Procrustes and cancellations in float64).
+    `tokens`: the vocabulary rows compared (None: all). `threads`: layers' MLP assignments solved at once
+    (None: torch's thread count; the same solutions). `reuse`: skip work whose inputs did not change.
+    `layerwise`: B's transformed weights built layer by layer (the same floats; None: by size)."""
     if residual not in ("orthogonal", "permutation", "none"):
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
@@ -155,11 +133,8 @@ def weight_matching(
 class WeightMatcher(Matcher):
     """`weight`: orthogonal residual + head and MLP permutations; `weight_perm`: all permutations.
 
-    heads / mlp: "permutation" or "none"; qk / vo: "circuit" interpolates those attention pairs as
-    circuits (the in-head invertible symmetries are quotiented out), "none" as factored weights.
-    keep_mean (orthogonal residual only): "auto" keeps the all-ones vector fixed when both models'
-    streams are mean-zero (Hugging Face conversions), "always" requires that, "never" solves the
-    unrestricted Procrustes problem."""
+    qk / vo: "circuit" interpolates those pairs as circuits, "none" factored. keep_mean: "auto" fixes the
+    all-ones vector when both streams are mean-zero, "always" requires that, "never" does not."""
 
     def __init__(
         self,
@@ -190,9 +165,7 @@ class WeightMatcher(Matcher):
         diagnostics["keep_mean"] = keep_mean
         if tokens is not None:
             diagnostics["vocabulary_rows"] = int(tokens.numel())
-        return Alignment(
-            reference=a, model=apply(transform, b), transform=transform, circuits=self.circuits, diagnostics=diagnostics
-        )
+        return Alignment(a, apply(transform, b), transform, self.circuits, diagnostics)
 
     def resolve_keep_mean(self, a: CanonicalTransformer, b: CanonicalTransformer, residual: str) -> bool:
         """Whether the orthogonal residual map is restricted to fix the all-ones vector."""
