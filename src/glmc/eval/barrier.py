@@ -28,9 +28,7 @@ def barrier_vs_mean(lambdas: Sequence[float], losses: Sequence[float]) -> float:
     return float(np.max(loss) - 0.5 * (loss[np.argmax(lam)] + loss[np.argmin(lam)]))
 
 
-# A path's ends are the endpoints themselves: their losses agree to float32 round-off (the canonical
-# forward sums in another order than the original model's); anything larger means the path's model
-# computes something else, e.g. a setting of B's forward pass that the interpolation took from A.
+# a path's ends are the endpoints: their losses agree to float32 round-off, or the path computes something else
 END_RTOL = 1e-4
 
 

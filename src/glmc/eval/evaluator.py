@@ -1,12 +1,7 @@
-"""The one evaluator: loss and accuracy of models and of the paths between them, on a fixed split.
-
-Everything runs on one device (the trainer's accelerator), in inference mode, with optional
-autocast. The split's batches are moved to the device once and reused for every model and every
-lambda while they fit in `cache_mb`. Paths are evaluated functionally: the interpolated parameters
-are built per lambda and fed to the forward (canonical_forward, or torch.func.functional_call for
-HF models), with no module copies. Under torch.distributed each rank evaluates every world_size-th
-batch and the sums are all-reduced, so every rank gets the metric of the whole split.
-"""
+"""The one evaluator: loss and accuracy of models and of the paths between them, on a fixed split, on one
+device in inference mode. Batches stay on the device while they fit in `cache_mb`; paths are evaluated
+functionally (no module copies); under torch.distributed each rank reads every world_size-th batch and
+the sums are all-reduced."""
 
 from __future__ import annotations
 
@@ -65,8 +60,7 @@ class _Functional:
 
 
 class Evaluator:
-    """Mean loss and accuracy over `loader` (batches of (inputs, targets)) for a `task`
-    ("classification" or "causal_lm")."""
+    """Mean loss and accuracy over `loader` (batches of (inputs, targets)) for a `task`."""
 
     def __init__(
         self,
@@ -166,8 +160,8 @@ class Evaluator:
 
 
 def run_evaluators(cfg: Any, data: Any, device: torch.device) -> tuple[Evaluator, Evaluator]:
-    """A run's (glmc.config.Config) test split evaluator and the one its paths are evaluated with (the same
-    unless eval.split names another split of the DataModule `data`), with its eval.* settings."""
+    """A run's test split evaluator and the one its paths are evaluated with (another where eval.split names
+    another split of the DataModule `data`), with the run's eval.* settings."""
     options = dict(
         task=cfg.data.task,
         device=device,
@@ -204,7 +198,7 @@ def evaluate_path(
 def path_losses(
     alignments: dict[str, Alignment], lambdas: Sequence[float], batches: Iterable, task: str, device: torch.device
 ) -> dict[str, list[float]]:
-    """Loss along each alignment's path at `lambdas`, all over the same batches (read once), without
-    progress bars: what a matcher's held-out check compares (MatchContext.path_loss)."""
+    """Loss along each alignment's path at `lambdas` over the same batches, without progress bars: a
+    matcher's held-out check (MatchContext.path_loss)."""
     check = Evaluator(batches, task, device, progress=False)
     return {name: check.path(alignment, lambdas)["loss"] for name, alignment in alignments.items()}

@@ -1,8 +1,5 @@
-"""The multi-model barrier (paper 001 Eq. 2) over the simplex spanned by N models.
-
-A point a = (a_1, ..., a_N) with a_i >= 0 and sum_i a_i = 1 names the merged model sum_i a_i theta_i;
-its excess loss is L(sum_i a_i theta_i) - sum_i a_i L(theta_i), and the barrier is the largest excess.
-"""
+"""The multi-model barrier (paper 001 Eq. 2) over the simplex of N models: the largest excess loss
+L(sum_i a_i theta_i) - sum_i a_i L(theta_i) over points a (a_i >= 0, sum_i a_i = 1)."""
 
 from __future__ import annotations
 
@@ -51,11 +48,8 @@ def _grid(n_models: int, divisions: int) -> list[Point]:
 
 
 def simplex_points(n_models: int, step: float = 0.1, samples: int = 32, seed: int = 0) -> list[Point]:
-    """Points of the simplex of `n_models` models.
-
-    Up to three models: the barycentric grid with spacing `step` (1 / step must be an integer;
-    step 0.1 gives 66 points for three models). More models: the vertices, the edge midpoints,
-    the centroid and `samples` draws from Dirichlet(1, ..., 1) with a generator seeded by `seed`."""
+    """Points of the simplex of `n_models` models: up to three, the barycentric grid of spacing `step`
+    (1 / step an integer); more, the vertices, edge midpoints, centroid and `samples` Dirichlet(1) draws."""
     if n_models < 1:
         raise ValueError(f"n_models={n_models}: at least one model")
     if n_models <= 3:
@@ -86,8 +80,7 @@ def excess_losses(
 def multi_barrier(
     points: Sequence[Sequence[float]], losses: Sequence[float], endpoint_losses: Sequence[float]
 ) -> tuple[float, Point]:
-    """Paper 001 Eq. 2: max over the points of L(sum_i a_i theta_i) - sum_i a_i L(theta_i), and
-    the point where it is reached."""
+    """Paper 001 Eq. 2: the largest excess loss over the points, and the point where it is reached."""
     excess = excess_losses(points, losses, endpoint_losses)
     best = int(np.argmax(excess))
     return float(excess[best]), tuple(float(x) for x in points[best])
@@ -105,9 +98,8 @@ def evaluate_simplex(
     circuits: Sequence[str] = (),
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Test loss and accuracy of sum_i a_i models[i] at every point a, evaluated by `evaluator`
-    (glmc.eval.evaluator.Evaluator), and the multi-model barrier. Models left out of the points'
-    vertices are evaluated on their own for the linear baseline."""
+    """Test loss and accuracy of sum_i a_i models[i] at every point a (by `evaluator`) and the multi-model
+    barrier; models that are no vertex among the points are evaluated on their own for the baseline."""
     models = list(models)
     for p in points:
         if len(p) != len(models):
@@ -137,8 +129,7 @@ def pairwise_barriers(
     circuits: Sequence[str],
     lambdas: Sequence[float],
 ) -> dict[tuple[int, int], float]:
-    """Eq. 1 barrier between every pair (i, j), i < j, of models aligned to a common universe:
-    does aligning each model to the universe also connect the models with one another?"""
+    """Eq. 1 barrier between every pair (i, j), i < j, of models aligned to a common universe."""
     out = {}
     for i, j in itertools.combinations(range(len(aligned_models)), 2):
         alignment = Alignment(reference=aligned_models[i], model=aligned_models[j], circuits=tuple(circuits))

@@ -43,9 +43,8 @@ def plot_simplex_heatmaps(
     title: str | None = None,
     labels: Sequence[str] | None = None,
 ) -> Path:
-    """One ternary panel per method (name -> evaluate_simplex result: points, test_loss and excess
-    or endpoint_loss), coloured by L - sum_i a_i L_i. `labels` name the three corners (e.g. the
-    seeds); the largest excess of each panel is starred."""
+    """One ternary panel per method (an evaluate_simplex result), coloured by L - sum_i a_i L_i, the largest
+    excess starred; `labels` name the three corners (e.g. the seeds)."""
     if not panels:
         raise ValueError("no panels to plot")
     labels = list(labels) if labels is not None else ["θ₀", "θ₁", "θ₂"]

@@ -1,7 +1,4 @@
-"""Ways to combine aligned models beyond the straight line: Fisher-weighted averaging and RegMean.
-
-Merges build models and never score them: the pipeline evaluates what they return.
-"""
+"""Merges of aligned models beyond the straight line (Fisher, RegMean); the pipeline scores what they return."""
 
 from glmc.merging.fisher_regmean import (
     MERGE_KINDS,

@@ -1,20 +1,11 @@
-"""Merging aligned models beyond the straight line: Fisher-weighted averaging and RegMean.
+"""Fisher-weighted averaging and RegMean of factored canonical models of identical shapes, with non-negative
+`weights` (default uniform) normalised to sum to one.
 
-Both act on factored canonical models of identical shapes (align first, then merge) and take
-non-negative `weights` (default uniform), normalised to sum to one.
-
-fisher_merge (Matena & Raffel, 2022): theta = sum_i w_i F_i theta_i / sum_i w_i F_i per element, with
-  F_i the diagonal empirical Fisher of model i at its own parameters, estimated on training batches.
-
-regmean_merge (Jin et al., 2023): every linear map y = W x + b is merged as the minimiser of
-  sum_i w_i ||X_i W^T - X_i W_i^T||^2 over the inputs X_i that map sees in model i, i.e.
-  W = (sum_i w_i W_i G_i) (sum_i w_i G_i)^-1 with G_i = X_i^T X_i, whose off-diagonal entries are
-  scaled by alpha. Biases are merged with their weights through an augmented input [x; 1]. The
-  remaining tensors (embeddings, positions, ViT patch embedding and class token) are averaged.
-
-Batches are read once; every model sees the same batches. To give each model statistics of its own
-data, compute them per model (fisher_information, gram_matrices) and combine them with fisher_average
-or regmean_from_grams.
+fisher_merge (Matena & Raffel, 2022): theta = sum_i w_i F_i theta_i / sum_i w_i F_i per element, F_i the
+  diagonal empirical Fisher of model i on training batches.
+regmean_merge (Jin et al., 2023): each linear map W = (sum_i w_i W_i G_i) (sum_i w_i G_i)^-1, G_i = X_i^T X_i
+  of its inputs [x; 1] in model i (off-diagonals scaled by alpha); other tensors are averaged.
+Every model sees the same batches; for per-model data, combine fisher_information or gram_matrices of each.
 """
 
 from __future__ import annotations
@@ -98,14 +89,9 @@ def fisher_information(
     task: str | None = None,
     max_batches: int | None = None,
 ) -> list[dict[str, Tensor]]:
-    """Diagonal empirical Fisher of each model at its own parameters (float64, keyed like params()).
-
-    Per batch, the gradient of the mean log-likelihood of the batch's targets is squared; the Fisher
-    is the mean of these squared batch gradients over the batches. This approximates the per-example
-    empirical Fisher (the mean of squared per-example gradients), which would cost one backward pass
-    per example: the batch gradient averages out part of the per-example noise, so prefer small
-    batches. The scale of the estimate is the same for all models, so the merge is unaffected by it.
-    Causal LM targets equal to IGNORE_INDEX (padding) are not counted (glmc.metrics)."""
+    """Diagonal empirical Fisher of each model at its own parameters (float64, keyed like params()): the
+    mean over batches of the squared gradient of the batch's mean log-likelihood (cheaper than per
+    example, which it approximates: prefer small batches). IGNORE_INDEX targets are not counted."""
     models = _check_models(models, "fisher")
     task = task or models[0].task
     fishers = [{k: torch.zeros_like(v, dtype=torch.float64) for k, v in m.params().items()} for m in models]
@@ -138,10 +124,8 @@ def fisher_average(
     weights: Sequence[float] | None = None,
     eps: float = 1e-8,
 ) -> dict[str, Tensor]:
-    """sum_i w_i (F_i + eps) theta_i / sum_i w_i (F_i + eps) per element, in the dtype of params[0].
-
-    eps is a floor on every Fisher (Matena & Raffel's fisher_floor): where all models have zero
-    Fisher (e.g. embeddings of tokens that never occur) the merge falls back to the weighted average."""
+    """sum_i w_i (F_i + eps) theta_i / sum_i w_i (F_i + eps) per element, in the dtype of params[0]; eps floors
+    every Fisher (fisher_floor), so where all are zero the merge is the weighted average."""
     weights = _normalised_weights(weights, len(params))
     out = {}
     for name, ref in params[0].items():
@@ -196,9 +180,8 @@ def linear_maps(model: CanonicalTransformer) -> dict[str, LinearMap]:
 
 
 def augmented_matrix(params: dict[str, Tensor], linear: LinearMap) -> Tensor:
-    """A map's [W | b] as an (out, in + 1) matrix, or W (out, in) for a map without a bias (a Llama
-    unembedding). q/k/v (H, d, D) -> (H d, D); o_w (H, D, dv) -> (D, H dv) with the input index h dv + e,
-    matching the heads concatenated along (H, dv); grouped-query weights (K, G, ...) count K G heads."""
+    """A map's [W | b] as an (out, in + 1) matrix (W alone without a bias). q/k/v (H, d, D) -> (H d, D);
+    o_w (H, D, dv) -> (D, H dv), input index h dv + e; grouped-query weights (K, G, ...) count K G heads."""
     w = params[linear.weight]
     if linear.heads_in:
         w = w.flatten(0, w.dim() - 3)
@@ -239,10 +222,8 @@ def _rows(name: str, t: Tensor, keep: Tensor | None, cls_only: bool) -> Tensor:
 def gram_matrices(
     models: Sequence[CanonicalTransformer], batches: Iterable, max_batches: int | None = None
 ) -> list[dict[str, Tensor]]:
-    """Per model, recorded input name -> X^T X (float64) of the augmented inputs [x; 1] of its linear
-    maps, summed over the tokens of at most max_batches batches. Language-model positions whose target
-    is IGNORE_INDEX (padding; masked LM: unmasked positions) are left out; for pooling="cls" the head's
-    input is position 0 only."""
+    """Per model, recorded input name -> X^T X (float64) of its linear maps' inputs [x; 1] over the tokens of
+    at most max_batches batches; IGNORE_INDEX positions are left out, pooling="cls" heads read position 0."""
     models = _check_models(models, "regmean")
     grams: list[dict[str, Tensor]] = [{} for _ in models]
     wanted = {linear.reads for linear in linear_maps(models[0]).values()}
@@ -280,13 +261,9 @@ def regmean_linear(
     alpha: float = 0.9,
     rtol: float = 1e-10,
 ) -> Tensor:
-    """W = (sum_i w_i W_i G_i) (sum_i w_i G_i)^+ for (out, in) matrices W_i and (in, in) Gram matrices
-    with off-diagonals scaled by alpha, in float64, cast to the dtype of matrices[0].
-
-    Where sum_i w_i G_i is singular (directions no input reaches, e.g. the all-ones direction of the
-    mean-zero residual stream) the minimiser is not unique: there W takes the weighted average of the
-    W_i, so a model merged with itself is returned unchanged. Eigenvalues below rtol times the largest
-    count as zero."""
+    """W = (sum_i w_i W_i G_i) (sum_i w_i G_i)^+ (Gram off-diagonals scaled by alpha), in float64, cast to
+    matrices[0]'s dtype. In directions no input reaches (eigenvalues below rtol times the largest) W is
+    the weighted average of the W_i, so a model merged with itself is unchanged."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha={alpha} must lie in [0, 1]")
     weights = _normalised_weights(weights, len(matrices))
@@ -308,9 +285,8 @@ def regmean_merge(
     alpha: float = 0.9,
     max_batches: int | None = None,
 ) -> CanonicalTransformer:
-    """RegMean merge of factored canonical models (module docstring). Linear maps: per layer q, k, v
-    (reading attn_in), o (reading the heads concatenated, H dv), in (mlp_in), out (mlp_act), and the
-    head (reading "final"); each merged with its bias through the augmented input [x; 1]."""
+    """RegMean merge of factored canonical models (module docstring): every linear map its family's roles
+    name, each with its bias through the augmented input [x; 1]."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha={alpha} must lie in [0, 1]")
     models = _check_models(models, "regmean")
@@ -352,8 +328,8 @@ def _average(models, batches=None, weights=None):
 
 
 def merged_model(kind: str, models: Sequence[torch.nn.Module], batches: Iterable | None = None, **options):
-    """Merge `models` by `kind`: "average" (weighted average of the parameters, uniform by default;
-    batches unused), "fisher" (fisher_merge) or "regmean" (regmean_merge); options go to the method."""
+    """Merge `models` by `kind`: "average" (weighted, uniform by default), "fisher" (fisher_merge) or
+    "regmean" (regmean_merge); options go to the method."""
     methods = {"average": _average, "fisher": fisher_merge, "regmean": regmean_merge}
     if kind not in methods:
         raise ValueError(f"unknown merge kind {kind!r}; allowed: {list(MERGE_KINDS)}")

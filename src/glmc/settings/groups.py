@@ -1,15 +1,6 @@
-"""Settings groups of the matchers, each declared once with its defaults and ranges.
-
-The Hydra schema (glmc.config's `symmetry` and `multi`, glmc.settings.methods' `matcher.<method>`)
-and the settings the training modules run with (glmc.matching.learned_module.LearnedSettings,
-glmc.matching.universe_learned.UniverseLearnedSettings) are these dataclasses or subclasses that
-add no defaults of their own, so `run.py`, `glmc.align` and the Python classes start from the same
-values, and are checked by the same declarations (glmc.settings.ranges). Where a run.py config wants
-another value it says so in conf/ (tests/test_settings.py lists every such patch).
-
-This module imports nothing of glmc but the choices and the ranges, so the config schema, the method
-registry and the matchers can all import it without importing each other.
-"""
+"""Settings groups of the matchers, each declared once with its defaults and ranges: the Hydra schema and the
+training modules' settings are these dataclasses (or subclasses without defaults of their own), so run.py,
+glmc.align and the Python classes start from the same values; conf/ states where run.py differs."""
 
 from __future__ import annotations
 
@@ -33,10 +24,8 @@ class SymmetryConfig:
 
 @dataclass
 class LearnedTraining:
-    """Training settings of pairwise learned matching (paper 001 §4.2), `matcher.<learned method>.*`.
-    Defaults as the width-64 digits ablations (Figs. 8 and 9) use them; the demo's config sets 600
-    steps at lr 0.01 (docs/experiments.md, "Choosing the demo model"); paper 001 trains CIFAR-10 with lr 3e-4 and
-    lambda_scheme uniform_mid for 5 epochs."""
+    """Training settings of pairwise learned matching (paper 001 §4.2), `matcher.<learned method>.*`; defaults
+    as the digits ablations (Figs. 8 and 9) use them."""
 
     max_steps: int = setting(1500, "count")
     lr: float = setting(0.3, "lr")
@@ -66,16 +55,9 @@ EDGE_LAMBDAS = ("uniform", "gaussian")
 class UniverseTraining:
     """Training settings of the learned universe refinement (paper 001 §4.3), `multi.*` in run.py.
 
-    concentration: the Dirichlet parameter of the merge coefficients; 1.0 is uniform over the
-    simplex, larger values concentrate the draws near the centroid, smaller ones near the vertices.
-    edge_share: the share of steps whose coefficients lie on an edge of the simplex (two models)
-    instead: a Dirichlet draw almost never lands there, yet Eq. 2's maximum often sits on an edge.
-    edge_lambda: where on that edge, one of EDGE_LAMBDAS: "uniform" (lambda ~ U(0, 1)) or "gaussian"
-    (N(0.5, 0.1) clipped to [0, 1], pairwise learned matching's scheme: the edge's midpoint is where
-    its barrier sits). The defaults draw from the Dirichlet alone; conf/config.yaml sets edge_share
-    0.5 and gaussian edges for run.py, as measured on digits (docs/experiments.md). candidates: draws of the
-    coefficients per step; with more than one, the step trains at the draw whose batch loss lies
-    furthest above the members' losses combined by it (Eq. 2's excess)."""
+    edge_share: the share of steps whose coefficients lie on an edge of the simplex (a Dirichlet draw almost
+    never does, yet Eq. 2's maximum often sits there), at edge_lambda "uniform" (U(0, 1)) or "gaussian"
+    (N(0.5, 0.1) clipped). candidates: draws per step; the step trains at the one of the largest excess."""
 
     max_steps: int = setting(1500, "count")
     lr: float = setting(0.3, "lr")

@@ -1,16 +1,7 @@
-"""Every alignment method's settings: one config dataclass per method, whose `_target_` names the
-matcher class and whose other fields are that class's constructor arguments, with their defaults and
-ranges (glmc.settings.ranges). METHODS lists the pairwise methods (the `matcher` schema, MatcherConfig,
-is made from it), MULTI_METHODS the multi-model ones (`pairing=universe`, `multi.methods`).
-
-`run.py` composes them under `matcher.<name>` (so every option is type-checked at composition and
-overridable, e.g. `matcher.weight.max_iter=5`); glmc.matching.registry builds the matchers from these
-nodes, for run.py and `glmc.align` alike. Symmetry classes default to the run's `symmetry` group by
-interpolation; outside Hydra they resolve against the schema's defaults.
-
-This module imports no matcher and not glmc.config: the classes are named by `_target_` and loaded by
-`instantiate` when a method is built, so the config schema can read it.
-"""
+"""Every alignment method's settings: one config dataclass per method (`matcher.<name>`), whose `_target_`
+names the matcher class and whose other fields are its constructor's arguments with their ranges.
+METHODS lists the pairwise methods (MatcherConfig is made from it), MULTI_METHODS the multi-model ones.
+Symmetry classes default to the run's `symmetry` group by interpolation."""
 
 from __future__ import annotations
 
@@ -72,9 +63,7 @@ class WeightMatcherConfig:
 
 @dataclass
 class WeightRefinedMatcherConfig:
-    """Weight matching, then its residual map refined without data (glmc.matching.weight_refined): J =
-    weight matching's relative squared distance + proxy_weight * the midpoint's stream-gain loss, over
-    weight matching's start, the permuted residual's and `starts` random ones."""
+    """Weight matching, then its residual map refined without data (glmc.matching.weight_refined)."""
 
     _target_: str = "glmc.matching.weight_refined.WeightRefinedMatcher"
     name: str = "weight_refined"
@@ -171,8 +160,7 @@ def _variant(base: str, cls: type, **own) -> Method:
     return Method(cls, lambda: cls(**shared, **own))
 
 
-# name -> the method's config and defaults, registered here only (the `matcher` schema below is made
-# from it); the order is the plot order of `compare`.
+# name -> the method's config and defaults, registered here only; the order is the plot order
 METHODS: dict[str, Method] = {
     "vanilla": Method(VanillaMatcherConfig, VanillaMatcherConfig),
     "canonical": Method(CanonicalMatcherConfig, CanonicalMatcherConfig),
@@ -190,8 +178,6 @@ METHODS: dict[str, Method] = {
     "learned_dual": _variant("learned", LearnedDualMatcherConfig, name="learned_dual"),
 }
 
-# The `matcher` group's schema: which methods a run evaluates (`methods`, in plot order) and one node
-# per registered method, `matcher.<name>`.
 MatcherConfig = make_dataclass(
     "MatcherConfig",
     [
@@ -205,8 +191,7 @@ MatcherConfig = make_dataclass(
 
 @dataclass(frozen=True)
 class MultiMethod:
-    """A multi-model method (`multi.methods`, pairing=universe): how the endpoints are aligned before
-    the simplex they span is evaluated."""
+    """A multi-model method (`multi.methods`): how the endpoints are aligned before their simplex is evaluated."""
 
     universe: bool  # aligned to a shared universe by the pairwise method `multi.pairwise`; else as trained
     # then refined by this function (a dotted path, like `_target_`) with every setting of `settings`,

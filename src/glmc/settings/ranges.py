@@ -1,16 +1,6 @@
-"""The range of a setting, declared beside it, and the checks generated from that declaration.
-
-A settings dataclass declares a field's range once:
-
-    max_iter: int = setting(15, "count")                      # a rule of RULES
-    vocabulary: str = setting("train", choices=("train", "all"))
-    residual: ResidualClass = ResidualClass.orthogonal         # an enum: its members are the choices
-
-`setting_problems(schema, values, where)` lists every value out of its range as `<where>.<key>=<value>:
-<what to use instead>` (the config check of the command line reads it); `check_settings` raises the first
-as a ValueError (a matcher's constructor and glmc.align). Settings that constrain each other are checked
-where they are read.
-"""
+"""The range of a setting, declared beside it (`setting(15, "count")`, `setting("train", choices=...)`, or an
+enum type), and the checks generated from it: `setting_problems` lists `<where>.<key>=<value>: <fix>` for
+the config check, `check_settings` raises the first (constructors, glmc.align)."""
 
 from __future__ import annotations
 
@@ -31,8 +21,8 @@ def finite_number(v: Any) -> bool:
 
 @dataclass(frozen=True)
 class Rule:
-    """A range: whether a value is in it, what to use instead (`{key}` names the setting) and values
-    out of it (for the tests generated from the declarations; an int setting takes the ints among them)."""
+    """A range: whether a value is in it, what to use instead (`{key}` names the setting) and values out of
+    it (for the generated tests)."""
 
     holds: Callable[[Any], bool]
     fix: str

@@ -1,12 +1,5 @@
-"""Early stopping keeps the best epoch's weights, not the last ones.
-
-Lightning's EarlyStopping ends training `patience` validations after the best one, with the weights of
-the last epoch: past the best, a paper-size GPT-2 on Tiny Shakespeare overfits so much that every
-path's middle lies below its endpoints. `BestEpochWeights` copies the weights whenever the monitored
-loss reaches a new low and puts the copy back when fit ends, as Keras' `restore_best_weights` and
-Hugging Face's `load_best_model_at_end` do. The copy, its epoch and its loss are part of the callback's
-state, so a checkpoint carries them and a resumed run keeps the same rule.
-"""
+"""Early stopping keeps the best epoch's weights, not the last ones (Lightning keeps the last: past the best,
+an overfitted GPT-2's paths dip below their endpoints). The copy is part of the callback's checkpointed state."""
 
 from __future__ import annotations
 
@@ -18,10 +11,8 @@ from lightning.pytorch.callbacks import Callback
 
 
 class BestEpochWeights(Callback):
-    """Keeps the weights of the epoch with the lowest `monitor` and restores them at the end of fit.
-
-    `kept()` then says which: {"epoch": epochs trained at that point (1 = after the first epoch),
-    "val_loss": its monitored loss}, or None when no validation ran."""
+    """Keeps the weights of the epoch with the lowest `monitor` and restores them at the end of fit; `kept()`
+    says which ({"epoch": 1 after the first epoch, "val_loss": ...}), None when no validation ran."""
 
     def __init__(self, monitor: str = "val_loss"):
         self.monitor = monitor

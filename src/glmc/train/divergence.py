@@ -1,10 +1,5 @@
-"""Non-finite training: stop at the first non-finite loss, and never accept a non-finite endpoint.
-
-`DivergenceGuard` checks the training loss after every optimisation batch (one scalar read per step;
-on a GPU the losses are kept on the device and read in groups, so that the steps never wait for it)
-and stops with `DivergenceError`, naming the step, instead of training on for epochs on NaN
-weights. `check_finite_endpoint` is the last check before an endpoint is cached.
-"""
+"""Non-finite training: stop at the first non-finite loss (read in groups on a GPU, so steps never wait for
+it), and never cache a non-finite endpoint."""
 
 from __future__ import annotations
 
@@ -20,9 +15,8 @@ class DivergenceError(RuntimeError):
 
 
 class DivergenceGuard(Callback):
-    """Raises DivergenceError at the first training batch whose loss is NaN or infinite.
-
-    `label` says which run it is (e.g. "seed 3"), `hint` what to change (e.g. "lower train.lr")."""
+    """Raises DivergenceError at the first training batch whose loss is NaN or infinite, naming the run
+    (`label`, e.g. "seed 3") and what to change (`hint`, e.g. "lower train.lr")."""
 
     # on an accelerator, the losses of this many steps are read at once (and at every epoch's end)
     DEVICE_EVERY = 50

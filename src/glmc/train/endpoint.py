@@ -65,9 +65,7 @@ class EndpointModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _fused_adamw(self) -> bool:
-        """One fused kernel for the whole update where every parameter is on CUDA (CPU keeps the
-        default implementation, and its numbers), unless fused_clipping_refused says Lightning would
-        refuse to clip its gradients."""
+        """A fused AdamW where every parameter is on CUDA, unless Lightning would refuse to clip its gradients."""
         if self.fused_adamw is not None:
             return self.fused_adamw
         on_cuda = all(p.is_cuda for p in self.model.parameters())
@@ -75,9 +73,8 @@ class EndpointModule(L.LightningModule):
 
 
 def fused_clipping_refused(precision_plugin: Any, clip_val: float | None) -> bool:
-    """Whether Lightning refuses gradient clipping for a fused optimizer under `precision_plugin`: its
-    autocast plugin (bf16-mixed as well as 16-mixed, with or without a gradient scaler) raises for any
-    optimizer that may unscale gradients itself once clipping is on."""
+    """Whether Lightning refuses gradient clipping for a fused optimizer: its autocast plugin (bf16-mixed
+    and 16-mixed) raises once clipping is on."""
     from lightning.pytorch.plugins.precision import MixedPrecision
 
     return bool(clip_val) and isinstance(precision_plugin, MixedPrecision)

@@ -1,9 +1,5 @@
-"""Fitting the latents of a learned matcher (pairwise or universe) with a Lightning Trainer, with
-checkpoints and resume.
-
-The matchers live in glmc.matching and never import training code: they call `context.fit`
-(glmc.matching.base.MatchContext), which the pipeline and glmc.align fill with `fit_latents`.
-"""
+"""Fitting a learned matcher's latents with a Lightning Trainer, with checkpoints and resume; matchers reach it
+through `context.fit` (glmc.matching.base.MatchContext) and never import training code."""
 
 from __future__ import annotations
 
@@ -31,8 +27,7 @@ class _SaveLast(Callback):
 
 class FitClock(Callback):
     """Seconds spent in fit over every attempt: a checkpoint carries the seconds up to it, so a resumed
-    run reports what the uninterrupted one would have spent (work redone after the kill is not counted
-    twice; the time lost with it is not counted at all)."""
+    run reports what the uninterrupted one would have spent."""
 
     def __init__(self):
         self.earlier = 0.0  # seconds in fit before the checkpoint this fit resumed from
@@ -55,19 +50,14 @@ def _fit(trainer, module, data: dict[str, Any], resume: Path | None) -> None:
 
 
 def fit_latents(module, context, folder: Path, settings, logger) -> tuple[float, int, Path | None, float]:
-    """Train a latent module with a Trainer from the context (a glmc.matching.base.MatchContext: its
-    `trainer` factory, a default one where None, and its data); returns the seconds spent in fit, the
-    number of processes that trained, the checkpoint it resumed from and the seconds spent in fit
-    before that checkpoint by earlier attempts (0 for a fresh run: add them for the run's total).
+    """Train a latent module with the context's Trainer factory (a default one where None) on its data; returns
+    the seconds in fit, the number of processes, the checkpoint resumed from and the seconds earlier attempts
+    spent before it (0 for a fresh run).
 
-    Checkpoints go to folder/checkpoints: `last.ckpt` every `settings.checkpoint_every` steps, with
-    the random state (glmc.train.resume.EpochCheckpoint, which also writes `epoch.ckpt` at every
-    epoch's end). A run resumes from last.ckpt. On one process with a DataModule, the training order
-    is a function of the step (the DataModule's `train_start_step`, glmc.data.step_sampler), so a run
-    killed anywhere, mid-epoch included, finishes with the numbers of an uninterrupted one. Across
-    several processes the samplers are Lightning's: an interrupted run resumes from epoch.ckpt, the
-    last state whose order can be restored. Exactness assumes no random augmentation: its draws for
-    the batch loaded ahead of a mid-epoch checkpoint are not replayed."""
+    Checkpoints go to folder/checkpoints: `last.ckpt` every `settings.checkpoint_every` steps and `epoch.ckpt`
+    at every epoch's end (EpochCheckpoint). On one process the training order is a function of the step
+    (glmc.data.step_sampler), so a run resumed from last.ckpt matches an uninterrupted one; across several
+    processes it resumes from epoch.ckpt, the last state whose order can be restored."""
     last, epoch = folder / "checkpoints" / "last.ckpt", folder / "checkpoints" / "epoch.ckpt"
     checkpoints = ModelCheckpoint(
         dirpath=folder / "checkpoints",

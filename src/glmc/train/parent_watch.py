@@ -1,14 +1,5 @@
-"""Worker processes that end with the process that started them.
-
-A worker that outlived its parent (the run killed with SIGKILL, which no handler sees) would go on
-training for nobody and hold its seed's cache lock, so that the rerun waits on it. `end_with_parent`,
-called first thing in the worker, ends the worker when its parent ends: on Linux the kernel sends it
-SIGKILL (prctl PR_SET_PDEATHSIG); elsewhere, or where prctl is refused, a daemon thread checks every
-`poll` seconds whether the parent is still its parent. Nothing is lost by the abrupt end: checkpoints
-and cache entries are renamed into place only when complete, and the kernel releases the worker's locks.
-Linux signals the worker when the parent's thread that started it ends: a process pool starts its
-workers from the thread that submits to it, and that thread waits for them.
-
+"""Worker processes that end with the process that started them, so that a killed run leaves no worker training
+for nobody and holding its seed's cache lock: Linux's parent-death signal, else a thread that polls.
 Standard library only, so that a spawned worker can run it before its heavy imports.
 """
 

@@ -1,13 +1,5 @@
-"""Close the process group of spawned DDP ranks before they exit.
-
-Under `ddp_spawn` / `ddp_fork` every rank is a child process that ends as soon as `fit` returns.
-Left to the interpreter's exit, a rank could tear down its gloo process group while its peer was
-still closing its side, and abort in C++ ("terminate called without an active exception") after a
-successful fit. Here every rank meets the others at a barrier at the end of fit and then destroys
-its group while Python is still running, so no rank leaves while another one is mid-teardown.
-Ranks that outlive fit (plain `ddp`, where rank 0 is the main process and keeps evaluating with
-the group) are left alone.
-"""
+"""Close the process group of spawned DDP ranks (ddp_spawn, ddp_fork) at a barrier before they exit: left to
+the interpreter's exit, a rank could abort in C++ while its peer is mid-teardown."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""Training progress as log lines, for runs whose output is not a terminal (cluster jobs, nohup, CI).
-
-A progress bar redraws one line in place, which a log file cannot show. `ProgressLog` writes a line
-through Python logging at INFO instead: after the first optimisation step, then every `every_seconds`
-(and every `every_steps` steps where that is set), and after the last step. A line says which run
-it is, the step out of the total, the step's training loss, the steps per second since the previous
-line and the time left at that rate:
+"""Training progress as INFO log lines for output that is not a terminal (rank 0 only), after the first step,
+every `every_seconds` (or `every_steps`) and after the last:
 
     training seed 0: step 120/480 (epoch 2), loss 1.2345, 8.4 steps/s, 43s left
-
-Only global rank 0 writes. glmc.train.trainer adds it to every Trainer whose progress bar is enabled
-when standard output is not a terminal.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Endpoint training that survives a kill: `last.ckpt` after every epoch, and a resume that continues
-exactly where the uninterrupted run would be.
-
-A Lightning checkpoint holds the weights, optimiser, scheduler and loop counters, but not the random
-number generators. `EpochCheckpoint` adds them (torch, CUDA, numpy, Python, and the generator that
-shuffles the training loader) to its own state in the checkpoint and puts them back when training
-resumes: the loader's generator before the loader's first iterator draws from it, the global ones at
-the start of the first resumed epoch. It also carries the early-stopping decision of the last epoch.
-The file is written beside its place and renamed, so a kill while writing leaves the previous one; a
-disk without room for it is a refusal naming the folder (glmc.train.storage), the partial file removed.
-"""
+"""Endpoint training that survives a kill: `last.ckpt` after every epoch, with the random states Lightning leaves
+out (torch, CUDA, numpy, Python, the loader's generator) and the early-stopping decision, so a resumed run
+continues exactly; written beside its place and renamed, and a full disk is a refusal (glmc.train.storage)."""
 
 from __future__ import annotations
 
@@ -46,12 +38,9 @@ def _set_python_state(state: list[Any]) -> None:
 
 
 class EpochCheckpoint(Checkpoint):
-    """Writes `path` at the end of every training epoch; restores the random state on resume.
-
-    `data` is the DataModule (glmc.data.module) whose training loader is shuffled by a generator: its
-    state is saved from the trainer's loader and handed back through `data.train_generator_state`.
-    A Checkpoint subclass, so Lightning runs it after the other callbacks (early stopping included).
-    `setting` is what chooses the folder of `path`, named when the disk has no room for it."""
+    """Writes `path` at the end of every training epoch (after the other callbacks: a Checkpoint); restores the
+    random state on resume, the loader's through `data.train_generator_state`. `setting` chooses the folder
+    of `path`, named when the disk has no room for it."""
 
     def __init__(self, path: Path, data: Any = None, setting: str = "cache_dir"):
         self.path = Path(path)
@@ -111,10 +100,8 @@ class EpochCheckpoint(Checkpoint):
 
 
 def resumable(last: Path) -> Path | None:
-    """`last` if it exists and loads as a Lightning checkpoint of tensors and plain data; a damaged one
-    (a run killed while writing it, a full disk, a flipped byte) is moved aside with a warning, so the
-    rerun starts afresh instead of failing in Lightning's restore. Whatever loading it raises counts:
-    a damaged pickle fails in many ways (IndexError, KeyError, UnicodeDecodeError...)."""
+    """`last` if it exists and loads as a Lightning checkpoint of tensors and plain data; a damaged one is moved
+    aside with a warning, so the rerun starts afresh (a damaged pickle fails in many ways: any error counts)."""
     if not last.exists():
         return None
     try:

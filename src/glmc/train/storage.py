@@ -1,10 +1,5 @@
-"""Writes that fail for want of room: a full disk, a used-up quota, a read-only file system.
-
-Training checkpoints and cache entries are the large files a run writes. When one cannot be written,
-`no_room_error` turns the system's error into `NoRoomError`, a refusal (glmc.pipeline.refusals
-prints its message alone) that names the folder, about how much it needed, how much was free there,
-and what to do. Every other error is left to its caller.
-"""
+"""Writes that fail for want of room (a full disk, a quota, a read-only file system): `no_room_error` turns the
+system's error into a `NoRoomError` refusal naming the folder, the room needed and free, and what to do."""
 
 from __future__ import annotations
 

@@ -19,13 +19,9 @@ from glmc.train.progress_log import ProgressLog
 
 
 def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
-    """A factory of Trainers with the group's settings; callers add their own arguments
-    (default_root_dir, logger, max_steps, ...), which take precedence, and callbacks, which join the
-    group's own `trainer.callbacks` (each Trainer gets new instances of those); every Trainer also
-    closes the process group of spawned DDP ranks at the end of fit (glmc.train.process_group) and,
-    with progress enabled and standard output not a terminal, logs its progress as lines
-    (glmc.train.progress_log) instead of drawing a bar. trainer.precision=auto is resolved here
-    (resolve_precision)."""
+    """A factory of Trainers with the group's settings (precision resolved); callers' arguments take precedence
+    and their callbacks join new instances of `trainer.callbacks`, CloseProcessGroup and, where standard
+    output is not a terminal, ProgressLog in place of the bar."""
     from hydra.utils import instantiate
 
     precision = resolve_precision(trainer_cfg.get("precision", "32-true"), trainer_cfg.get("accelerator", "auto"))
@@ -76,18 +72,14 @@ def resolve_device(accelerator: str) -> torch.device:
     raise ValueError(f"trainer.accelerator={accelerator!r} is not one of cpu, gpu, cuda, mps, auto")
 
 
-# The trainer.precision values endpoints and learned latents train with. All keep float32 weights: the
-# mixed ones autocast the forward and keep float32 master weights, so alignment and evaluation read
-# float32 models whatever the training precision. "auto" is resolved at run time (resolve_precision).
+# trainer.precision values: all keep float32 weights (the mixed ones autocast the forward)
 TRAIN_PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "16-mixed")
 
 
 def resolve_precision(precision: Any, accelerator: str) -> str:
-    """trainer.precision as Lightning takes it: `auto` is bf16-mixed on a CUDA device with native
-    bfloat16 (torch.cuda.is_bf16_supported), else 32-true (CPU, MPS, older cards). ValueError naming
-    trainer.precision for half-precision weights (bf16-true, 16-true), which the float32 alignment
-    would round-trip, and for 16-mixed on CPU, which Lightning silently turns into bf16-mixed (the
-    endpoint cache would then hold bfloat16-trained weights under a 16-mixed key)."""
+    """trainer.precision as Lightning takes it: `auto` is bf16-mixed on a CUDA device with native bfloat16,
+    else 32-true. ValueError for half-precision weights and for 16-mixed on CPU (which Lightning silently
+    turns into bf16-mixed, under a 16-mixed cache key)."""
     precision, accelerator = str(precision), str(accelerator)
     if precision not in TRAIN_PRECISIONS:
         raise ValueError(
@@ -134,9 +126,8 @@ def _parallel_problems(cfg: Any) -> list[str]:
 
 
 def trained_precision(trainer_cfg: DictConfig | Any) -> str:
-    """The precision a Trainer of `trainer_cfg` trains in (auto resolved on this machine): what the
-    endpoint cache key and results.json record; a value resolve_precision refuses is returned as
-    written (the config check reports it)."""
+    """The precision a Trainer of `trainer_cfg` trains in (auto resolved here), for the cache key and
+    results.json; a refused value is returned as written (the config check reports it)."""
     precision = str(trainer_cfg.get("precision", "32-true"))
     try:
         return resolve_precision(precision, trainer_cfg.get("accelerator", "auto"))
@@ -145,8 +136,7 @@ def trained_precision(trainer_cfg: DictConfig | Any) -> str:
 
 
 def _native_bf16() -> bool:
-    """Whether the current CUDA device computes in bfloat16 natively (Ampere and later): emulated
-    bfloat16 on older cards is slower than float32."""
+    """Whether the CUDA device computes in bfloat16 natively (emulated, it is slower than float32)."""
     if not torch.cuda.is_available():
         return False
     try:

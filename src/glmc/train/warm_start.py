@@ -1,7 +1,5 @@
-"""Start a model from another one's encoder: fine-tuning from a pretrained checkpoint.
-
-Both are Hugging Face models of one family whose `base_model` (the encoder without a task head) has the
-same architecture; the task head, and a pooler only the task model has, keep their initialisation."""
+"""Fine-tuning from a pretrained checkpoint: a Hugging Face model starts from another's `base_model` (encoder);
+its task head and a pooler only it has keep their initialisation."""
 
 from __future__ import annotations
 
