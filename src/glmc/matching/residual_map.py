@@ -42,9 +42,8 @@ def residual_only_tensors(model: CanonicalTransformer) -> dict[str, tuple[int, b
 def _embedding_blocks(
     pa: Params, pb: Params, residual_only: dict[str, tuple[int, bool]], tokens: Tensor | None = None
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """Residual-side blocks outside the layers as (D, n) matrices, the residual axis first. `tokens`
-    keeps only those rows of the token embedding and the unembedding (ids that occur in the training
-    data: the rest of a 50,257-token vocabulary is untrained noise)."""
+    """Residual-side blocks outside the layers as (D, n) matrices, the residual axis first; `tokens`: the
+    vocabulary rows kept (the untrained rest is noise)."""
     for name, (axis, vocab_rows) in residual_only.items():
         a, b = pa[name], pb[name]
         if tokens is not None and vocab_rows:
@@ -117,12 +116,9 @@ def block_cross_covariance(
 ) -> Tensor:
     """C = sum_k M_A,k M_B,k^T / n_k over the blocks' weights, so that <O, C> = sum_k <M_A,k, O M_B,k> / n_k.
 
-    pb_perm has the head and MLP permutations applied (the residual side still free); pb_full also
-    has the current residual map, used for the other side of the two-sided circuits. The embedding
-    blocks do not depend on the permutations and are added once by the caller. `vectors`: the block
-    tensors that are single residual vectors (residual_vectors). `linear`: a layer's
-    linear_cross_covariance where the caller keeps them (None: computed here, every term added to
-    the running sum in turn, as the earlier code did: the same floats)."""
+    pb_perm: B with the head and MLP permutations; pb_full: also with the current residual map (the
+    circuits' other side). The embedding blocks are the caller's. `linear`: a layer's kept
+    linear_cross_covariance (None: computed here, term by term)."""
     c = 0.0
     for layer in sorted({int(n.split(".")[1]) for n in pa if n.startswith("blocks.")}):
         c = linear_cross_covariance(pa, pb_perm, layer, vectors, c) if linear is None else c + linear(layer)
@@ -161,10 +157,8 @@ def mean_keeping_projection(c: Tensor, basis: Tensor) -> Tensor:
 
 @dataclass
 class Outside:
-    """The tensors outside the layers, computed once: the embeddings' and the classifier's share of the
-    residual step's cross-covariance (`c_raw`: each block's as it is, for the factored distance; `c`:
-    divided by its number of columns) and their squared norms, in float64, and the squared distance
-    and norm of the tensors no symmetry acts on (head.b)."""
+    """The tensors outside the layers, computed once in float64: their share of the cross-covariance
+    (`c_raw` as is, `c` per column), their squared norms, and the distance and norm of head.b."""
 
     c_raw: Tensor | float
     c: Tensor | float
@@ -202,12 +196,8 @@ def outside_terms(
 
 
 def eigen_angles(matrix: Tensor) -> list[float]:
-    """The angles |arg z| in [0, pi] of an orthogonal matrix's eigenvalues z, ascending: a rotation by
-    t in a plane gives t twice (z and its conjugate), a reflected direction pi, a fixed one 0.
-
-    Q - I is normal with eigenvalues z - 1, so its singular values are |z - 1| = 2 sin(t / 2): a
-    symmetric problem (eight times cheaper than the general eigenvalues at width 512), exact near
-    t = 0 and to about 1e-8 next to pi."""
+    """The angles |arg z| in [0, pi] of an orthogonal matrix's eigenvalues z, ascending, from the singular
+    values |z - 1| = 2 sin(t / 2) of the normal matrix Q - I (cheaper than general eigenvalues)."""
     q = matrix.detach().cpu().double()
     sines = torch.linalg.svdvals(q - torch.eye(len(q), dtype=q.dtype)).mul(0.5).clamp(max=1.0)
     return sorted(float(a) for a in 2 * torch.asin(sines))

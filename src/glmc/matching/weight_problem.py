@@ -72,8 +72,7 @@ class MatchingProblem:
         pa = {k: v.detach().to(dtype) for k, v in model_a.params().items()}
         pb = {k: v.detach().to(dtype) for k, v in model_b.params().items()}
         hidden = HiddenHead(spec, pa, pb) if HEAD_HIDDEN in spec.spaces else None
-        # Embeddings and the classifier only see the residual map: their share of the Procrustes
-        # matrix and of the objective is computed once (a GPT-2 vocabulary makes them the costliest part).
+        # embeddings and classifier see only the residual map: their share is computed once
         outside = outside_terms(pa, pb, residual_only_tensors(model_b), hidden, tokens)
         pa = {k: v for k, v in pa.items() if layer_of(k) is not None}
         pb = {k: v for k, v in pb.items() if layer_of(k) is not None}
@@ -152,23 +151,16 @@ def start_state(problem: MatchingProblem, residual: str, heads: bool, mlp: bool)
         res = {"residual": Permutation.identity(problem.width)}
     hidden = problem.hidden
     head = {} if hidden is None else {HEAD_HIDDEN: Permutation.identity(hidden.size)}
-    # the identity leaves every weight as it is (exactly: products with ones and zeros): B's own
-    # weights, not a product over all of them
+    # the identity leaves every weight exactly as it is: B's own weights
     return SearchState(res, perms, head, dict(problem.pb))
 
 
 @dataclass
 class Reuse:
-    """What late iterations keep from one iteration to the next (weight_matching's `reuse`).
-
-    Head and MLP assignments carry over while a certificate says they are still optimal (`heads`,
-    `mlp`: glmc.matching.warm_assignment). On the `late` path (large circuit-form MLPs with certified
-    assignments) B's MLP matrices are rotated only for the layers whose similarity is computed
-    (`rotated`, per iteration), their distance is expanded in the map's move (`mlp_distance`), the
-    residual step keeps each layer's linear share while its MLP permutation stays (`linear_shares`)
-    and takes the polar factor from the Gram matrix (until that failed twice in a row: `gram_misses`).
-    Smaller models keep the plain arithmetic (the same floats, so learned matching, which starts from
-    them, retraces its runs), where these would save little."""
+    """What late iterations keep from one iteration to the next (weight_matching's `reuse`): certified
+    head and MLP assignments, and on the `late` path (large circuit-form MLPs) rotated MLP matrices, the
+    expanded MLP distance, each layer's linear share and the Gram polar factor (`gram_misses`). Smaller
+    models keep the plain arithmetic (the same floats, so learned matching retraces its runs)."""
 
     problem: MatchingProblem
     mlp: WarmAssignments | None
@@ -187,9 +179,8 @@ class Reuse:
     @classmethod
     def build(cls, problem: MatchingProblem, residual: str, heads: bool, mlp: bool, reuse: bool) -> Reuse:
         spec, layers, pa, pb = problem.spec, problem.layers, problem.pa, problem.pb
-        # MLP cosines move by at most the residual map's move: their assignments carry over (not for the
-        # gated MLPs' cost, nor without a residual map to measure the move by); below PARALLEL_UNITS
-        # units the solver is as cheap as the certificates
+        # MLP cosines move by at most the map's move, so their assignments carry over (not gated; below
+        # PARALLEL_UNITS units the solver is as cheap)
         big = mlp and spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS
         warm = WarmAssignments() if reuse and big and not problem.gated and residual != "none" else None
         # head costs move by at most circuit_move: theirs carry over too (not in grouped rotary models)

@@ -68,11 +68,8 @@ class Permutation(Element):
 
     @classmethod
     def project(cls, similarity: Tensor) -> Permutation:
-        """The permutation maximising sum_i similarity[i, perm[i]] (Hungarian algorithm).
-
-        Where every row's largest entry lies in a different column, those columns are the answer
-        (no assignment can exceed the sum of the row maxima) and the solver is skipped: the usual
-        case for a latent near its straight-through permutation, or weight matching near its end."""
+        """The permutation maximising sum_i similarity[i, perm[i]] (Hungarian algorithm), the rows' maxima
+        where they fall in distinct columns (no assignment can exceed their sum)."""
         s = similarity.detach()
         shortcut = cls.from_row_maxima(s)
         if shortcut is not None:
@@ -102,11 +99,8 @@ class Permutation(Element):
 
 @dataclass
 class SemiPermutation(Element):
-    """n old units -> m >= n new units: new unit k copies old unit src[k] with share weight[k].
-
-    The dense matrix S (m x n) has S[k, src[k]] = weight[k]: column-stochastic (every old unit's
-    shares are positive and sum to 1) with at most one positive entry per row (paper 001 §3.1).
-    """
+    """n old units -> m >= n new units: new unit k copies old unit src[k] with share weight[k] (paper 001
+    §3.1: S[k, src[k]] = weight[k], every old unit's shares positive and summing to 1)."""
 
     src: Tensor
     weight: Tensor
@@ -277,12 +271,9 @@ class Diagonal(Element):
 
 @dataclass
 class RotaryScale(Element):
-    """Per head and per rotary pair (i, i + r/2) a rotation-scaling [[a, -b], [b, a]]: the maps of a rotary
-    query/key space that commute with every position's rotation (glmc.models.rotary). `real` and `imag`,
-    (heads, r/2), hold a and b; the inverse transpose is the same matrix divided by a^2 + b^2. Under
-    partial rotary (GPT-NeoX) the first r of a head's d dims rotate and `passthrough`, (heads, d - r,
-    d - r), is any invertible map of the rest (its inverse transpose on the keys); empty where every dim
-    rotates. The element is block-diagonal: no map mixing rotary and pass-through dims is a symmetry."""
+    """Per head and rotary pair (i, i + r/2) a rotation-scaling [[a, -b], [b, a]] (`real` a, `imag` b,
+    (heads, r/2)): the maps commuting with every position's rotation. Under partial rotary `passthrough`
+    (heads, d - r, d - r) is any invertible map of the unrotated dims (empty where every dim rotates)."""
 
     real: Tensor
     imag: Tensor
