@@ -1,8 +1,4 @@
-"""What aligning model B to model A returns.
-
-It lives below matching, eval and merging: matchers build it, the evaluator walks its path, merges
-combine its models, and none of them needs another's code for that.
-"""
+"""What aligning model B to model A returns; below matching, eval and merging, which all read it."""
 
 from __future__ import annotations
 
@@ -16,15 +12,11 @@ from glmc.interpolation import interpolate
 
 @dataclass
 class Alignment:
-    """Result of aligning model B to reference model A.
-
-    `reference` is A and `model` is B transformed, both in the parameterisation the method
-    interpolates: the original (HF) models for vanilla, factored canonical models otherwise.
-    `circuits` names the attention pairs ("qk", "vo") that are interpolated as circuits
-    QK = Q~^T K~ and OV = W_O V~ rather than as factored weights (glmc.interpolation).
-    `function_preserving` is False where `model` no longer computes exactly what B computes
-    (soft permutations). `variants` are further paths the pipeline evaluates beside this one
-    (e.g. the hard projection of a Sinkhorn run)."""
+    """Result of aligning model B to reference model A: `reference` is A and `model` is B transformed, in the
+    parameterisation the method interpolates (HF for vanilla, factored canonical otherwise). `circuits`: the
+    attention pairs ("qk", "vo") interpolated as circuits (glmc.interpolation). `function_preserving` is False
+    where `model` no longer computes B's function (soft permutations). `variants`: further paths to evaluate
+    beside this one (e.g. a Sinkhorn run's hard projection)."""
 
     reference: torch.nn.Module
     model: torch.nn.Module

@@ -1,13 +1,6 @@
-"""Public entry points for people who bring their own models.
-
-from glmc import to_canonical, align, interpolate, evaluate, evaluate_path
-
-Models and inputs are checked before any work: a model without its head (GPT2Model rather than
-GPT2LMHeadModel) or without its weights (meta device) is refused, and so is a token sequence longer
-than a GPT-2 model's positions, a token id outside its vocabulary, an image of other channels or
-size than a ViT's, a label outside its classes or a loader with nothing to score: an error that
-says so, not one from deep inside a forward pass.
-"""
+"""Public entry points for people who bring their own models (from glmc import align, evaluate, ...).
+Models and inputs are checked before any work (a model without its head or weights, a batch that does not
+fit the model, a loader with nothing to score): an error that says so, not one from inside a forward pass."""
 
 from __future__ import annotations
 
@@ -35,9 +28,8 @@ from glmc.symmetry.family_defaults import resolve_residual
 
 
 def to_canonical(hf_model: torch.nn.Module, name: str = "the model") -> CanonicalTransformer:
-    """The canonical form of a Hugging Face model (glmc.models.convert.to_canonical; a canonical one is
-    returned as it is) after the checks align and evaluate make (check_model): a model without its head
-    or with its weights on the meta device is refused, naming `name`."""
+    """The canonical form of a Hugging Face model (a canonical one as it is), after the checks of align and
+    evaluate (check_model), which name `name`."""
     check_model(hf_model, name)
     return _convert(hf_model, name)
 
@@ -53,20 +45,14 @@ def align(
     device: str | torch.device = "cpu",
     **options,
 ) -> Alignment:
-    """Align model B to model A.
+    """Align model B to model A (Hugging Face models of a known family, or canonical ones, of the same
+    architecture: a ValueError names the first difference, MLP widths aside for a matcher object with
+    `equal_mlp_widths = False`).
 
-    `model_a`, `model_b`: Hugging Face models of a known family (glmc.models.families) or canonical ones.
-    `matcher`: a method name of the registry (glmc.matching.registry.METHODS, e.g. "weight") whose settings
-    are overridden by `options` (e.g. max_iter=5, lr=1e-2; a misspelled option is an error naming it), or any
-    object with a `match(a, b, context)` method. Data-driven methods need `data`, a DataLoader of training
-    batches (inputs, targets); a DataLoader of a TensorDataset is checked whole against model A
-    (sequence lengths, token ids, labels), any other data by its first batch. Learned matching
-    trains with a Lightning Trainer (settings from `trainer`, e.g. {"accelerator": "gpu"}) and
-    checkpoints into `run_dir` (a temporary folder if None, so nothing resumes).
-
-    The two models must have the same architecture (family, layers, heads, head dims, MLP widths,
-    width, vocabulary, positions, classes): a ValueError names the first difference. A matcher object
-    with `equal_mlp_widths = False` may take MLPs of different widths.
+    `matcher`: a registry method name (glmc.matching.registry.METHODS) whose settings `options` override, or
+    an object with a `match(a, b, context)` method. `data`: training batches (inputs, targets) for data-driven
+    methods, checked against model A. Learned matching trains with a Lightning Trainer (settings from
+    `trainer`) and checkpoints into `run_dir` (a temporary folder if None, so nothing resumes).
 
     Returns an Alignment: `.model` is B transformed (same function as B), `.reference` is A in the
     same parameterisation, `.transform` the group elements, `.diagnostics` the method's record."""
@@ -86,8 +72,7 @@ def align(
     check_model(model_b, "model_b")
     a, b = _convert(model_a, "model_a"), _convert(model_b, "model_b")
     if node is not None:
-        # residual=auto (the default): the widest class the family admits (activation matching's
-        # `residual` says which states it reads, not a class)
+        # residual=auto: the family's widest class (activation matching's `residual` is no class)
         if str(node.get("residual")) in {c.value for c in ResidualClass}:
             family = family_named(a.config.family)
             node.residual, source = resolve_residual(node.residual, family)
@@ -120,9 +105,8 @@ def align(
 
 
 def evaluate(model: torch.nn.Module, loader: Iterable, task: str | None = None, **options) -> tuple[float, float]:
-    """Mean loss and accuracy of `model` over `loader` (options: device, precision); every batch is
-    checked against the model as it is read. `task` (classification, causal_lm, masked_lm) is read from
-    the model when not given (classification for a model of no known family)."""
+    """Mean loss and accuracy of `model` over `loader` (options: device, precision), every batch checked
+    against the model; `task` is read from the model when not given."""
     check_model(model, "model")
     check_loader(loader, "loader")
     task = resolve_task(model, task)
@@ -139,9 +123,8 @@ def evaluate_path(
     progress: bool = True,
     **options,
 ) -> dict[str, list[float]]:
-    """Loss and accuracy along lam * A + (1 - lam) * B. Pass an Alignment as the first argument
-    (and None for B) to use its parameterisation and circuit setting. Every batch is checked
-    against A as it is read; `task` is read from A when not given (evaluate)."""
+    """Loss and accuracy along lam * A + (1 - lam) * B (an Alignment as A and None for B: its own
+    parameterisation and circuits), every batch checked against A; `task` is read from A when not given."""
     reference = path_reference(model_a, model_b)
     check_loader(loader, "loader")
     task = resolve_task(reference, task, "model_a")
@@ -150,9 +133,8 @@ def evaluate_path(
 
 
 def model_limits(model: Any) -> dict[str, Any]:
-    """What a model accepts, as its family states it: positions and vocabulary (language models),
-    classes, channels and image size (image classifiers); empty for a model of no known family
-    (nothing is checked then)."""
+    """What a model accepts, as its family states it (positions, vocabulary, classes, channels, image size);
+    empty for a model of no known family."""
     if isinstance(model, CanonicalTransformer):
         family = family_named(model.config.family)
         return {**family.input_limits(model.params()), **_image_limits(model, family)}
@@ -165,8 +147,7 @@ def model_limits(model: Any) -> dict[str, Any]:
 
 
 def _image_limits(model: Any, family: Any) -> dict[str, Any]:
-    """An image model's channels and (height, width): from its HF config, or from a canonical model's
-    patch size and position table (a square grid of patches, plus the class token)."""
+    """An image model's channels and (height, width): from its HF config, or a canonical model's patches."""
     if family.data_kind != "images":
         return {}
     config = model.config
@@ -183,8 +164,7 @@ def _image_limits(model: Any, family: Any) -> dict[str, Any]:
 
 
 def check_image_shape(limits: dict[str, Any], inputs: torch.Tensor) -> None:
-    """ValueError for images [batch, channels, height, width] of other channels or size than the model
-    `limits` describes (model_limits) reads."""
+    """ValueError for images of other channels or size than the model `limits` describes reads."""
     channels, size = limits.get("channels"), limits.get("image_size")
     if channels is None or inputs.dim() != 4:
         return
@@ -241,8 +221,8 @@ EMPTY_HINT = (
 
 
 def scores_something(targets: torch.Tensor, task: str) -> bool:
-    """Whether a batch's targets hold a prediction the loss counts (metrics.loss_and_correct): a label, a
-    token not marked IGNORE_INDEX (causal LM: after the first position, which nothing predicts)."""
+    """Whether a batch's targets hold a prediction the loss counts: a label, a token not IGNORE_INDEX
+    (causal LM: after the first position)."""
     if not is_token_task(task):
         return targets.numel() > 0
     counted = targets[:, 1:] if task == "causal_lm" and targets.dim() >= 2 else targets
@@ -279,10 +259,8 @@ class CheckedBatches:
 
 
 def check_data(model: CanonicalTransformer, data: Any) -> None:
-    """align's training data against `model`: a DataLoader of a TensorDataset whole, other data
-    (a DataLoader, a list of batches) by its first batch, with every random state that drawing it
-    advances (the global generator, the loader's own) restored; ValueError for data that yields no
-    batch. A LightningDataModule is left to its loaders."""
+    """align's training data against `model`: a DataLoader of a TensorDataset whole, other data by its first
+    batch (the random states drawing it advances restored); a LightningDataModule is left to its loaders."""
     if hasattr(data, "train_dataloader"):
         return
     check_loader(data, "data")

@@ -1,12 +1,6 @@
-"""Every dataset glmc reads, one entry each: what it is, what it fits and how it is loaded.
-
-The rest of glmc asks this registry about a dataset (`dataset(cfg.data.name)`) and never names one: the
-config checks (glmc.data.checks, glmc.pipeline.folder_fit), the data module, the endpoint cache key and the
-`data.name` choices (glmc.choices.Dataset, made from `DATASETS`) all read it. Adding a dataset is a loader
-in glmc/data/, one `DatasetInfo` entry below and one YAML in conf/data/ (docs/adding-a-dataset.md).
-
-It imports nothing of glmc, so that the config schema can read it: loaders, label lists and checksums are
-`Lazy` references into glmc.data, imported when a run first reads them.
+"""Every dataset glmc reads, one entry each: what it is, what it fits and how it is loaded. The rest of glmc
+asks this registry (`dataset(cfg.data.name)`) and never names a dataset (docs/adding-a-dataset.md). It imports
+nothing of glmc, so the config schema can read it: loaders and checksums are `Lazy` references into glmc.data.
 """
 
 from __future__ import annotations
@@ -52,15 +46,11 @@ def at_path() -> Lazy:
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """One dataset. `tasks`: the data.task values it serves (masked_lm: it has fixed windows to mask).
-    Images: `image_size`, `channels` and `classes` as the loader gives them; `resizable`: data.image_size
-    resizes them at load (`image_size` is then the native size). Text classification: `labels` names
-    the classes. `wordpiece`: it reads WordPiece ids only (data.tokenizer=wordpiece or pretrained).
-    `subsets`: the most data.num_subsets it can cut (a function of nothing). `examples`: the conf/data
-    option that sets up each task, where it is not the dataset's own name (messages suggest it).
-    `reads_path`: it reads the user's file data.path (which every other dataset refuses). `checks`: a
-    function of the run config (as its data are read) listing what would keep the data from loading,
-    called before any work (glmc.data.checks)."""
+    """One dataset. `tasks`: the data.task values it serves. Images: `image_size` (native, where `resizable`),
+    `channels`, `classes`. `labels`: a text classification's classes. `wordpiece`: WordPiece ids only.
+    `subsets`: the most data.num_subsets it can cut. `examples`: the conf/data option per task, where not
+    its name. `reads_path`: it reads data.path. `checks`: what would keep its data from loading (of the run
+    config), asked before any work."""
 
     name: str
     modality: str

@@ -1,19 +1,11 @@
-"""Weighted averages of models: sum_i w_i theta_i, in the parameterisation of the models given.
+"""Weighted averages of models: sum_i w_i theta_i, in the parameterisation of the models given (differentiable).
 
-Canonical models may interpolate attention as circuits: QK = sum_i w_i Q~_i^T K~_i and
-OV = sum_i w_i W_O,i V~_i (Q~ = [W_q | b_q], with the bias column). That sum is exactly a factored
-head whose dimension is the sum of the models' head dimensions,
+Canonical models may interpolate attention as circuits, QK = sum_i w_i Q~_i^T K~_i and OV = sum_i w_i W_O,i V~_i
+(Q~ = [W_q | b_q]): exactly a factored head of the stacked heads,
   Q~ = [sqrt(w_1) Q~_1; ...],  K~ = [sqrt(w_1) K~_1; ...],  V~ = [V~_1; ...],  W_O = [w_1 W_O,1 | ...],
-so the merged model is a valid canonical model (head rank up to N d_head, no HF equivalent) whose
-forward costs about N times the attention of one model instead of D / d_head times for explicit
-(D+1) x (D+1) circuits. Models with weight 0 are left out, so the endpoints of a path cost one
-plain forward. Everything here is differentiable (learned matching builds its path with it).
-Rotary heads (Llama) are stacked the same way: the forward rotates each d_head block as its own
-(CanonicalConfig.rope_dim), so the merged head computes sum_i w_i q_i^T R k_i, the interpolation of
-what each model computes, which is unchanged by the rotary rotation-scalings of either model.
-The norm's epsilon is interpolated like a parameter where the models' differ (`merge_configs`): a
-narrower model embedded with its stream kept (glmc.symmetry.embed_width) carries eps * m / M, and a path
-that took model 0's epsilon would not end at the embedded model.
+a valid canonical model (no HF equivalent) at about N times one model's attention; rotary heads stack alike.
+Models of weight 0 are left out, so a path's ends cost one plain forward. The norm's epsilon is interpolated
+where the models' differ (merge_configs), so a path ends at an embedded narrower model's own epsilon.
 """
 
 from __future__ import annotations
@@ -41,8 +33,7 @@ _FACTORED = {
 
 @cache
 def _pair_axis(name: str, ndim: int) -> Acts | None:
-    """Where a per-head attention pair (qk or vo) acts on the tensor `name` of `ndim` axes, None for other
-    tensors."""
+    """Where a head pair (qk or vo) acts on the tensor `name` of `ndim` axes; None for other tensors."""
     role = _FACTORED.get((role_key(name), ndim))
     return next((a for a in role.acts if a.space in HEAD_PAIRS), None) if role else None
 
@@ -101,8 +92,7 @@ def merge_params(
 def _weighted_sum(
     tensor_lists: Sequence[list[Tensor]], weights: Sequence[float], names: list[str]
 ) -> dict[str, Tensor]:
-    """names[j] -> sum_i weights[i] * tensor_lists[i][j], with one fused kernel launch per model
-    (the per-lambda cost of a path is otherwise dominated by many tiny ops on small models)."""
+    """names[j] -> sum_i weights[i] * tensor_lists[i][j], one fused kernel launch per model."""
     if not names:
         return {}
     total = torch._foreach_mul(list(tensor_lists[0]), weights[0])

@@ -38,8 +38,7 @@ def flat_predictions(logits: torch.Tensor, targets: torch.Tensor, task: str) -> 
 def loss_and_correct(
     logits: torch.Tensor, targets: torch.Tensor, task: str
 ) -> tuple[torch.Tensor, torch.Tensor, int | torch.Tensor]:
-    """Summed loss, number of correct predictions and number of predictions in the batch. For the
-    token tasks target id -100 (padding, unmasked positions) is not counted."""
+    """Summed loss, correct predictions and predictions in the batch (IGNORE_INDEX targets not counted)."""
     logits, targets = flat_predictions(logits, targets, task)
     if is_token_task(task):
         counted = targets != IGNORE_INDEX

@@ -1,10 +1,5 @@
-"""Safe file handling: atomic writes of outputs, and moving damaged files aside instead of trusting them.
-
-`atomic_write` writes into a temporary file in the destination's folder and renames it into place,
-so a reader (or a run killed mid-write) sees the old file or the new one, never half of one.
-`move_aside` renames a damaged file or folder to `<name>.corrupt-<timestamp>` (kept for inspection,
-ignored by every loader) and warns, naming both paths.
-"""
+"""Safe file handling: atomic writes (a temporary file renamed into place, so a reader sees the old file or the
+new one, never half of one), and damaged files moved aside to `<name>.corrupt-<timestamp>` with a warning."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ def current_umask() -> int:
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path beside `path` (same suffix, so writers that infer a format from it work)
-    that replaces `path` when the block exits normally, and is removed when it raises."""
+    """A temporary path beside `path` (same suffix) that replaces `path` when the block exits normally."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=path.suffix, dir=path.parent)

@@ -198,7 +198,6 @@ def evaluate_path(
 def path_losses(
     alignments: dict[str, Alignment], lambdas: Sequence[float], batches: Iterable, task: str, device: torch.device
 ) -> dict[str, list[float]]:
-    """Loss along each alignment's path at `lambdas` over the same batches, without progress bars: a
-    matcher's held-out check (MatchContext.path_loss)."""
+    """Loss along each alignment's path over the same batches, quietly (MatchContext.path_loss)."""
     check = Evaluator(batches, task, device, progress=False)
     return {name: check.path(alignment, lambdas)["loss"] for name, alignment in alignments.items()}

@@ -98,8 +98,7 @@ def evaluate_simplex(
     circuits: Sequence[str] = (),
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Test loss and accuracy of sum_i a_i models[i] at every point a (by `evaluator`) and the multi-model
-    barrier; models that are no vertex among the points are evaluated on their own for the baseline."""
+    """Loss and accuracy of sum_i a_i models[i] at every point a, and the multi-model barrier."""
     models = list(models)
     for p in points:
         if len(p) != len(models):

@@ -147,8 +147,7 @@ def fisher_merge(
     eps: float = 1e-8,
     max_batches: int | None = None,
 ) -> CanonicalTransformer:
-    """Fisher-weighted average of factored canonical models (module docstring); `task` defaults to
-    the models' own ("classification" or "causal_lm"), eps floors the Fisher (fisher_average)."""
+    """Fisher-weighted average of factored canonical models; `task` defaults to the models' own."""
     models = _check_models(models, "fisher")
     weights = _normalised_weights(weights, len(models))
     fishers = fisher_information(models, batches, task, max_batches)
@@ -285,8 +284,7 @@ def regmean_merge(
     alpha: float = 0.9,
     max_batches: int | None = None,
 ) -> CanonicalTransformer:
-    """RegMean merge of factored canonical models (module docstring): every linear map its family's roles
-    name, each with its bias through the augmented input [x; 1]."""
+    """RegMean merge of factored canonical models: every linear map its family's roles name."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha={alpha} must lie in [0, 1]")
     models = _check_models(models, "regmean")
@@ -299,8 +297,7 @@ def regmean_from_grams(
     weights: Sequence[float] | None = None,
     alpha: float = 0.9,
 ) -> CanonicalTransformer:
-    """regmean_merge with the Gram matrices given (gram_matrices' output, one dict per model), so that
-    each model's may come from other batches (e.g. each model's own training data)."""
+    """regmean_merge with given Gram matrices (gram_matrices' output), e.g. of each model's own data."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha={alpha} must lie in [0, 1]")
     models = _check_models(models, "regmean")
@@ -328,8 +325,7 @@ def _average(models, batches=None, weights=None):
 
 
 def merged_model(kind: str, models: Sequence[torch.nn.Module], batches: Iterable | None = None, **options):
-    """Merge `models` by `kind`: "average" (weighted, uniform by default), "fisher" (fisher_merge) or
-    "regmean" (regmean_merge); options go to the method."""
+    """Merge `models` by `kind` ("average", "fisher" or "regmean"); options go to the method."""
     methods = {"average": _average, "fisher": fisher_merge, "regmean": regmean_merge}
     if kind not in methods:
         raise ValueError(f"unknown merge kind {kind!r}; allowed: {list(MERGE_KINDS)}")

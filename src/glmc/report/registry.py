@@ -22,8 +22,7 @@ NAMES = (
 
 
 def load(name: str) -> Artefact:
-    """One artefact, importing only its own module (and what it imports), so one that is missing or
-    broken does not stop the others."""
+    """One artefact, importing only its own module, so a missing or broken one stops no other."""
     if name not in NAMES:
         raise KeyError(f"unknown artefact {name!r}: choose from {', '.join(NAMES)}")
     artefact = import_module(f"glmc.report.{name}").ARTEFACT

@@ -103,8 +103,7 @@ def collect(root: Path) -> dict[tuple[str, str, str, str, str, str], list[dict]]
 
 
 def unfinished_jobs(root: Path) -> list[str]:
-    """Run folders below `root` that Hydra started (they hold .hydra/) but that wrote no results.json,
-    each with the reason recorded by a failed job of a sweep (glmc.pipeline.sweep_report) if any."""
+    """Run folders below `root` that Hydra started but that wrote no results.json, with the reason."""
     from glmc.pipeline.sweep_report import FAILED_FILE
 
     lines = []
@@ -122,8 +121,7 @@ def unfinished_jobs(root: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class Curve:
-    """One metric against lambda: the mean over seed pairs and its s.e. (None with a single pair);
-    `group` picks the line's colour (e.g. the method)."""
+    """One metric against lambda: the mean over seed pairs, its s.e. (None for one pair), a colour group."""
 
     lambdas: list[float]
     mean: np.ndarray

@@ -26,8 +26,7 @@ def _duration(seconds: float | None) -> str:
 
 
 def cost_line(artefact: Artefact, out: Path) -> str:
-    """One line per step: how long its runs took (measured when they ran, possibly for another
-    artefact sharing the step), and on how many cores."""
+    """One line per step: how long its runs took (possibly for another artefact), on how many cores."""
     path = Path(out) / TIMES
     times = json.loads(path.read_text()) if path.is_file() else {}
     steps = times.get("steps", {})

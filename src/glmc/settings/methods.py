@@ -87,8 +87,7 @@ class WeightRefinedMatcherConfig:
 
 @dataclass
 class LearnedMatcherConfig(LearnedTraining):
-    """Paper 001 §4.2 learned matching: the training settings of LearnedTraining (their defaults and
-    meaning are declared there) and which spaces are learned, from what start."""
+    """Paper 001 §4.2 learned matching: LearnedTraining's settings and which spaces are learned."""
 
     _target_: str = "glmc.matching.learned.LearnedMatcher"
     name: str = "learned"
@@ -105,8 +104,7 @@ class LearnedMatcherConfig(LearnedTraining):
 
 @dataclass
 class LearnedDualMatcherConfig(LearnedMatcherConfig):
-    """Learned matching of both endpoints' transforms (glmc.matching.learned_dual): learned's settings,
-    shared with matcher.learned by interpolation, so both train for the same steps."""
+    """Learned matching of both endpoints' transforms, with matcher.learned's settings."""
 
     _target_: str = "glmc.matching.learned_dual.LearnedDualMatcher"
     name: str = "learned_dual"
@@ -129,8 +127,7 @@ class ActivationMatcherConfig:
 
 @dataclass
 class RotationMatcherConfig:
-    """Paper 002: per-head closed-form rotation of Q/K and V/O with rescaling, MLP permutations by
-    weight matching, the residual stream not aligned (or `orthogonal`: ours); factored interpolation."""
+    """Paper 002: closed-form per-head rotations of Q/K and V/O, MLP permutations; factored."""
 
     _target_: str = "glmc.matching.rotation.RotationMatcher"
     name: str = "rotation"

@@ -21,8 +21,7 @@ def finite_number(v: Any) -> bool:
 
 @dataclass(frozen=True)
 class Rule:
-    """A range: whether a value is in it, what to use instead (`{key}` names the setting) and values out of
-    it (for the generated tests)."""
+    """A range: whether a value is in it, what to use instead (`{key}`: the setting), values out of it."""
 
     holds: Callable[[Any], bool]
     fix: str

@@ -11,8 +11,7 @@ from lightning.pytorch.callbacks import Callback
 
 
 class BestEpochWeights(Callback):
-    """Keeps the weights of the epoch with the lowest `monitor` and restores them at the end of fit; `kept()`
-    says which ({"epoch": 1 after the first epoch, "val_loss": ...}), None when no validation ran."""
+    """Restores the weights of the lowest `monitor` at the end of fit; `kept()` says which epoch."""
 
     def __init__(self, monitor: str = "val_loss"):
         self.monitor = monitor

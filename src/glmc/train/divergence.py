@@ -15,8 +15,7 @@ class DivergenceError(RuntimeError):
 
 
 class DivergenceGuard(Callback):
-    """Raises DivergenceError at the first training batch whose loss is NaN or infinite, naming the run
-    (`label`, e.g. "seed 3") and what to change (`hint`, e.g. "lower train.lr")."""
+    """Raises DivergenceError at the first non-finite training loss, naming `label` and `hint`."""
 
     # on an accelerator, the losses of this many steps are read at once (and at every epoch's end)
     DEVICE_EVERY = 50

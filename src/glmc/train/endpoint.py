@@ -73,8 +73,7 @@ class EndpointModule(L.LightningModule):
 
 
 def fused_clipping_refused(precision_plugin: Any, clip_val: float | None) -> bool:
-    """Whether Lightning refuses gradient clipping for a fused optimizer: its autocast plugin (bf16-mixed
-    and 16-mixed) raises once clipping is on."""
+    """Whether Lightning's autocast plugin refuses gradient clipping for a fused optimizer."""
     from lightning.pytorch.plugins.precision import MixedPrecision
 
     return bool(clip_val) and isinstance(precision_plugin, MixedPrecision)

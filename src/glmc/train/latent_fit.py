@@ -26,8 +26,7 @@ class _SaveLast(Callback):
 
 
 class FitClock(Callback):
-    """Seconds spent in fit over every attempt: a checkpoint carries the seconds up to it, so a resumed
-    run reports what the uninterrupted one would have spent."""
+    """Seconds in fit over every attempt (a checkpoint carries them), as an uninterrupted run spends."""
 
     def __init__(self):
         self.earlier = 0.0  # seconds in fit before the checkpoint this fit resumed from

@@ -34,8 +34,7 @@ def _watch(parent: int, poll: float) -> None:
 
 
 def end_with_parent(parent: int, poll: float = 0.5, kernel: bool = True) -> str:
-    """End this process when process `parent`, the one that started it, ends. Returns how: "kernel"
-    (Linux's parent-death signal) or "thread" (the portable watch; also with `kernel=False`)."""
+    """End this process when `parent` ends; returns how: "kernel" (Linux) or "thread" (polling)."""
     how = "kernel" if kernel and _kernel_ends_us() else "thread"
     if how == "thread":
         threading.Thread(target=_watch, args=(parent, poll), name="end-with-parent", daemon=True).start()

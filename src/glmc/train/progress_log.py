@@ -28,8 +28,7 @@ def duration(seconds: float) -> str:
 
 
 def run_label(trainer, pl_module) -> str:
-    """What is training: the module's `progress_name` (e.g. matcher.learned), the endpoint seed that
-    its DivergenceGuard names, or the module's class."""
+    """What is training: the module's `progress_name`, its DivergenceGuard's label, or its class."""
     from glmc.train.divergence import DivergenceGuard
 
     name = getattr(pl_module, "progress_name", None)

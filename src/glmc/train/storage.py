@@ -36,8 +36,7 @@ def state_bytes(module: torch.nn.Module) -> int:
 
 
 def checkpoint_bytes(module: torch.nn.Module) -> int:
-    """About the size of a training checkpoint of `module`: its weights, Adam's two moments, and the
-    random states and loop counters (some tens of KiB)."""
+    """About the size of a training checkpoint of `module`: its weights, Adam's moments, some KiB."""
     return 3 * state_bytes(module) + (64 << 10)
 
 

@@ -99,8 +99,7 @@ def resolve_precision(precision: Any, accelerator: str) -> str:
 
 
 def trainer_problems(cfg: Any) -> list[str]:
-    """What in the run config's trainer.* cannot train: a precision resolve_precision refuses, or
-    train.parallel_endpoints with a Trainer that spreads one endpoint over several devices."""
+    """What in trainer.* cannot train: a refused precision, or parallel endpoints spread over devices."""
     try:
         resolve_precision(cfg.trainer.precision, cfg.trainer.accelerator)
         problems = []
@@ -110,8 +109,7 @@ def trainer_problems(cfg: Any) -> list[str]:
 
 
 def _parallel_problems(cfg: Any) -> list[str]:
-    """train.parallel_endpoints > 1 trains each endpoint in a process of its own on one device: not with
-    Trainers that spread one endpoint over several devices or processes (DDP)."""
+    """train.parallel_endpoints > 1 trains each endpoint on one device: not with DDP or several."""
     trainer, parallel = cfg.trainer, cfg.train.parallel_endpoints
     if parallel in (None, 1) or not finite_number(parallel) or parallel < 1:
         return []

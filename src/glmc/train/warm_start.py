@@ -7,8 +7,7 @@ from torch import nn
 
 
 def load_encoder(model: nn.Module, pretrained: nn.Module) -> nn.Module:
-    """Copy `pretrained`'s encoder weights into `model` (in place); ValueError naming the first tensor that
-    is missing from the pretrained encoder (other than the pooler) or differs in shape."""
+    """Copy `pretrained`'s encoder weights into `model`; ValueError naming a missing or misshapen tensor."""
     target, source = model.base_model, pretrained.base_model
     weights = source.state_dict()
     own = target.state_dict()
