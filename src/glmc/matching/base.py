@@ -24,19 +24,10 @@ from glmc.models.canonical import CanonicalTransformer
 class MatchContext:
     """What a data-driven matcher may need beyond its settings, never the whole run config.
 
-    data     training batches (inputs, targets): a DataLoader or a LightningDataModule
-    trainer  factory of Lightning Trainers: trainer(default_root_dir=..., logger=..., **overrides)
-    logger   stage name -> Lightning logger (or False), e.g. glmc.pipeline.tracking.Tracker
-    run_dir  the folder this method may write into (checkpoints)
-    device   where the method's own tensor work runs
-    fit      fit(module, context, folder, settings, logger) -> (seconds, processes, resumed checkpoint):
-             trains a learned matcher's latents (glmc.train.latent_fit.fit_latents)
-    path_loss  path_loss({name: Alignment}, lambdas, batches, task, device) -> {name: losses}: each
-             path's loss at the lambdas over the same batches (glmc.eval.evaluator.path_losses)
-
-    `fit` and `path_loss` come from the caller (the pipeline, glmc.align), so that matching never
-    imports the training or evaluation code it runs.
-    """
+    data: training batches (a DataLoader or LightningDataModule); trainer: a Lightning Trainer factory;
+    logger: stage name -> Lightning logger; run_dir: where the method may write; device: where its tensor
+    work runs; fit (glmc.train.latent_fit.fit_latents) and path_loss (glmc.eval.evaluator.path_losses):
+    passed in by the caller, so that matching never imports the training or evaluation code."""
 
     data: Any = None
     trainer: Callable[..., Any] | None = None

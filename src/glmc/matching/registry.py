@@ -1,17 +1,10 @@
 """The one registry of alignment methods, built from their settings by `instantiate`.
 
-The methods and their settings are declared in glmc.settings.methods (one config dataclass per method,
-METHODS and MULTI_METHODS, re-exported here); this module builds a matcher from its config node, for
-`run.py` and `glmc.align` alike, and checks what the node's `_target_` names.
-
-What a `_target_` may name (`matcher_target_problem`, checked by the config check before any work and by
-`build_matcher`): a class that subclasses `glmc.matching.base.Matcher`, as the registry's own classes do,
-and defines its own `match(self, a, b, context)`; its constructor takes the node's other keys. Anything
-else (a function such as `builtins.print`, a class that is no matcher, a name that does not import) is
-refused by name before anything is called.
-
-This module imports no matcher and not glmc.config: the classes are loaded by `instantiate` when a
-method is built.
+The methods and their settings are declared in glmc.settings.methods (METHODS, MULTI_METHODS); this
+module builds a matcher from its config node, for `run.py` and `glmc.align` alike. A node's `_target_`
+must name a class that subclasses `glmc.matching.base.Matcher` and defines its own `match(self, a, b,
+context)`; anything else is refused by name before anything is called (`matcher_target_problem`).
+No matcher and not glmc.config is imported here: `instantiate` loads the class.
 """
 
 from __future__ import annotations
@@ -25,12 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from glmc.settings.groups import SymmetryConfig
-from glmc.settings.methods import (
-    METHODS,
-    MULTI_METHODS,
-    MatcherConfig,
-    default_target,
-)
+from glmc.settings.methods import METHODS, MULTI_METHODS, MatcherConfig, default_target
 
 
 def check_multi_methods(names: list[str]) -> None:

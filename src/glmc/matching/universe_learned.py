@@ -1,18 +1,12 @@
-"""Learned refinement of universe matching (paper 001 §4.3): train the symmetries of N models that
-are already aligned to a common universe on the task loss of the merged models over the simplex.
+"""Learned refinement of universe matching (paper 001 §4.3): train the symmetries of N models already
+aligned to a common universe on the task loss of the merged models over the simplex.
 
-Model 0 stays fixed: a transform applied to every model alike maps the whole simplex onto a
-function-equivalent one, so fixing one model removes that freedom. Models 1..N-1 get one latent per
-space their universe transform acts on (orthogonal residual: polar factor; head and MLP
-permutations: straight-through Hungarian), started at the identity plus noise since the models are
-already aligned. Each step draws merge coefficients alpha ~ Dirichlet(concentration * 1) from a
-generator seeded by (seed, step), so the draw is equal on every DDP rank and reproduced after a
-resume, and minimises the task loss of sum_i alpha_i T_i(theta_i). Checkpoints live under
-<context.run_dir>/universe_<hash>/checkpoints, the hash covering every setting and all N models: a
-rerun with the same models and settings resumes from last.ckpt.
-
-The result holds the hard projections: models[i] = apply(refinement_i, universe model i), which
-computes model i's function exactly, and transforms[i] = (universe transform_i, refinement_i).
+Model 0 stays fixed (a transform applied to all alike changes nothing); models 1..N-1 get one latent
+per space their universe transform acts on (polar factor or straight-through permutation), started at
+the identity plus noise. Each step minimises the loss of sum_i alpha_i T_i(theta_i) with alpha drawn
+from a generator seeded by (seed, step): equal on every DDP rank and after a resume. Checkpoints live
+under <run_dir>/universe_<hash>. The result holds models[i] = apply(refinement_i, universe model i) and
+transforms[i] = (universe transform_i, refinement_i).
 """
 
 from __future__ import annotations
@@ -45,9 +39,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class UniverseLearnedSettings(UniverseTraining):
-    """The refinement's training settings (their defaults and meaning: UniverseTraining in
-    glmc.settings.groups, the `multi` schema's too), checked against their declared ranges; `where` names
-    the config node in errors."""
+    """The refinement's training settings (glmc.settings.groups.UniverseTraining), range-checked; `where`
+    names the config node in errors."""
 
     where: str = "universe.learned"
 
@@ -195,11 +188,8 @@ def learned_universe(
     name: str = "learned",
     **overrides: Any,
 ) -> UniverseAlignment:
-    """Refine a universe alignment by training the symmetries of models 1..N-1 on the merged loss.
-
-    `settings`, or keyword settings of UniverseLearnedSettings (not both). Returns a new
-    UniverseAlignment: models[0] is aligned.models[0] itself, models[i] the refined model i, and
-    transforms[i] the pair (universe transform, refinement), applied in that order."""
+    """Refine a universe alignment by training the symmetries of models 1..N-1 on the merged loss
+    (`settings` or keyword settings, not both); transforms[i] is (universe transform, refinement)."""
     if settings is None:
         settings = UniverseLearnedSettings(**{"where": f"universe.{name}", **overrides})
     elif overrides:
@@ -246,7 +236,7 @@ def learned_universe(
     }
     return UniverseAlignment(
         models=refined,
-        transforms=[(u, r) for u, r in zip(aligned.transforms, refinements)],
+        transforms=list(zip(aligned.transforms, refinements)),
         circuits=circuits,
         diagnostics=diagnostics,
         function_preserving=aligned.function_preserving,
