@@ -49,10 +49,8 @@ def circuit_norms(p: Params, layer: int) -> Tensor:
 
 
 def circuit_move(norm: float, moved: float) -> float:
-    """How far a head cost can move when the residual map moves by `moved` (spectral norm, or any
-    bound above it such as the Frobenius norm): R C R^T
-    moves by at most (2 + d) d ||C|| for ||R' - R||_2 <= d, and each cost is 1-Lipschitz in its
-    circuits; `norm` is the largest circuit_norms entry."""
+    """How far a head cost can move when the residual map moves by at most `moved` in spectral norm:
+    R C R^T moves by at most (2 + d) d ||C||; `norm` is the largest circuit_norms entry."""
     return (2 + moved) * moved * norm
 
 
@@ -74,10 +72,8 @@ def squared_norm(pa: Params) -> float:
 def squared_difference(
     pa: Params, pb: Params, a_circuits: dict | None = None, b_norms: dict[int, list[Tensor]] | None = None
 ) -> float:
-    """||theta_A - theta_B||^2 over circuit-form parameters, heads compared in place. `a_circuits`:
-    A's side of every circuit comparison (a_circuit_terms), where the caller keeps it; `b_norms`:
-    B's squared circuit norms per layer (circuit_square_norms), where the caller keeps them (the
-    residual map and the head permutation leave them unchanged)."""
+    """||theta_A - theta_B||^2 over circuit-form parameters, heads compared in place; `a_circuits`
+    (a_circuit_terms) and `b_norms` (circuit_square_norms) where the caller keeps them."""
     diff = 0.0
     for name, a in pa.items():
         if in_head_pair(name):  # compared as circuits below

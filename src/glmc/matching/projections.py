@@ -25,14 +25,9 @@ def straight_through_permutation(latent: Tensor, perm: Tensor | None = None) -> 
 
 
 class _Polar(torch.autograd.Function):
-    """U V^T with the closed-form gradient.
-
-    Backpropagating through torch.linalg.svd divides by sigma_i^2 - sigma_j^2, which explodes for a
-    latent that starts at an orthogonal matrix (all singular values 1). The polar factor itself only
-    divides by sigma_i + sigma_j: with M = U^T G V, the gradient is
-    U [(M - M^T) / (sigma_i + sigma_j)] V^T + (I - U U^T) G V diag(1/sigma) V^T,
-    the last term for tall latents only.
-    """
+    """U V^T with the closed-form gradient, which divides by sigma_i + sigma_j where the SVD's divides by
+    sigma_i^2 - sigma_j^2 (exploding at an orthogonal start): with M = U^T G V,
+    U [(M - M^T) / (sigma_i + sigma_j)] V^T + (I - U U^T) G V diag(1/sigma) V^T (last term: tall only)."""
 
     @staticmethod
     def forward(ctx, a: Tensor) -> Tensor:
@@ -50,9 +45,7 @@ class _Polar(torch.autograd.Function):
         return out
 
 
-# eigh of A^T A squares A's condition number: used while sigma_min / sigma_max stays above 1e-2
-# in float32 (U's columns then orthonormal to about 1e-5) and above 1e-4 in float64 (to about 1e-8,
-# below what a float32 result resolves), the SVD itself otherwise; the bound is on the eigenvalues
+# eigh of A^T A squares A's condition number: used while the eigenvalues' ratio stays above these
 GRAM_CONDITION = {torch.float32: 1e-4, torch.float64: 1e-8}
 
 
@@ -90,11 +83,8 @@ def polar(latent: Tensor) -> Tensor:
 
 
 def sinkhorn(z: Tensor, iters: int, temperature: float = 1.0) -> Tensor:
-    """Doubly stochastic matrix from exp(z / temperature): rows, then columns, normalised `iters` times.
-
-    Runs in the log domain so that entries far below the maximum neither underflow nor give NaN
-    gradients. Columns sum to 1 exactly after the last step, rows to within the iteration's tolerance.
-    """
+    """Doubly stochastic matrix from exp(z / temperature): rows, then columns, normalised `iters` times,
+    in the log domain (no underflow or NaN gradients)."""
     log_p = z / temperature
     for _ in range(iters):
         log_p = log_p - log_p.logsumexp(-1, keepdim=True)
@@ -103,11 +93,8 @@ def sinkhorn(z: Tensor, iters: int, temperature: float = 1.0) -> Tensor:
 
 
 def sinkhorn_latent(p: Tensor, noise: float, temperature: float = 1.0, generator=None) -> Tensor:
-    """Z with exp(Z / tau) = P + noise: a permutation (or any non-negative matrix) perturbed.
-
-    The noise follows Appendix D: |N(0, 1)| scaled by the Xavier standard deviation sqrt(2 / (n + m))
-    and by `noise`, plus a floor that keeps the logarithm finite.
-    """
+    """Z with exp(Z / tau) = P + noise, the noise |N(0, 1)| sqrt(2 / (n + m)) `noise` (Appendix D) plus a
+    floor that keeps the logarithm finite."""
     n, m = p.shape
     eps = torch.randn(p.shape, generator=generator, dtype=torch.float64).abs()
     target = p.double() + noise * math.sqrt(2.0 / (n + m)) * eps + 1e-12

@@ -1,21 +1,12 @@
 """Closed-form rotation-scaling of rotary query/key pairs (the qk group of Llama-style models).
 
-Under rotary positions a key/value group's query/key space admits, per frequency pair (i, i + d/2),
-only multiplication by a complex number w = s e^{i phi} (glmc.symmetry.groups.RotaryScale): queries
-get w, keys 1/conj(w). Writing a pair's rows as complex vectors z = x_i + i x_{i+d/2}, matching B to A
-minimises per pair
-
-    sum |zA - w zB|^2 + sum |uA - uB / conj(w)|^2        (z: query rows, u: key rows)
+Per frequency pair (i, i + d/2) the only symmetry is a complex w = s e^{i phi} (RotaryScale): queries get
+w, keys 1/conj(w). With z = x_i + i x_{i+d/2} for query rows and u for key rows, per pair
+    sum |zA - w zB|^2 + sum |uA - uB / conj(w)|^2
     = s^2 P - 2 s Re(e^{-i phi} cz) + Q / s^2 - 2 Re(e^{-i phi} cu) / s + const,
-
-with cz = sum zA conj(zB), cu = sum uA conj(uB), P = sum |zB|^2, Q = sum |uB|^2. For a fixed s the
-best phi is arg(s cz + cu / s), a one-dimensional Procrustes problem (paper 002's rotation, per
-pair); for a fixed phi, s solves paper 002's quartic (glmc.matching.scales). Starting from s = 1
-and alternating never increases the objective.
-
-Under partial rotary (GPT-NeoX) the dims after the first r pass through unrotated and admit any
-invertible map M with M^-T on the keys; matching restricts it to orthogonal maps, where M^-T = M and the
-best M is the polar factor of sum xA xB^T + sum yA yB^T (orthogonal Procrustes).
+with cz = sum zA conj(zB), cu = sum uA conj(uB), P = sum |zB|^2, Q = sum |uB|^2. For fixed s the best phi
+is arg(s cz + cu / s); for fixed phi, s solves paper 002's quartic; alternating from s = 1 never increases
+the objective. Partial rotary's pass-through dims get the orthogonal Procrustes map (M^-T = M).
 """
 
 from __future__ import annotations

@@ -1,27 +1,17 @@
 """SymmetrySpec: the named spaces of a canonical model that carry a group, and where each acts.
 
 Derived from the roles its family gives each tensor (glmc.models.families), never listed by hand:
-  residual   the stream (size D)                   orthogonal (incl. rectangular m >= n), permutation;
-                                                   permutation only for post-norm families (BERT)
-  heads.{l}  the heads of layer l (size H)         permutation, semi_permutation
-             (grouped-query attention: the key/value groups, each with its query heads)
-  qheads.{l} per group, its query heads (size G)   permutation                    (grouped-query only)
-  qk.{l}     per head, the query/key space (dh)    invertible, orthogonal_scale   (factored form only);
-                                                   rotary_scale under rotary positions (with an
-                                                   invertible block on the dims partial rotary leaves)
-  vo.{l}     per head, the value space (dv)        invertible, orthogonal_scale   (factored form only)
-  mlp.{l}    the MLP neurons of layer l (size F)   permutation; semi_permutation for ReLU-like activations
-                                                   (plain MLPs)
-  mlp_scale.{l} a gated MLP's linear branch (F)    diagonal
-  head_hidden the hidden state of a task head's     permutation
-             own layer (BERT's masked-LM transform or pooler; size D)
-In circuit form the qk and vo symmetries are absorbed by the representation (QK and OV are
-invariant under them), so those spaces are not listed; `absorbed` names them.
-
-Each space lists the (parameter, axis, side) triples it acts on, like git-re-basin's
-PermutationSpec: side "out" where the parameter writes into the space (it gets g), "in" where it
-reads from it (it gets g's inverse transpose). Spaces are ordered so that applying them in order is
-well defined: heads.{l} comes before qk.{l} and vo.{l}, which are indexed by the new heads.
+  residual      the stream (D)                  orthogonal (incl. rectangular), permutation (post-norm: only this)
+  heads.{l}     heads, or key/value groups (H)  permutation, semi_permutation
+  qheads.{l}    per group, its query heads (G)  permutation (grouped-query only)
+  qk.{l}, vo.{l} per head, query/key and value  invertible, orthogonal_scale (factored form only; rotary qk:
+                spaces                          rotary_scale, with an invertible block on unrotated dims)
+  mlp.{l}       MLP units (F)                   permutation; semi_permutation for plain ReLU-like MLPs
+  mlp_scale.{l} a gated MLP's linear branch     diagonal
+  head_hidden   a task head's own hidden state  permutation
+In circuit form qk and vo are absorbed by the representation (`absorbed` names them). Each space lists
+the (parameter, axis, side) triples it acts on: "out" where the parameter writes into it (it gets g),
+"in" where it reads (g's inverse transpose). heads.{l} precedes qk.{l} and vo.{l}, indexed by new heads.
 """
 
 from __future__ import annotations
@@ -78,8 +68,7 @@ class SymmetrySpec:
         roles += [(r, None) for r in family.heads(config)]
         for role, layer in roles:
             for acts in role.acts:
-                # the residual stream and the head's hidden state are one space for the whole model; the
-                # others are per layer
+                # the stream and the head's hidden state are one space for the whole model, others per layer
                 name = acts.space if acts.space in ("residual", HEAD_HIDDEN) else f"{acts.space}.{layer}"
                 kinds[name] = (acts.space, layer if name != acts.space else None)
                 axes[name].append(Axis(role.at(layer), acts.axis, acts.side, acts.head_axis, acts.extra))
@@ -124,8 +113,7 @@ def _space(config, family, name, kind, layer, axes, params) -> Space:
     if kind == "qheads":
         return Space(name, kind, layer, size, ("permutation",), axes, heads=heads)
     if kind == "qk" and config.rope_theta is not None:
-        # only maps commuting with every position's rotation (glmc.models.rotary); any invertible map of
-        # the dims that do not rotate
+        # only maps commuting with every position's rotation; any invertible map of the unrotated dims
         rotary = size if config.rotary_dims is None else config.rotary_dims
         return Space(name, kind, layer, size, ("rotary_scale",), axes, heads=heads, rotary_dims=rotary)
     if kind in HEAD_PAIRS:
