@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from glmc.models.canonical import CanonicalTransformer
+from glmc.models.canonical import CanonicalTransformer, canonical_activation
 from glmc.models.families.base import layer_sizes, residual_axis
 from glmc.models.families.registry import family_named, family_of_hf
 
@@ -69,6 +69,17 @@ def check_model(model: CanonicalTransformer, family: str) -> dict[str, Tensor]:
     if family_named(family).norm == "pre" and family_named(family).mean_zero_stream:
         _check_mean_zero(model)
     return {k: v.detach() for k, v in model.params().items()}
+
+
+def check_template(model: CanonicalTransformer, activation: str, width_key: str, width: int, heads=None) -> None:
+    """ValueError where the template's activation, width (its config key `width_key`) or, given `heads`
+    (layers, heads, head dim), its heads are not the model's."""
+    if canonical_activation(activation) != model.config.activation:
+        raise ValueError(f"the template's activation {activation!r} is not the model's {model.config.activation!r}")
+    if model.width != width:
+        raise ValueError(f"model width {model.width} but the template's {width_key} is {width}")
+    if heads is not None:
+        check_heads(model, *heads)
 
 
 def check_heads(model: CanonicalTransformer, layers: int, heads: int, head_dim: int) -> None:

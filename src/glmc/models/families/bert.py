@@ -22,14 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
 
-from glmc.models.canonical import (
-    ACTIVATIONS,
-    CanonicalConfig,
-    CanonicalTransformer,
-    canonical_activation,
-    layer_norm,
-)
-from glmc.models.export import check_heads, check_model, fresh, set_param
+from glmc.models.canonical import ACTIVATIONS, CanonicalConfig, CanonicalTransformer, layer_norm
+from glmc.models.export import check_model, check_template, fresh, set_param
 from glmc.models.families.base import Family, encoder_sizes
 from glmc.models.families.fold import common_eps
 from glmc.models.families.roles import HEAD_HIDDEN, Acts, Role
@@ -190,15 +184,9 @@ class BertFamily(Family):
         cfg, head = template.config, self.head_of(template)
         if head != ("mlm" if model.config.pooling == "none" else "classification"):
             raise ValueError(f"a {model.task} model cannot be written into a {type(template).__name__} template")
-        if canonical_activation(cfg.hidden_act) != model.config.activation:
-            raise ValueError(
-                f"the template's activation {cfg.hidden_act!r} is not the model's {model.config.activation!r}"
-            )
-        if model.width != cfg.hidden_size:
-            raise ValueError(f"model width {model.width} but the template's hidden_size is {cfg.hidden_size}")
         H = cfg.num_attention_heads
         dh = model.width // H
-        check_heads(model, cfg.num_hidden_layers, H, dh)
+        check_template(model, cfg.hidden_act, "hidden_size", cfg.hidden_size, (cfg.num_hidden_layers, H, dh))
         # head.w differs from the token embedding after any merge: the masked-LM decoder must not be tied
         hf = fresh(template, layer_norm_eps=model.config.norm_eps, tie_word_embeddings=False)
         base = self.base(hf)

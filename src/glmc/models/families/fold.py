@@ -4,7 +4,7 @@ Centre every residual writer (so the stream has zero mean and LayerNorm's mean s
 no-op), then LN(x) = gamma * rms(x) + beta, and gamma, beta fold into the readers after the norm.
 """
 
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def center(t: Tensor, axis: int) -> Tensor:
@@ -16,6 +16,28 @@ def fold_norm(w: Tensor, b: Tensor | None, gamma: Tensor, beta: Tensor) -> tuple
     """Reader (out, D) after a LayerNorm: W (gamma * r + beta) + b = (W diag(gamma)) r + (b + W beta)."""
     bias = w @ beta if b is None else b + w @ beta
     return w * gamma, bias
+
+
+def weights64(module: nn.Module) -> tuple[Tensor, Tensor]:
+    """(weight, bias) of a Linear or LayerNorm, detached, in float64."""
+    return module.weight.detach().double(), module.bias.detach().double()
+
+
+def fold_block(pre: str, heads: int, norm1, qkv, o, norm2, mlp_in, mlp_out) -> dict[str, Tensor]:
+    """One pre-LN block's canonical tensors from float64 (weight, bias) pairs in nn.Linear layout: norm1's
+    (gamma, beta) folded into q, k, v ((weight, bias, attention scale) each), norm2's into mlp_in; the
+    writers o and mlp_out centred."""
+    p = {}
+    for name, (w, b, scale) in zip("qkv", qkv):
+        w, b = fold_norm(w, b, *norm1)
+        p[pre + name + "_w"] = (scale * w).reshape(heads, -1, w.shape[1])
+        p[pre + name + "_b"] = (scale * b).reshape(heads, -1)
+    p[pre + "o_w"] = center(o[0], 0).reshape(o[0].shape[0], heads, -1).permute(1, 0, 2)
+    p[pre + "o_b"] = center(o[1], 0)
+    p[pre + "in_w"], p[pre + "in_b"] = fold_norm(*mlp_in, *norm2)
+    p[pre + "out_w"] = center(mlp_out[0], 0)
+    p[pre + "out_b"] = center(mlp_out[1], 0)
+    return p
 
 
 def common_eps(norms) -> float:

@@ -12,10 +12,10 @@ import torch
 from torch import Tensor
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonical_activation
-from glmc.models.export import check_heads, check_model, fresh, head_bias_offset, identity_norm, set_param
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
+from glmc.models.export import check_model, check_template, fresh, head_bias_offset, identity_norm, set_param
 from glmc.models.families.base import Family
-from glmc.models.families.fold import center, common_eps, fold_norm
+from glmc.models.families.fold import center, common_eps, fold_block, fold_norm, weights64
 from glmc.models.families.roles import Acts, Role
 
 
@@ -30,25 +30,16 @@ def gpt2_to_canonical(model: GPT2LMHeadModel) -> CanonicalTransformer:
 
     # the token embedding is centred as a writer; the (tied) unembedding is folded separately below
     p = {"embed.tokens": center(g(tr.wte.weight), 1), "embed.pos": center(g(tr.wpe.weight), 1)}
+    conv = lambda m: (g(m.weight).T, g(m.bias))  # noqa: E731  Conv1D weights are (in, out)
     for i, block in enumerate(tr.h):
-        attn, pre = block.attn, f"blocks.{i}."
-        H, dh = attn.num_heads, attn.head_dim
-        # Conv1D weights are (in, out); c_attn packs Q, K, V along its output axis
-        w_qkv, b_qkv = g(attn.c_attn.weight).T, g(attn.c_attn.bias)
-        gamma, beta = g(block.ln_1.weight), g(block.ln_1.bias)
-        for j, (name, scale) in enumerate((("q", attn.scaling), ("k", 1.0), ("v", 1.0))):
-            rows = slice(j * D, (j + 1) * D)
-            w, b = fold_norm(w_qkv[rows], b_qkv[rows], gamma, beta)
-            p[pre + name + "_w"] = (scale * w).reshape(H, dh, D)
-            p[pre + name + "_b"] = (scale * b).reshape(H, dh)
-        p[pre + "o_w"] = center(g(attn.c_proj.weight).T, 0).reshape(D, H, dh).permute(1, 0, 2)
-        p[pre + "o_b"] = center(g(attn.c_proj.bias), 0)
-        gamma, beta = g(block.ln_2.weight), g(block.ln_2.bias)
-        p[pre + "in_w"], p[pre + "in_b"] = fold_norm(g(block.mlp.c_fc.weight).T, g(block.mlp.c_fc.bias), gamma, beta)
-        p[pre + "out_w"] = center(g(block.mlp.c_proj.weight).T, 0)
-        p[pre + "out_b"] = center(g(block.mlp.c_proj.bias), 0)
+        attn = block.attn
+        w, b = conv(attn.c_attn)  # c_attn packs Q, K, V along its output axis
+        qkv = [(w[j * D : (j + 1) * D], b[j * D : (j + 1) * D], s) for j, s in enumerate((attn.scaling, 1.0, 1.0))]
+        norms = weights64(block.ln_1), weights64(block.ln_2)
+        mlp = conv(block.mlp.c_fc), conv(block.mlp.c_proj)
+        p |= fold_block(f"blocks.{i}.", attn.num_heads, norms[0], qkv, conv(attn.c_proj), norms[1], *mlp)
     head_b = None if model.lm_head.bias is None else g(model.lm_head.bias)
-    p["head.w"], p["head.b"] = fold_norm(g(model.lm_head.weight), head_b, g(tr.ln_f.weight), g(tr.ln_f.bias))
+    p["head.w"], p["head.b"] = fold_norm(g(model.lm_head.weight), head_b, *weights64(tr.ln_f))
 
     config = CanonicalConfig(
         family="gpt2",
@@ -65,13 +56,9 @@ def gpt2_from_canonical(model: CanonicalTransformer, template: GPT2LMHeadModel) 
     params = check_model(model, "gpt2")
     p = lambda n: params[n].double()  # noqa: E731
     cfg = template.config
-    if canonical_activation(cfg.activation_function) != model.config.activation:
-        raise ValueError(
-            f"the template's activation {cfg.activation_function!r} is not the model's {model.config.activation!r}"
-        )
-    if model.width != cfg.n_embd:
-        raise ValueError(f"model width {model.width} but the template's n_embd is {cfg.n_embd}")
-    check_heads(model, cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head)
+    check_template(
+        model, cfg.activation_function, "n_embd", cfg.n_embd, (cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head)
+    )
     beta = head_bias_offset(p("head.w"), p("head.b"))
     # head.w differs from the token embedding (folding, merging): the head must not be tied
     hf = fresh(template, layer_norm_epsilon=model.config.norm_eps, tie_word_embeddings=False)
@@ -139,11 +126,8 @@ class GPT2Family(Family):
         )
         return GPT2LMHeadModel(config)
 
-    def to_canonical(self, hf_model) -> CanonicalTransformer:
-        return gpt2_to_canonical(hf_model)
-
-    def to_hf(self, model, template) -> GPT2LMHeadModel:
-        return gpt2_from_canonical(model, template)
+    to_canonical = staticmethod(gpt2_to_canonical)
+    to_hf = staticmethod(gpt2_from_canonical)
 
     def embed(self, config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
         x = p["embed.tokens"][inputs]

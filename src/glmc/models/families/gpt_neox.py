@@ -28,8 +28,8 @@ import torch
 from torch import Tensor, nn
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonical_activation
-from glmc.models.export import check_heads, check_model, fresh, head_bias_offset, identity_norm, set_param
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
+from glmc.models.export import check_model, check_template, fresh, head_bias_offset, identity_norm, set_param
 from glmc.models.families.base import Family, layer_sizes
 from glmc.models.families.fold import center, common_eps, fold_norm
 from glmc.models.families.llama import rope_scaling, rope_theta
@@ -153,12 +153,8 @@ def _set_linear(linear: nn.Linear, weight: Tensor, bias: Tensor, name: str) -> N
 def _check_template(model: CanonicalTransformer, cfg: Any) -> None:
     """ValueError naming the first setting in which the template cannot hold the model."""
     c = model.config
-    if canonical_activation(cfg.hidden_act) != c.activation:
-        raise ValueError(f"the template's activation {cfg.hidden_act!r} is not the model's {c.activation!r}")
-    if model.width != cfg.hidden_size:
-        raise ValueError(f"model width {model.width} but the template's hidden_size is {cfg.hidden_size}")
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    check_heads(model, cfg.num_hidden_layers, cfg.num_attention_heads, head_dim)
+    heads = (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads)
+    check_template(model, cfg.hidden_act, "hidden_size", cfg.hidden_size, heads)
     sizes = layer_sizes(FAMILY.layout(c), model.params(), model.num_layers)
     if set(sizes["qheads"]) != {1}:
         raise ValueError(f"query heads per key/value head {sizes['qheads']}: a GPT-NeoX head has its own keys")
@@ -253,11 +249,8 @@ class GPTNeoXFamily(Family):
         )
         return GPTNeoXForCausalLM(config)
 
-    def to_canonical(self, hf_model) -> CanonicalTransformer:
-        return gpt_neox_to_canonical(hf_model)
-
-    def to_hf(self, model, template) -> GPTNeoXForCausalLM:
-        return gpt_neox_from_canonical(model, template)
+    to_canonical = staticmethod(gpt_neox_to_canonical)
+    to_hf = staticmethod(gpt_neox_from_canonical)
 
     def blocks(self, form: str) -> tuple[Role, ...]:
         if form != "factored":

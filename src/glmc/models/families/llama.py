@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonical_activation
-from glmc.models.export import check_model, fresh, set_linear, set_param
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
+from glmc.models.export import check_model, check_template, fresh, set_linear, set_param
 from glmc.models.families.base import Family, layer_sizes
 from glmc.models.families.roles import GATED_GROUPED, Acts, Role
 from glmc.models.rotary import SCALED_TYPES
@@ -189,10 +189,7 @@ def llama_from_canonical(
         raise ValueError(
             f"the template's sliding window (size, layers) {sliding_window(cfg)} is not the model's {window}"
         )
-    if canonical_activation(cfg.hidden_act) != model.config.activation:
-        raise ValueError(f"the template's activation {cfg.hidden_act!r} is not the model's {model.config.activation!r}")
-    if model.width != cfg.hidden_size:
-        raise ValueError(f"model width {model.width} but the template's hidden_size is {cfg.hidden_size}")
+    check_template(model, cfg.hidden_act, "hidden_size", cfg.hidden_size)
     if rope_theta(cfg) != model.config.rope_theta:
         raise ValueError(f"the template's rotary base {rope_theta(cfg)} is not the model's {model.config.rope_theta}")
     if rope_scaling(cfg) != model.config.rope_scaling:

@@ -21,9 +21,9 @@ import torch
 from torch import Tensor, nn
 from transformers import OPTConfig, OPTForCausalLM
 
-from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonical_activation
-from glmc.models.export import check_heads, check_model, fresh, head_bias_offset, identity_norm, set_linear, set_param
-from glmc.models.families.fold import center, common_eps, fold_norm
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
+from glmc.models.export import check_heads, check_model, check_template, fresh, head_bias_offset, set_linear, set_param
+from glmc.models.families.fold import center, common_eps, fold_block, fold_norm
 from glmc.models.families.gpt2 import GPT2Family
 
 # OPTLearnedPositionalEmbedding's offset: position t reads row t + 2
@@ -71,20 +71,13 @@ def opt_to_canonical(model: OPTForCausalLM) -> CanonicalTransformer:
         "embed.tokens": center(g(dec.embed_tokens.weight), 1),
         "embed.pos": center(g(dec.embed_positions.weight)[POSITION_OFFSET:], 1),
     }
+    linear = lambda m: (g(m.weight), _bias(m, g))  # noqa: E731
     for i, layer in enumerate(dec.layers):
-        attn, pre = layer.self_attn, f"blocks.{i}."
-        H, dh = attn.num_heads, attn.head_dim
-        gamma, beta = _affine(layer.self_attn_layer_norm, D, g)
-        for name, lin, scale in (("q", attn.q_proj, attn.scaling), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
-            w, b = fold_norm(g(lin.weight), _bias(lin, g), gamma, beta)
-            p[pre + name + "_w"] = (scale * w).reshape(H, dh, D)
-            p[pre + name + "_b"] = (scale * b).reshape(H, dh)
-        p[pre + "o_w"] = center(g(attn.out_proj.weight), 0).reshape(D, H, dh).permute(1, 0, 2)
-        p[pre + "o_b"] = center(_bias(attn.out_proj, g), 0)
-        gamma, beta = _affine(layer.final_layer_norm, D, g)
-        p[pre + "in_w"], p[pre + "in_b"] = fold_norm(g(layer.fc1.weight), _bias(layer.fc1, g), gamma, beta)
-        p[pre + "out_w"] = center(g(layer.fc2.weight), 0)
-        p[pre + "out_b"] = center(_bias(layer.fc2, g), 0)
+        attn = layer.self_attn
+        qkv = [(*linear(lin), s) for lin, s in ((attn.q_proj, attn.scaling), (attn.k_proj, 1.0), (attn.v_proj, 1.0))]
+        norms = _affine(layer.self_attn_layer_norm, D, g), _affine(layer.final_layer_norm, D, g)
+        o, mlp = linear(attn.out_proj), (linear(layer.fc1), linear(layer.fc2))
+        p |= fold_block(f"blocks.{i}.", attn.num_heads, norms[0], qkv, o, norms[1], *mlp)
     p["head.w"], p["head.b"] = fold_norm(g(model.lm_head.weight), None, *_affine(dec.final_layer_norm, D, g))
 
     norms = [dec.final_layer_norm] + [
@@ -104,12 +97,7 @@ def opt_to_canonical(model: OPTForCausalLM) -> CanonicalTransformer:
 def _check_template(model: CanonicalTransformer, template: OPTForCausalLM) -> None:
     cfg = template.config
     check_supported(cfg)
-    if canonical_activation(cfg.activation_function) != model.config.activation:
-        raise ValueError(
-            f"the template's activation {cfg.activation_function!r} is not the model's {model.config.activation!r}"
-        )
-    if model.width != cfg.hidden_size:
-        raise ValueError(f"model width {model.width} but the template's hidden_size is {cfg.hidden_size}")
+    check_template(model, cfg.activation_function, "hidden_size", cfg.hidden_size)
     if model.config.norm_eps != LAYER_NORM_EPS:
         raise ValueError(
             f"the model's norm epsilon is {model.config.norm_eps}, but an OPT LayerNorm's is {LAYER_NORM_EPS} "
@@ -121,9 +109,8 @@ def _check_template(model: CanonicalTransformer, template: OPTForCausalLM) -> No
 def _identity(norm: nn.LayerNorm, offset: Tensor | None = None) -> None:
     """Gain 1 and this offset (0 by default); a LayerNorm without an affine map takes a zero offset only."""
     if norm.weight is not None:
-        identity_norm(norm)
-        if offset is not None:
-            norm.bias.copy_(offset.to(norm.bias.dtype))
+        norm.weight.fill_(1.0)
+        norm.bias.copy_(torch.zeros_like(norm.bias) if offset is None else offset.to(norm.bias.dtype))
     elif offset is not None and offset.abs().max() > 1e-6:
         raise ValueError(
             "head.b needs the final LayerNorm's offset, but the template has layer_norm_elementwise_affine=False"
@@ -193,11 +180,8 @@ class OPTFamily(GPT2Family):
         )
         return OPTForCausalLM(config)
 
-    def to_canonical(self, hf_model) -> CanonicalTransformer:
-        return opt_to_canonical(hf_model)
-
-    def to_hf(self, model, template) -> OPTForCausalLM:
-        return opt_from_canonical(model, template)
+    to_canonical = staticmethod(opt_to_canonical)
+    to_hf = staticmethod(opt_from_canonical)
 
     def hf_input_limits(self, hf_config) -> dict[str, Any]:
         return {"positions": hf_config.max_position_embeddings, "vocab": hf_config.vocab_size}

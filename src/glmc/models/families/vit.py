@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import ViTConfig, ViTForImageClassification
 
-from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, canonical_activation
-from glmc.models.export import check_heads, check_model, fresh, identity_norm, set_param
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
+from glmc.models.export import check_model, check_template, fresh, identity_norm, set_param
 from glmc.models.families.base import Family, encoder_sizes
-from glmc.models.families.fold import center, common_eps, fold_norm
+from glmc.models.families.fold import center, common_eps, fold_block, fold_norm, weights64
 from glmc.models.families.roles import Acts, Role
 from glmc.settings.ranges import finite_number
 
@@ -40,24 +40,14 @@ def vit_to_canonical(model: ViTForImageClassification) -> CanonicalTransformer:
         "embed.pos": center(g(vit.embeddings.position_embeddings)[0], 1),
     }
     for i, layer in enumerate(vit.layers):
-        attn, pre = layer.attention, f"blocks.{i}."
-        H, dh = attn.num_attention_heads, attn.head_dim
-        gamma, beta = g(layer.layernorm_before.weight), g(layer.layernorm_before.bias)
-        for name, lin, scale in (("q", attn.q_proj, attn.scaling), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
-            bias = None if lin.bias is None else g(lin.bias)
-            w, b = fold_norm(g(lin.weight), bias, gamma, beta)
-            p[pre + name + "_w"] = (scale * w).reshape(H, dh, D)
-            p[pre + name + "_b"] = (scale * b).reshape(H, dh)
-        # o_proj weight (D, H*dh): column block h belongs to head h
-        p[pre + "o_w"] = center(g(attn.o_proj.weight), 0).reshape(D, H, dh).permute(1, 0, 2)
-        p[pre + "o_b"] = center(g(attn.o_proj.bias), 0)
-        gamma, beta = g(layer.layernorm_after.weight), g(layer.layernorm_after.bias)
-        p[pre + "in_w"], p[pre + "in_b"] = fold_norm(g(layer.mlp.fc1.weight), g(layer.mlp.fc1.bias), gamma, beta)
-        p[pre + "out_w"] = center(g(layer.mlp.fc2.weight), 0)
-        p[pre + "out_b"] = center(g(layer.mlp.fc2.bias), 0)
+        attn = layer.attention
+        lins = ((attn.q_proj, attn.scaling), (attn.k_proj, 1.0), (attn.v_proj, 1.0))
+        qkv = [(g(lin.weight), None if lin.bias is None else g(lin.bias), s) for lin, s in lins]
+        norms = weights64(layer.layernorm_before), weights64(layer.layernorm_after)
+        o, mlp = weights64(attn.o_proj), (weights64(layer.mlp.fc1), weights64(layer.mlp.fc2))
+        p |= fold_block(f"blocks.{i}.", attn.num_attention_heads, norms[0], qkv, o, norms[1], *mlp)
     final = vit.layernorm
-    head = model.classifier
-    p["head.w"], p["head.b"] = fold_norm(g(head.weight), g(head.bias), g(final.weight), g(final.bias))
+    p["head.w"], p["head.b"] = fold_norm(*weights64(model.classifier), *weights64(final))
 
     norms = [final] + [n for layer in vit.layers for n in (layer.layernorm_before, layer.layernorm_after)]
     config = CanonicalConfig(
@@ -77,11 +67,8 @@ def vit_from_canonical(model: CanonicalTransformer, template: ViTForImageClassif
     params = check_model(model, "vit")
     p = lambda n: params[n].double()  # noqa: E731
     cfg = template.config
-    if canonical_activation(cfg.hidden_act) != model.config.activation:
-        raise ValueError(f"the template's activation {cfg.hidden_act!r} is not the model's {model.config.activation!r}")
-    if model.width != cfg.hidden_size:
-        raise ValueError(f"model width {model.width} but the template's hidden_size is {cfg.hidden_size}")
-    check_heads(model, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads)
+    heads = (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads)
+    check_template(model, cfg.hidden_act, "hidden_size", cfg.hidden_size, heads)
     hf = fresh(template, layer_norm_eps=model.config.norm_eps, qkv_bias=True)  # canonical q/k/v always have biases
     vit, D = hf.vit, model.width
     emb = vit.embeddings
@@ -156,11 +143,8 @@ class ViTFamily(Family):
         )
         return ViTForImageClassification(config)
 
-    def to_canonical(self, hf_model) -> CanonicalTransformer:
-        return vit_to_canonical(hf_model)
-
-    def to_hf(self, model, template) -> ViTForImageClassification:
-        return vit_from_canonical(model, template)
+    to_canonical = staticmethod(vit_to_canonical)
+    to_hf = staticmethod(vit_from_canonical)
 
     def embed(self, config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
         x = F.conv2d(inputs, p["embed.patch_w"], p["embed.patch_b"], stride=config.patch_size)
