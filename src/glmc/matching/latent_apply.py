@@ -1,12 +1,7 @@
 """T(theta_B) from learned matching's latents in few kernels, with the same values and gradients as
-apply_dense on their straight-through matrices.
-
-Model B's tensors are constants of the training, so the residual map's work is one product per step:
-every tensor the residual space acts on is laid out once as rows of a single (R, D) matrix X, and
-X M^T gives them all (its backward one more product, for M). Hard permutations (straight-through
-latents) move rows by index instead of multiplying by a 0/1 matrix; their backward still gives the
-latent dL/dP = sum over the other axes of G[i] t[j], the straight-through gradient, which is what
-the dense product computed. Soft (Sinkhorn) matrices are contracted densely as before.
+apply_dense on their straight-through matrices: B's residual-side tensors are stacked once as rows of one
+matrix, so the residual map is one product per step; hard permutations move rows by index, their backward
+still giving the straight-through gradient; soft (Sinkhorn) matrices are contracted densely.
 """
 
 from __future__ import annotations
@@ -62,11 +57,9 @@ class _Rows:
 
 
 class LatentApplier:
-    """apply_dense(matrices, spec, params) for B's fixed params, spaces without per-head elements.
-
-    __call__ takes per space either a dense matrix (orthogonal, Sinkhorn: contracted) or a pair
-    (latent, hard index) for straight-through permutations (moved by index). stack_residual: lay out
-    the residual map's rows once for a dense residual matrix (False for a permuted residual)."""
+    """apply_dense(matrices, spec, params) for B's fixed params, spaces without per-head elements: per
+    space a dense matrix, or (latent, hard index) for straight-through permutations. stack_residual: lay
+    out the residual rows once for a dense residual matrix."""
 
     def __init__(self, spec: SymmetrySpec, params: dict[str, Tensor], spaces: list[str], stack_residual: bool = True):
         self.spec, self.spaces = spec, [s.name for s in spec if s.name in spaces]
@@ -105,8 +98,7 @@ class LatentApplier:
             space = self.spec.spaces[name]
             if name == "residual" and self.stacked is not None and not isinstance(g, tuple):
                 y = self.stacked @ g.to(self.stacked.dtype).T
-                # one split: its backward joins the pieces' gradients, where a slice per tensor would
-                # each fill a zero matrix of y's size
+                # one split: its backward joins the pieces (a slice each would fill a zero matrix each)
                 pieces = y.split([r.stop - r.start for r in self.rows])
                 for r, piece in zip(self.rows, pieces):
                     t = piece.reshape(r.moved_shape)

@@ -1,20 +1,9 @@
 """learned_dual: learned matching that trains a transform of each endpoint (beyond papers 001-003).
 
-Learned matching (glmc.matching.learned) trains one group element T and walks from theta_A to
-T(theta_B). Here A gets latents of its own, T_A, learned beside B's T_B in the same LightningModule
-(LearnedMatchingModule with `reference_init`): every step projects both, and the path runs from
-T_A(theta_A) to T_B(theta_B). Both are hard group elements (polar factor, straight-through
-permutations), each applied to its own endpoint, so each aligned endpoint computes its model's
-function exactly and the path ends at A's and B's losses.
-
-A's latents start at the identity and B's where learned matching's do (weight matching's solution).
-Both transforms act linearly on the parameters and keep the function of every parameter vector,
-the interpolated ones included, so the path from T_A(A) to T_B(B) has the losses of the path from A
-to T_A^-1 T_B(B): learned_dual reaches the same paths as learned matching. What differs is the
-optimisation: two latents move the relative map, each by its own optimiser step, and its straight-
-through and polar gradients split between them.
-
-Sinkhorn latents are not offered: a soft T_A would change A's function.
+A gets latents of its own, T_A (started at the identity), learned beside B's T_B in the same module
+(LearnedMatchingModule's `reference_init`); the path runs from T_A(theta_A) to T_B(theta_B), both hard
+elements, so each end keeps its model's function. It reaches the same paths as learned matching (those
+from A to T_A^-1 T_B(B)); only the optimisation differs. No Sinkhorn: a soft T_A would change A's function.
 """
 
 from __future__ import annotations

@@ -73,12 +73,8 @@ def _act(g: Element, t: Tensor, ax: Axis, space: Space) -> Tensor:
 def apply_params(
     transform: Transform, spec: SymmetrySpec, params: dict[str, Tensor], strict: bool = True
 ) -> dict[str, Tensor]:
-    """Functional apply on canonical params (differentiable; new tensors, inputs untouched).
-
-    Spaces act in spec order, so a widening of heads.{l} comes before qk.{l} and vo.{l}, whose
-    elements are indexed by the new heads. strict: each element's class must be one the spec
-    lists for its space (strict=False lets tests show that other classes break the function).
-    """
+    """Functional apply on canonical params (differentiable; new tensors, inputs untouched), spaces in spec
+    order. strict: each element's class must be one the spec lists (False: tests of other classes)."""
     unknown = set(transform) - set(spec.spaces)
     if unknown:
         hint = " (absorbed in circuit form)" if unknown & set(spec.absorbed) else ""
@@ -104,11 +100,8 @@ def apply_params(
 
 @torch.no_grad()
 def apply(transform: Transform, model: CanonicalTransformer, strict: bool = True) -> CanonicalTransformer:
-    """A new model computing the same function (for valid transforms); the input is not modified.
-
-    Runs in float64 and casts back, so the result matches the input to the precision of its dtype.
-    The RMS reference width (config.norm_dim) is kept, which keeps rectangular residual maps exact.
-    """
+    """A new model computing the same function (for valid transforms), in float64 cast back; the input
+    is not modified. config.norm_dim is kept, which keeps rectangular residual maps exact."""
     spec = SymmetrySpec.from_model(model)
     original = model.params()
     new = apply_params(transform, spec, {k: v.double() for k, v in original.items()}, strict)
@@ -117,15 +110,8 @@ def apply(transform: Transform, model: CanonicalTransformer, strict: bool = True
 
 
 def apply_dense(matrices: dict[str, Tensor], spec: SymmetrySpec, params: dict[str, Tensor]) -> dict[str, Tensor]:
-    """apply_params for elements given as dense (m, n) matrices M, differentiable in M.
-
-    Writers get M and readers get M too, which is M's inverse transpose exactly when M has
-    orthonormal columns (permutation and orthogonal matrices): so for hard elements this equals
-    apply_params with Permutation.dense() or Orthogonal.matrix. It exists for learned matching,
-    whose relaxed matrices (straight-through permutations, Sinkhorn's doubly stochastic ones) must
-    stay in the autograd graph, which gathering by index would cut. Per-head spaces (qk, vo) take
-    one matrix per head and are not supported here.
-    """
+    """apply_params for elements given as dense (m, n) matrices M, differentiable in M (learned matching's
+    relaxed matrices). Readers get M too, its inverse transpose for orthonormal columns. No per-head spaces."""
     unknown = set(matrices) - set(spec.spaces)
     if unknown:
         raise KeyError(f"matrices name spaces the model does not have: {sorted(unknown)}")

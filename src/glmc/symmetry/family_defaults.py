@@ -1,14 +1,8 @@
 """The symmetry set a model family admits when none is chosen: `residual=auto` becomes the widest class
-of the family's residual stream (its `residual_classes`, widest first): orthogonal for the pre-norm
-families, whose stream passes through a parameter-free RMS norm before every reader, permutation for
-the post-norm ones (BERT, RoBERTa), whose stream is a LayerNorm's output. An explicit class is kept, so
-one the family cannot take is still refused by the config check or by `apply`.
-
-A method's residual class follows `symmetry.residual` by interpolation unless the method has its own
-(weight_perm, learned_perm: permutation) or the command line sets one (`matcher.weight.residual=...`).
-Set against an explicit `symmetry.residual` such a setting is refused (results.json's `symmetry` would
-name a class the method did not use); under symmetry=auto it is allowed. Every run method whose class
-differs from the run's is recorded per method (results.json: symmetry.methods)."""
+of the family's residual stream (orthogonal for pre-norm families, permutation for post-norm ones). A
+method follows `symmetry.residual` unless it has its own class (weight_perm, learned_perm) or the command
+line sets one; against an explicit `symmetry.residual` such a setting is refused, under auto it is
+recorded per method (results.json: symmetry.methods)."""
 
 from __future__ import annotations
 
@@ -78,10 +72,9 @@ def check_residual_classes(cfg: Any) -> None:
 
 
 def resolve_run_symmetry(cfg: Any, family: Any) -> dict[str, Any]:
-    """Replace `auto` in a run config (symmetry.residual, and any method node set to auto itself) by the
-    family's widest class; returns what results.json records: {"residual", "source", "family"}, and
-    "methods" {name: class} for run methods whose residual class is another one. Nothing changes where
-    the family is not known. First `check_residual_classes`."""
+    """After `check_residual_classes`, replace `auto` in a run config by the family's widest class (nothing
+    where the family is unknown); returns results.json's record: residual, source, family and "methods"
+    {name: class} for run methods with another class."""
     from omegaconf import OmegaConf
 
     check_residual_classes(cfg)
