@@ -1,13 +1,10 @@
-"""Weight matching's share of a task head's hidden state (the HEAD_HIDDEN space: BERT's masked-LM
-transform or pooler, D units written by head.dense_w and read by head.w).
+"""Weight matching's share of a task head's hidden state (HEAD_HIDDEN: BERT's masked-LM transform or
+pooler, D units written by head.dense_w and read by head.w).
 
-The residual map acts only on the head's first map (head.dense_w's columns); the output map, the
-biases and the head's LayerNorm see the hidden permutation alone, so their cross-covariance between
-the units of A and of B is computed once. Per iteration the hidden units are assigned on the exact
-inner product of every tensor the space acts on, B's first map taken at the current residual map:
-given that map, the assignment minimises the head's share of the distance (a Hungarian step of block
-coordinate descent, so the objective cannot rise). Its other way round, the first map with B's rows
-in the current hidden order enters the residual map's cross-covariance like any other reader.
+The residual map acts only on the head's first map, so the other tensors' cross-covariance is computed
+once. Per iteration the hidden units are assigned on the exact inner product at the current residual
+map (a block coordinate descent step: the objective cannot rise), and the first map, rows in the
+current hidden order, enters the residual map's cross-covariance like any other reader.
 """
 
 from __future__ import annotations

@@ -58,11 +58,9 @@ def optimal_scales(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, rotations: Te
 
 
 def rotary_head_cost(pa: Params, pb: Params, layer: int, rotary_dims: int | None = None) -> Tensor:
-    """(H_A, H_B) factored distance between query heads of grouped rotary blocks, each with its group's
-    keys and values, left after the best in-head maps for that pair: per frequency pair the rotary
-    rotation-scaling on [W_q | b_q] against [W_k | b_k], and paper 002's rotation and rescaling on
-    [W_v | b_v] against the head's output columns. Computed from cross moments (float64). `rotary_dims`:
-    partial rotary, the dims after the first r compared after the best orthogonal map (passthrough_cost)."""
+    """(H_A, H_B) factored distance between query heads of grouped rotary blocks (with their groups' keys
+    and values) after the best in-head maps for each pair: rotary rotation-scalings on q/k, paper 002's
+    rotation and rescaling on v/o, the best orthogonal map on partial rotary's unrotated dims; float64."""
     pre = f"blocks.{layer}."
 
     def heads(p: Params) -> tuple[Tensor, ...]:

@@ -1,12 +1,9 @@
 """B's layer weights under a transform, computed one layer at a time as they are read.
 
-Weight matching compares A with B transformed several times per iteration (the residual map alone, then
-with the head and MLP assignments). Held whole, each of those is a copy of B's blocks: a 1B-parameter
-model's search held three or four at once. Every step reads the weights layer by layer, so a mapping
-that transforms a layer when one of its tensors is asked for, and keeps only the last layer, gives the
-same tensors (each is computed by the same operations in the same order as a whole-model apply) while
-holding a layer's copy or two. A layer read again after another is computed again: the price is a few more
-dense contractions per iteration, small beside the assignments of a model this size.
+Weight matching reads B transformed several times per iteration, layer by layer; held whole, each is a
+copy of B's blocks (three or four at once for a 1B-parameter model). Transforming a layer when one of
+its tensors is asked for, keeping only the last, gives the same tensors (the same operations in the
+same order) while holding a layer's copy or two; a layer read again is computed again.
 """
 
 from __future__ import annotations

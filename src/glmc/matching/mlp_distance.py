@@ -1,15 +1,12 @@
 """Weight matching's distance over the MLP matrices, kept from one iteration to the next.
 
-Late in a search the MLP permutations stay and only the residual map R moves, by parts in a million.
-Rotating B's MLP matrices again only to compare them with A's costs a product over every MLP weight
-per iteration; the distance is a quadratic in R instead. With Delta = R - R_ref, P the layer's
-permutation, readers W_in -> P W_in R^T and writers W_out -> R W_out P^T:
+Late in a search only the residual map R moves; rather than rotating B's MLP matrices again, the
+distance is expanded as a quadratic in Delta = R - R_ref (readers P W_in R^T, writers R W_out P^T):
 
     ||A - T(B)||^2 = d2_ref - 2 <K, Delta> + <Delta G, Delta>,   K = M - R_ref G,
 
-M = A_in^T P B_in + A_out P B_out^T (the cross-covariances the residual step computes anyway) and
-G = B_in^T B_in + B_out B_out^T (B's, fixed), d2_ref the distance computed directly at R_ref. The
-expansion is exact; its float32 error is that of K times |Delta|, negligible next to d2_ref.
+M = A_in^T P B_in + A_out P B_out^T (the residual step's cross-covariances), G = B_in^T B_in +
+B_out B_out^T, d2_ref the distance at R_ref. Exact; its float32 error is negligible next to d2_ref.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Universe matching (paper 001 §4.3): align N models to one shared reference.
 
-The anchor starts as the first model. Each round aligns every original model to the current anchor
-with a pairwise matcher, then replaces the anchor by the plain mean of the aligned models (factored
-parameters, so the mean is again a factored canonical model). The rounds stop when the anchor moves
-by less than `tol` relative to its norm, or after `max_rounds`. Every model is aligned from its
-original parameters in every round, so the transforms never compose.
+Each round aligns every original model to the anchor (first the first model) with a pairwise matcher,
+then makes the anchor the plain mean of the aligned models, until it moves by less than `tol` relative
+to its norm or after `max_rounds`; the transforms never compose.
 """
 
 from __future__ import annotations
@@ -25,10 +23,8 @@ from glmc.models.canonical import CanonicalTransformer
 
 @dataclass
 class UniverseAlignment:
-    """Models aligned to a common universe: `models[i]` is models[i] under `transforms[i]`.
-
-    `anchor` is the final mean of the aligned models; `circuits` the attention pairs the matcher
-    interpolates as circuits; `alignments` the pairwise results of the last round."""
+    """Models aligned to a common universe: `models[i]` is models[i] under `transforms[i]`; `anchor` the
+    final mean; `circuits` the pairs interpolated as circuits; `alignments` the last round's results."""
 
     models: list[torch.nn.Module]
     transforms: list[Any]
