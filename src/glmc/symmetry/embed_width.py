@@ -220,13 +220,10 @@ def embed_width(
 ) -> CanonicalTransformer:
     """A model of residual width `width` computing exactly what `model` computes.
 
-    heads, qheads, qk_dim, vo_dim, mlp: per-layer sizes (an int for every layer, a list per layer, None to
-    keep), each at least the model's; qheads only for grouped-query attention, qk_dim / vo_dim only in
-    factored form. residual_map: the (width, model.width) map with orthonormal columns (default
-    Haar-random from `generator`). norm_dim: the RMS reference width of the result (default `width`).
-    stream_scale: the factor on every residual writer (eps scaled by its square). rotary_dims,
-    rotary_freq_dim: a rotary model's layout in the result (CanonicalConfig's fields; defaults in
-    _rotary_target). Runs in float64 and casts back to each tensor's dtype."""
+    heads, qheads, qk_dim, vo_dim, mlp: per-layer sizes (an int, a list per layer, None to keep), each at
+    least the model's. residual_map: (width, model.width) with orthonormal columns (default Haar-random).
+    norm_dim: the result's RMS reference width (default `width`). stream_scale: the factor on every
+    writer. rotary_dims, rotary_freq_dim: the result's rotary layout. Runs in float64, cast back."""
     config, m = model.config, model.width
     norm_dim = _checked_stream(model, width, residual_map, stream_scale, norm_dim)
     target = _targets(model, heads, qheads, mlp, qk_dim, vo_dim)

@@ -1,9 +1,7 @@
 """Group elements, one small dataclass of tensors per symmetry class (paper 001 Table 1).
 
-Each element acts on a space of units. `forward()` is the matrix applied where a parameter writes
-into the space and `contra()` the one applied where a parameter reads from it (its inverse
-transpose), so that every read of a written vector is unchanged. Permutations and
-semi-permutations act by gathering instead of dense matrices.
+`forward()` is the matrix applied where a parameter writes into the element's space, `contra()` (its
+inverse transpose) where one reads from it; permutations and semi-permutations gather instead.
 """
 
 from __future__ import annotations
