@@ -1,11 +1,8 @@
 """The canonical Transformer: plain tensors and one functional forward, pre-norm or post-norm.
 
-Every supported model converts to this form. In pre-norm families (ViT, GPT-2) the stream is
-normalised by a parameter-free RMS norm before every reader, so orthogonal maps of the residual
-stream are exact symmetries. Post-norm families (BERT) keep each sublayer's LayerNorm, with its gain
-and offset (blocks.{l}.ln1_w, ln1_b after attention, ln2_w, ln2_b after the MLP), and the stream is
-its output: only permutations of it are symmetries. Parameter
-names (the state_dict keys) and shapes, with D width, H heads, dh/dv head dims, F MLP width:
+Pre-norm families normalise the stream with a parameter-free RMS norm before every reader (orthogonal
+residual maps are symmetries); post-norm families (BERT) keep each sublayer's LayerNorm (blocks.{l}.ln1_*,
+ln2_*), so only permutations are. Names and shapes (D width, H heads, dh/dv head dims, F MLP width):
 
   embed.*, head.*                                                    the family's (models/families/)
   blocks.{l}.q_w, k_w (H, dh, D), q_b, k_b (H, dh)                   factored attention
@@ -13,12 +10,8 @@ names (the state_dict keys) and shapes, with D width, H heads, dh/dv head dims, 
   blocks.{l}.qk (H, D+1, D+1), ov (H, D, D+1)                        circuit attention
   blocks.{l}.o_b (D), in_w (F, D), in_b (F), out_w (D, F), out_b (D)
 
-The 1/sqrt(dh) attention scale is folded into q_w and q_b. Sizes are read from the tensors, so
-layers may differ in H and F and a model may be widened. Gated grouped-query families (Llama) lay out
-their blocks as roles.GATED_GROUPED says: K key/value heads, each read by G query heads, rotary
-positions (config.rope_theta) and a gated MLP, act(x W_gate^T) * (x W_in^T). GPT-NeoX pairs grouped
-attention (one query head per key/value head), partial rotary (config.rotary_dims) and a parallel
-residual (config.parallel_residual) with a plain MLP.
+The 1/sqrt(dh) scale is folded into q; sizes are read from the tensors, so layers may differ in H and F.
+Grouped-query families lay out their blocks as roles.GATED_GROUPED and roles.GROUPED_PLAIN say.
 """
 
 from __future__ import annotations
@@ -93,22 +86,17 @@ class CanonicalConfig:
     num_channels: int | None = None
     pad_token_id: int | None = None  # RoBERTa: positions count the tokens that are not padding
     rope_theta: float | None = None  # rotary position embeddings' base (Llama); None: no rotary
-    # the head dimension the rotary frequencies belong to (heads stacked by circuit interpolation hold
-    # several such blocks)
-    rope_dim: int | None = None
-    # causal sliding-window attention (Mistral, Qwen2): position i attends to j when 0 <= i - j < window;
-    # the layers that use it (None: every layer)
+    rope_dim: int | None = None  # the head dim the rotary frequencies belong to (stacked heads hold several)
+    # causal sliding-window attention (Mistral, Qwen2): i attends to j when 0 <= i - j < window; None: all layers
     sliding_window: int | None = None
     sliding_layers: list[int] | None = None
     # partial rotary (GPT-NeoX): only the first rotary_dims dims of each rope_dim block rotate; None: all
     rotary_dims: int | None = None
-    # the n of the rotary frequencies theta^(-2i/n) where it is not the rotating dims: GPT-NeoX with an odd
-    # int(head_dim * rotary_pct) = n rotates n + 1 dims at n's frequencies (glmc.models.rotary); None: the same
+    # the n of the frequencies theta^(-2i/n) where it is not the rotating dims (an odd GPT-NeoX count)
     rotary_freq_dim: int | None = None
-    # Hugging Face's rotary scaling, JSON-able: rope_type (linear, dynamic, yarn, llama3) and its parameters
-    # (glmc.models.rotary.rotary_frequencies); None: unscaled
+    # Hugging Face's rotary scaling (rope_type and its parameters: rotary.rotary_frequencies); None: unscaled
     rope_scaling: dict | None = None
-    # parallel residual (GPT-NeoX): x + attn(norm(x)) + mlp(norm(x)), both sublayers reading the block's input
+    # GPT-NeoX's parallel residual: x + attn(norm(x)) + mlp(norm(x))
     parallel_residual: bool = False
 
     def __post_init__(self):
@@ -146,8 +134,7 @@ def num_layers(params: dict[str, Tensor]) -> int:
 
 
 def head_projections(h: Tensor, p: dict[str, Tensor], pre: str, names: tuple[str, ...]) -> list[Tensor]:
-    """(B, H, T, e) per name of h's per-head projections by p[pre + name + "_w"] (H, e, D) and
-    "_b" (H, e), all in one product (the heads of q, k and v side by side, as a fused qkv layer)."""
+    """(B, H, T, e) per name of h's per-head projections by p[pre + name + "_w"] (H, e, D) and "_b", in one product."""
     weights = [p[pre + n + "_w"] for n in names]
     y = F.linear(
         h, torch.cat([w.flatten(0, 1) for w in weights]), torch.cat([p[pre + n + "_b"].flatten() for n in names])
@@ -172,9 +159,7 @@ def _attention_factored(config, p, pre, h, record=None):
 
 
 def _attention_grouped(config, p, pre, h, record=None):
-    """Grouped-query attention: q_w (K, G, dh, D) and o_w (K, G, D, dv) for K key/value heads of G
-    query heads each, query head k * G + g reading key/value head k; rotary positions if the config
-    has them."""
+    """Grouped-query attention: q_w (K, G, dh, D), o_w (K, G, D, dv), query head k * G + g reading head k."""
     q = torch.einsum("btd,kged->bkgte", h, p[pre + "q_w"]) + p[pre + "q_b"][:, :, None]
     group = q.shape[2]
     q = q.flatten(1, 2)
@@ -185,10 +170,8 @@ def _attention_grouped(config, p, pre, h, record=None):
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     window = layer_window(config, pre)
-    if window is None:
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=config.causal, scale=1.0)
-    else:
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.shape[-2], window, h.device), scale=1.0)
+    mask = None if window is None else window_mask(q.shape[-2], window, h.device)
+    z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=config.causal and mask is None, scale=1.0)
     if record is not None:
         record(pre + "heads", z)
     return torch.einsum("bhte,hde->btd", z, p[pre + "o_w"].flatten(0, 1))
@@ -204,8 +187,7 @@ def layer_window(config: CanonicalConfig, pre: str) -> int | None:
 
 
 def window_mask(length: int, window: int, device: torch.device) -> Tensor:
-    """(T, T) True where query i attends to key j: 0 <= i - j < window (the window counts i itself, as
-    Hugging Face's sliding-window causal mask does)."""
+    """(T, T) True where query i attends to key j: 0 <= i - j < window (as Hugging Face's mask)."""
     positions = torch.arange(length, device=device)
     offset = positions[:, None] - positions[None, :]
     return (offset >= 0) & (offset < window)
@@ -246,13 +228,9 @@ def canonical_forward(
 ) -> Tensor:
     """Logits of the canonical model; differentiable with respect to every tensor in params.
 
-    `record(name, tensor)`, if given, receives the intermediate states that activation-based methods
-    read (activation matching, RegMean): "embed" and per layer l "blocks.{l}." + attn_in (the
-    normalised input of attention), heads (per-head attention outputs before o_w, (B, H, T, dv),
-    factored form only), attn_out (the stream after attention), mlp_in, mlp_act (the MLP units after
-    the activation), mlp_out (the stream after the MLP); "final" is the normalised stream the head reads.
-    Under a parallel residual, mlp_in is attn_in (both sublayers read the block's input) and attn_out is
-    the block's input plus the attention's output, the MLP's still to come."""
+    `record(name, tensor)` receives the states activation-based methods read: "embed", per layer
+    "blocks.{l}." + attn_in, heads (per-head outputs before o_w, factored form), attn_out, mlp_in, mlp_act,
+    mlp_out, and "final" (the normalised stream the head reads); a parallel residual's mlp_in is attn_in."""
     p = params
     act = ACTIVATIONS[config.activation]
     norm = lambda x: rms_norm(x, config.norm_dim, config.norm_eps)  # noqa: E731
@@ -287,8 +265,7 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
 
 
 def _post_norm_blocks(config, p, x, act, attention, mlp, record, rec) -> Tensor:
-    """Post-norm blocks, x = LN(x + attn(x)), x = LN(x + mlp(x)): the sublayers read the stream itself,
-    which is the previous LayerNorm's output; the recorded names are the pre-norm ones."""
+    """Post-norm blocks, x = LN(x + attn(x)), x = LN(x + mlp(x)), recorded under the pre-norm names."""
     for layer in range(num_layers(p)):
         pre = f"blocks.{layer}."
         rec(pre + "attn_in", x)
@@ -304,8 +281,7 @@ def _post_norm_blocks(config, p, x, act, attention, mlp, record, rec) -> Tensor:
 
 
 def _head_circuits(params: dict[str, Tensor], pre: str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """One block's QK and OV circuits, with products in float64 so that the circuit form matches
-    the factored one to float32 precision."""
+    """One block's QK and OV circuits, multiplied in float64 to match the factored form in float32."""
     get = lambda n: params[pre + n].double()
     aug = lambda n: torch.cat([get(n + "_w"), get(n + "_b")[..., None]], -1)
     return (aug("q").transpose(1, 2) @ aug("k")).to(dtype), (get("o_w") @ aug("v")).to(dtype)
@@ -327,9 +303,7 @@ def circuit_params(params: dict[str, Tensor]) -> dict[str, Tensor]:
 
 class CanonicalTransformer(nn.Module):
     """Module wrapper around canonical_forward; its state_dict holds exactly the canonical params.
-
-    `source` is the original model it was converted from (glmc.to_canonical), kept so that
-    vanilla averaging can interpolate the original parameters; None for derived models."""
+    `source`: the model it was converted from (vanilla averaging reads it); None for derived models."""
 
     source: nn.Module | None = None
 

@@ -1,7 +1,5 @@
-"""Whether two canonical models can be aligned and interpolated: the same architecture, tensor by tensor.
-
-`check_compatible(a, b)` raises ValueError naming the first difference, e.g. "model_b has 3 layers,
-model_a has 2", before a matcher fails on a shape deep inside its solver.
+"""Whether two canonical models can be aligned and interpolated: `check_compatible(a, b)` names the first
+difference (e.g. "model_b has 3 layers, model_a has 2") before a matcher fails on a shape.
 """
 
 from __future__ import annotations

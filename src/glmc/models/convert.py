@@ -1,7 +1,6 @@
-"""Hugging Face model -> canonical Transformer, through the family its config's model_type names.
-
-A model enters the matchers only with finite weights: a NaN or Inf would otherwise surface as a
-LinAlgError deep inside a matcher (polar factors, assignments) or as null barriers."""
+"""Hugging Face model -> canonical Transformer, through the family its config's model_type names; a model
+with a NaN or Inf weight is refused here, before it surfaces deep inside a matcher.
+"""
 
 from __future__ import annotations
 
@@ -40,18 +39,15 @@ HALF = (torch.bfloat16, torch.float16)
 
 
 def in_float32(model: torch.nn.Module) -> torch.nn.Module:
-    """The model itself, or a float32 copy where any weight is bfloat16 or float16: folding norms,
-    composing maps and checking that a transformation preserves the function would round at 8 or 11
-    bits there, while float32 holds half-precision values exactly."""
+    """The model itself, or a float32 copy where any weight is bfloat16 or float16 (folding would round)."""
     if not any(p.dtype in HALF for p in model.parameters()):
         return model
     return copy.deepcopy(model).float()
 
 
 def to_canonical(hf_model, name: str = "the model") -> CanonicalTransformer:
-    """The canonical form of a Hugging Face model (a canonical one is returned as it is), in float32
-    (a bfloat16 or float16 model is converted from a float32 copy, which is its `source`); ValueError
-    naming `name` and the tensor when a weight is NaN or infinite."""
+    """The canonical form of a Hugging Face model (a canonical one as it is), in float32 (a half-precision
+    model through a float32 copy, its `source`); ValueError naming `name` for a non-finite weight."""
     check_finite(hf_model, name)
     if isinstance(hf_model, CanonicalTransformer):
         return hf_model

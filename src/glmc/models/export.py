@@ -1,11 +1,8 @@
 """Factored canonical model -> Hugging Face model folder (the inverse of the converters).
 
-Every LayerNorm becomes the identity affine map (weight 1, bias 0, eps = config.norm_eps) and the
-canonical readers are written as they are, since the converters folded the norms into them. This is
-exact while the residual stream stays mean-zero: HF's LayerNorm subtracts the mean, the canonical
-RMS norm does not, so every residual writer must have zero mean over the width. Attention scaling is
-divided back out of q, and GPT-2's lm_head, which has no bias, gets head.b through ln_f's bias beta
-with head.w @ beta = head.b (solvable when head.b lies in the column space of head.w).
+Every LayerNorm becomes the identity (the converters folded the norms into the readers), which is exact
+while the residual stream stays mean-zero. Attention scaling is divided back out of q, and a head
+without a bias gets head.b through the final LayerNorm's bias beta with head.w @ beta = head.b.
 """
 
 from __future__ import annotations
@@ -109,8 +106,7 @@ def set_param(module_param: Tensor, value: Tensor, name: str) -> None:
 def set_linear(
     linear: torch.nn.Linear, weight: Tensor, bias: Tensor, name: str, setting: str = "attention_bias / mlp_bias"
 ) -> None:
-    """Weight and bias into a Linear; a template layer without a bias takes a zero one only (`setting`:
-    the config key that gives it one)."""
+    """Weight and bias into a Linear; one without a bias takes a zero one only (`setting` gives it one)."""
     set_param(linear.weight, weight, name + "_w")
     if linear.bias is not None:
         set_param(linear.bias, bias, name + "_b")
@@ -132,8 +128,7 @@ def fresh(template: torch.nn.Module, **overrides):
 
 
 def head_bias_offset(head_w: Tensor, head_b: Tensor, tol: float = 1e-6) -> Tensor:
-    """beta with head_w @ beta = head_b (least squares, float64), for a head without a bias that reads
-    a LayerNorm with bias beta; ValueError when the relative residual exceeds tol."""
+    """beta with head_w @ beta = head_b (least squares, float64); ValueError when the residual exceeds tol."""
     w, b = head_w.double(), head_b.double()
     beta = torch.linalg.lstsq(w, b[:, None], driver="gelsd").solution[:, 0]
     scale = b.norm().item()
@@ -160,11 +155,9 @@ def to_hf(model: CanonicalTransformer, template: torch.nn.Module) -> torch.nn.Mo
 def export_hf(
     model: CanonicalTransformer, template: torch.nn.Module, folder: str | Path, dtype: torch.dtype | None = None
 ) -> Path:
-    """Write a factored canonical model as a Hugging Face model folder (safetensors) beside a
-    glmc_export.json with the canonical config; `template` is an HF model of the same architecture
-    (e.g. the source of endpoint A). `dtype`: the weights' dtype in the folder (e.g. the bfloat16 of the
-    folders a run aligned in float32), else the template's; the model is built in float32 and rounded
-    once, at the end. Raises ValueError for models with no exact HF equivalent."""
+    """Write a factored canonical model as a Hugging Face model folder beside a glmc_export.json holding
+    its canonical config; `template`: an HF model of the same architecture; `dtype`: the weights' dtype
+    in the folder (else the template's). ValueError for models with no exact HF equivalent."""
     hf = to_hf(model, template)
     if dtype is not None:
         hf = hf.to(dtype)

@@ -1,25 +1,11 @@
 """Rotary position embeddings in the rotate-half layout (Hugging Face Llama, Mistral, Qwen2, GPT-NeoX).
 
-A head vector of size d is split into pairs (i, i + d/2); at position t, pair i is rotated by the angle
-t * f_i with f_i = theta^(-2i/d). A score q^T k then depends on the positions only through their
-difference. The maps of a head's query space that commute with every position's rotation are, per
-pair, a rotation-scaling [[a, -b], [b, a]] (multiplication by the complex number a + ib): glmc's
-`rotary_scale` group (glmc.symmetry.groups.RotaryScale). A general invertible map does not commute, so
-the query/key circuit W_q^T W_k is not what a rotary model computes, and its qk space admits only this
-group. What it computes per head is q^T R_{s-t} k; a weighted sum of such forms over models is a head
-whose rows stack the models' heads, each block rotated as its own (apply_rotary's head_dim): that is how
-rotary heads are interpolated as circuits.
-
-Partial rotary (GPT-NeoX, Pythia): only the first r dims of a head rotate, as pairs (i, i + r/2) with
-f_i = theta^(-2i/r); the other d - r dims pass through, so a score is a rotary form on the first r
-dims plus a plain bilinear form q_p^T k_p on the rest. Where Hugging Face's count int(d * rotary_pct)
-= n is odd, its tables hold the ceil(n / 2) frequencies theta^(-2i/n) side by side, so r = n + 1 dims
-rotate as pairs (i, i + r/2) at the frequencies of n (`freq_dim` = n, `rotating_dims`): every rotating
-dim is in a pair, and the maps below are the same. A map of the query space survives when it is a
-rotation-scaling per pair on the rotary dims and any invertible map on the pass-through dims (keys
-getting its inverse transpose), never one mixing the two. Hugging Face's scaled rotary types (linear,
-dynamic, yarn, llama3) change only the frequencies (and yarn multiplies cos and sin by a constant), so
-the same maps survive them.
+Pair (i, i + d/2) of a head is rotated at position t by t * theta^(-2i/d). The maps of a head's query
+space that commute with every rotation are a rotation-scaling per pair (glmc.symmetry.groups.RotaryScale),
+so W_q^T W_k is not what a rotary head computes; rotary heads interpolate as stacked circuits, each block
+rotated as its own (apply_rotary's head_dim). Partial rotary (GPT-NeoX) rotates only the first r dims; an
+odd Hugging Face count n rotates n + 1 dims at n's frequencies (`rotating_dims`). Scaled rotary types
+change only the frequencies (yarn also scales cos and sin), so the same maps survive them.
 """
 
 from __future__ import annotations
@@ -31,30 +17,25 @@ from torch import Tensor
 
 
 def inverse_frequencies(head_dim: int, theta: float, dtype: torch.dtype = torch.float32) -> Tensor:
-    """f_i = theta^(-2i/d) for i < ceil(d/2), the pairs' frequencies (computed in float32 as Hugging Face
-    does, unless float64); an odd d is Hugging Face's odd partial rotary count (`rotating_dims`)."""
+    """f_i = theta^(-2i/d) for i < ceil(d/2), in float32 as Hugging Face computes them (unless float64)."""
     if head_dim < 1:
         raise ValueError(f"rotary embeddings need at least one dimension, got {head_dim}")
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=dtype) / head_dim))
 
 
 def rotating_dims(hf_dims: int) -> int:
-    """The dims Hugging Face's rotate-half rotates when a config gives `hf_dims` = int(head_dim *
-    partial_rotary_factor): its cos and sin tables repeat the ceil(hf_dims / 2) frequencies twice, and
-    that many leading dims of the head rotate, so an odd count rotates one dim more."""
+    """The dims Hugging Face rotates for `hf_dims` = int(head_dim * partial_rotary_factor): one more if odd."""
     return hf_dims + hf_dims % 2
 
 
-# scaled types whose frequencies are a function of each unscaled frequency alone (not of the pair's index
-# or the count of dims), so equal unscaled frequencies stay equal under them
+# scaled types whose frequencies are a function of each unscaled frequency alone
 ELEMENTWISE_TYPES = ("linear", "llama3")
 
 
 def same_frequency_pairs(pairs: int, freq_dim: int, to_pairs: int, to_freq_dim: int, scaling: dict | None) -> list[int]:
-    """For each of `pairs` rotary pairs at theta^(-2i/freq_dim) (i < pairs), the index j < to_pairs of the
-    pair at theta^(-2j/to_freq_dim) that turns at the same frequency at every position, for any theta:
-    j = i * to_freq_dim / freq_dim. ValueError saying which pair has none, or which scaling reads the
-    count of dims (dynamic, yarn) when the counts differ."""
+    """For each of `pairs` pairs at theta^(-2i/freq_dim), the index j < to_pairs of the pair at
+    theta^(-2j/to_freq_dim) turning at the same frequency (j = i * to_freq_dim / freq_dim); ValueError
+    naming a pair without one."""
     if freq_dim == to_freq_dim and pairs <= to_pairs:
         return list(range(pairs))
     kind = None if scaling is None else scaling.get("rope_type")
@@ -83,10 +64,8 @@ SCALED_TYPES = ("linear", "dynamic", "yarn", "llama3")
 def rotary_frequencies(
     dim: int, theta: float, scaling: dict | None = None, length: int | None = None, dtype: torch.dtype = torch.float32
 ) -> tuple[Tensor, float]:
-    """(the dim/2 inverse frequencies, the factor cos and sin are multiplied by) of a head's `dim` rotating
-    dims under a rotary scaling: None (unscaled) or a dict holding `rope_type` and its parameters as in a
-    Hugging Face config's rope_parameters (dynamic and yarn also `max_position_embeddings`). `length`: the
-    sequence length, which dynamic scaling reads."""
+    """(the dim/2 inverse frequencies, the factor for cos and sin) under `scaling`: None or a dict of
+    `rope_type` and its parameters as in a Hugging Face config; `length`: what dynamic scaling reads."""
     kind = "default" if scaling is None else scaling["rope_type"]
     if kind == "default":
         return inverse_frequencies(dim, theta, dtype), 1.0
@@ -102,10 +81,7 @@ def rotary_frequencies(
 
 
 def _dynamic(dim: int, theta: float, scaling: dict, length: int | None, dtype: torch.dtype) -> Tensor:
-    """Dynamic NTK scaling: beyond the original maximum length the base grows with the sequence length.
-    Computed from the length of each forward; Hugging Face keeps the frequencies of the longest sequence
-    it has seen (until one shorter than the original maximum), so the two agree on a fresh model or on
-    lengths that only grow."""
+    """Dynamic NTK scaling: beyond the original maximum length the base grows with each forward's length."""
     original, factor = scaling["max_position_embeddings"], scaling["factor"]
     if length is None or length <= original:
         return inverse_frequencies(dim, theta, dtype)
@@ -116,8 +92,7 @@ def _dynamic(dim: int, theta: float, scaling: dict, length: int | None, dtype: t
 
 
 def _llama3(dim: int, theta: float, scaling: dict, dtype: torch.dtype) -> Tensor:
-    """Llama 3.1's scaling: wavelengths beyond original / low_freq_factor slowed by the factor, those below
-    original / high_freq_factor kept, and a linear blend of the two in between."""
+    """Llama 3.1's scaling: long wavelengths slowed by the factor, short ones kept, a blend in between."""
     f = inverse_frequencies(dim, theta, dtype)
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
     original = scaling["original_max_position_embeddings"]
@@ -142,9 +117,8 @@ def _yarn_attention_factor(scaling: dict, factor: float) -> float:
 
 
 def _yarn(dim: int, theta: float, scaling: dict, dtype: torch.dtype) -> tuple[Tensor, float]:
-    """YaRN: per pair a blend of the original frequency (fast pairs, many turns within the original length)
-    and the interpolated one (slow pairs), ramping between beta_fast and beta_slow turns; cos and sin
-    grow by the attention factor."""
+    """YaRN: per pair a blend of the original (fast pairs) and interpolated (slow pairs) frequency; cos and
+    sin grow by the attention factor."""
     original = scaling["original_max_position_embeddings"]
     factor = scaling.get("factor") or scaling["max_position_embeddings"] / original
     fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
@@ -177,11 +151,9 @@ def apply_rotary(
     scaling: dict | None = None,
     freq_dim: int | None = None,
 ) -> Tensor:
-    """Rotate (..., T, d) head vectors by their positions 0 .. T-1. With `head_dim` < d, the vector holds
-    d / head_dim heads stacked (circuit interpolation, glmc.interpolation) and each is rotated as its own.
-    `rotary_dims`: only the first r dims of each head rotate, as pairs (i, i + r/2), the rest pass
-    through (GPT-NeoX's partial rotary); `scaling`: rotary_frequencies' scaling; `freq_dim`: the n of the
-    frequencies theta^(-2i/n) where it is not r (Hugging Face's odd count, r = n + 1: rotating_dims)."""
+    """Rotate (..., T, d) head vectors by their positions 0 .. T-1; `head_dim` < d: stacked heads, each
+    rotated as its own; `rotary_dims`: only the first r dims of each head rotate; `freq_dim`: the n of the
+    frequencies theta^(-2i/n) where it is not r."""
     if head_dim is not None and head_dim != x.shape[-1]:
         blocks = x.unflatten(-1, (-1, head_dim)).transpose(-2, -3)  # (..., n, T, head_dim)
         return apply_rotary(blocks, theta, None, rotary_dims, scaling, freq_dim).transpose(-2, -3).flatten(-2)

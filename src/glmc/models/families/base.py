@@ -1,8 +1,4 @@
-"""What a model family declares, and what every other module derives from it.
-
-A family subclasses `Family` in its own module, sets the class attributes and implements the methods
-marked as the family's own; `layout` (roles keyed by canonical name) and `layer_sizes` are derived.
-"""
+"""What a model family declares (the class attributes and its own methods), and what is derived from it."""
 
 from __future__ import annotations
 
@@ -37,35 +33,27 @@ class Family:
     hf_classes: tuple[str, ...]  # the HF model classes it converts
     data_kind: str  # "images" | "text": the datasets it trains on
     tasks: tuple[str, ...] = ()  # the data tasks its models train on (data.task)
-    # ModelConfig keys its `build` reads beyond COMMON_MODEL_KEYS; the config check refuses any other key
-    # set away from its default, which the model would silently ignore (tests: build reads exactly these)
+    # ModelConfig keys `build` reads beyond COMMON_MODEL_KEYS (any other key set is refused)
     model_keys: tuple[str, ...] = ()
-    # ModelConfig keys the families that do not read them leave out of their endpoint cache keys (keys
-    # only this family and its kin read, e.g. Llama's and Gemma's rotary base)
+    # keys only this family and its kin read: other families leave them out of their endpoint cache keys
     own_model_keys: tuple[str, ...] = ()
-    # ModelConfig keys whose value the architecture fixes (OPT's LayerNorm eps): the config check refuses
-    # any other value
+    # ModelConfig keys whose value the architecture fixes (OPT's LayerNorm eps)
     fixed_model_values: dict[str, Any] = {}
     # ModelConfig keys that endpoints of different widths must share with the first (beyond the layers)
     shared_model_keys: tuple[str, ...] = ()
     residual_classes: tuple[str, ...] = ("orthogonal", "permutation")
-    # "pre": a parameter-free RMS norm before every reader (LayerNorms folded at conversion); "post": a
-    # LayerNorm with gain and offset after every sublayer, kept as it is (BERT)
+    # "pre": a parameter-free RMS norm before every reader; "post": each sublayer's LayerNorm kept (BERT)
     norm: str = "pre"
-    # the sublayers' forward (glmc.models.canonical.ATTENTION_KINDS, MLP_KINDS): "full" multi-head or
-    # "grouped" query attention; a "plain" MLP or a "gated" one
+    # the sublayers' forward (glmc.models.canonical.ATTENTION_KINDS, MLP_KINDS)
     attention_kind: str = "full"
     mlp_kind: str = "plain"
-    # pre-norm families converted from LayerNorm models hold a mean-zero stream, which an export to a
-    # LayerNorm model needs; RMSNorm families (Llama) need none
+    # a stream kept mean-zero, which an export to LayerNorms needs (RMSNorm families need none)
     mean_zero_stream: bool = True
-    # whether the model has the explicit (D+1) x (D+1) QK/OV circuit form (to_circuit); not under rotary
-    # positions, where W_q^T W_k is not what a head computes (its heads still interpolate as stacked circuits)
+    # whether the (D+1) x (D+1) QK/OV circuit form exists (not under rotary positions)
     circuit_form: bool = True
     embed_roles: tuple[Role, ...] = ()
     head_roles: tuple[Role, ...] = ()
-    # families with a head per task (model.head): head -> the data task it is trained on; empty where the
-    # family has one head
+    # a head per task (model.head): head -> its data task; empty where the family has one head
     task_heads: dict[str, str] = {}
 
     # ---- the family's own: building, conversion, the input side ----
@@ -96,8 +84,7 @@ class Family:
         raise NotImplementedError
 
     def heads(self, config: CanonicalConfig) -> tuple[Role, ...]:
-        """The head's roles; a family with one head per task (BERT: masked-LM or classification) picks by
-        the config's pooling."""
+        """The head's roles (a family with a head per task picks by the config's pooling)."""
         return self.head_roles
 
     def head(self, config: CanonicalConfig, p: dict[str, Tensor], x: Tensor, record) -> Tensor:
@@ -108,8 +95,8 @@ class Family:
         return F.linear(x, p["head.w"], p["head.b"])
 
     def model_problems(self, model: Any, prefix: str, checked: set[str]) -> list[str]:
-        """What this family's keys of a model config must satisfy together beyond their ranges, where one of
-        `checked` is among them (glmc.models.checks asks it before any work)."""
+        """What this family's model keys must satisfy together beyond their ranges, where one of `checked`
+        is among them."""
         return []
 
     def reads_model_keys(self) -> tuple[str, ...]:
@@ -136,8 +123,7 @@ class Family:
 
 
 def encoder_sizes(cfg: Any) -> dict[str, Any]:
-    """The block sizes, activation and dropout of model.* under the names the BERT-style Hugging Face
-    configs (ViTConfig, BertConfig, RobertaConfig) give them."""
+    """model.*'s block sizes, activation and dropout as BERT-style Hugging Face configs name them."""
     return {
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_layers,
@@ -154,8 +140,7 @@ def role_of(layout: dict[str, Role], name: str) -> Role | None:
 
 
 def residual_axis(layout: dict[str, Role], name: str, side: str) -> int | None:
-    """The axis over the residual width on which tensor `name` writes ("out") or reads ("in"); the first
-    one for tensors with two (QK circuits)."""
+    """The (first) axis over the residual width on which tensor `name` writes ("out") or reads ("in")."""
     role = role_of(layout, name)
     for acts in role.acts_on("residual") if role else ():
         if acts.side == side:
@@ -164,8 +149,7 @@ def residual_axis(layout: dict[str, Role], name: str, side: str) -> int | None:
 
 
 def layer_sizes(layout: dict[str, Role], params: dict[str, Tensor], layers: int) -> dict[str, list[int]]:
-    """Per layer, the size of every layer space that the tensors act on: heads, qk and vo (the per-head
-    dimensions; factored form only) and mlp (units)."""
+    """Per layer, the size of every layer space the tensors act on (heads, qk, vo, mlp, ...)."""
     sizes: dict[str, list[int]] = {}
     for kind in LAYER_SPACES:
         role = next((r for r in layout.values() if r.acts_on(kind)), None)

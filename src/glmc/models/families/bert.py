@@ -1,16 +1,10 @@
 """The BERT family: Hugging Face BertForMaskedLM / BertForSequenceClassification <-> canonical Transformer.
 
-Post-norm encoders keep their LayerNorms (gain and offset) as canonical tensors: the residual stream is
-a LayerNorm's output, so nothing folds and only permutations of the stream are symmetries.
-Canonical embedding tensors: embed.tokens (V, D), embed.pos (P, D), embed.types (token types, D) of
-which row 0 is added (inputs carry no segment ids), embed.norm_w, embed.norm_b (D): the embedding
-LayerNorm. Heads, chosen by the config's pooling:
-  masked-LM ("none", logits at every position): head.dense_w (D, D), head.dense_b, the activation,
-    head.norm_w, head.norm_b (the head's LayerNorm), head.w (V, D), head.b (V), untied from embed.tokens;
-  classification ("cls", logits of position 0): head.dense_w, head.dense_b (BERT's pooler), tanh,
-    head.w (C, D), head.b (C).
-RoBERTa (glmc.models.families.roberta) shares this layout and differs in its module names, its
-positions and its masked-LM activation.
+Post-norm encoders keep their LayerNorms as canonical tensors: the stream is a LayerNorm's output, so
+only permutations of it are symmetries. Embedding: embed.tokens, embed.pos, embed.types (row 0 added)
+and the embedding LayerNorm embed.norm_w, norm_b. Heads by the config's pooling: masked-LM ("none":
+head.dense_*, activation, head.norm_*, head.w, head.b, untied) or classification ("cls": the pooler
+head.dense_*, tanh, head.w, head.b). RoBERTa (roberta.py) shares this layout.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""LayerNorm -> RMS norm folding, shared by the Hugging Face converters.
-
-Centre every residual writer (so the stream has zero mean and LayerNorm's mean subtraction is a
-no-op), then LN(x) = gamma * rms(x) + beta, and gamma, beta fold into the readers after the norm.
+"""LayerNorm -> RMS norm folding: every residual writer is centred (the mean subtraction is then a no-op),
+so LN(x) = gamma * rms(x) + beta, and gamma, beta fold into the readers after the norm.
 """
 
 from torch import Tensor, nn

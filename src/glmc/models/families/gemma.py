@@ -1,13 +1,7 @@
-"""The Gemma family: Hugging Face GemmaForCausalLM <-> canonical Transformer.
+"""The Gemma family: Hugging Face GemmaForCausalLM <-> canonical Transformer, through the Llama conversion.
 
-Gemma is the Llama block (llama.py: RMSNorm, rotary positions, grouped-query attention, gated MLP) with
-three details the Llama conversion takes from this family: its RMSNorm multiplies by (1 + w), so the
-stored weight w is the gain less one (the gain 1 + w folds into the readers); the token embeddings are
-multiplied by sqrt(hidden_size), rounded to the weights' dtype as Hugging Face does (folded into
-embed.tokens); and the MLP is GeGLU, the tanh approximation of GELU on the gate. Its head_dim is a
-setting of its own (not hidden_size / heads), which the canonical shapes carry. The head is tied to the
-token embedding by default; the canonical head.w is untied (the embedding times the final norm's gain),
-and an export writes an untied model.
+Its RMSNorm multiplies by (1 + w) and its token embeddings by sqrt(hidden_size) (rounded to the weights'
+dtype, folded into embed.tokens); the MLP is GeGLU; the head, tied by default, is untied here.
 """
 
 from __future__ import annotations

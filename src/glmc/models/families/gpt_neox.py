@@ -1,23 +1,11 @@
 """The GPT-NeoX family (Pythia): Hugging Face GPTNeoXForCausalLM <-> canonical Transformer.
 
-A block has two LayerNorms with gain and offset, folded as GPT-2's are (fold.py: every residual writer
-centred, so the stream is mean-zero and each LayerNorm is an RMS norm whose gain and offset fold into the
-readers after it); one fused query_key_value layer whose output holds, per head h, the rows [q_h; k_h;
-v_h]; rotary positions on the first r = int(head_dim * partial_rotary_factor) dims of every head (the
-rotate-half layout over those r dims, the rest passing through: glmc.models.rotary; an odd r rotates r + 1
-dims at the frequencies of r, as Hugging Face's tables do); a plain MLP with
-biases; and a parallel residual, x + attn(ln1(x)) + mlp(ln2(x)) with both sublayers reading the block's
-input (use_parallel_residual, Pythia's), or the sequential one. Both norms normalise the same centred
-stream, so under the parallel residual attention and the MLP read one RMS-normalised state, each with its
-own LayerNorm's gain and offset folded in (CanonicalConfig.parallel_residual).
-
-The canonical block is grouped-query attention with one query head per key/value head and a plain MLP
-(roles.GROUPED_PLAIN): q_w (H, 1, dh, D), k_w, v_w (H, dh, D), o_w (H, 1, D, dh), with the 1/sqrt(dh)
-attention scale folded into q. The rotating dims per head travel in CanonicalConfig.rotary_dims (None when
-every dim rotates) and an odd r in rotary_freq_dim, the base and any rotary scaling as Llama's do.
-Canonical embedding tensors: embed.tokens (V, D); head.w (V, D), head.b (V), the untied unembedding
-(embed_out in Pythia's checkpoints) with final_layer_norm folded in; an export moves head.b back into
-that norm's offset.
+LayerNorms fold as GPT-2's do (fold.py); the fused query_key_value rows are (head, [q, k, v], dim);
+rotary positions on the first int(head_dim * partial_rotary_factor) dims (an odd count rotates one more,
+CanonicalConfig.rotary_dims and rotary_freq_dim); a plain MLP; a parallel or sequential residual. The
+canonical block is grouped-query attention with one query head per key/value head (roles.GROUPED_PLAIN).
+Embedding and head: embed.tokens (V, D); head.w (V, D), head.b (V), final_layer_norm folded in (an
+export moves head.b back into that norm's offset).
 """
 
 from __future__ import annotations
@@ -40,9 +28,8 @@ QKV = ("q", "k", "v")
 
 
 def rotary_dims(cfg: Any) -> int:
-    """The rotary dims of each head, int(head_dim * partial_rotary_factor) as Hugging Face computes them (an
-    odd count rotates one more: glmc.models.rotary.rotating_dims). ValueError for an odd count over every
-    dim of an odd head, which Hugging Face's own forward cannot run (its tables are one dim wider)."""
+    """int(head_dim * partial_rotary_factor), as Hugging Face computes it; ValueError where an odd count
+    would rotate one dim more than the head has."""
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     factor = (getattr(cfg, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
     return _checked_rotary(int(head_dim * factor), head_dim, f"partial_rotary_factor={factor}")

@@ -1,16 +1,11 @@
-"""The Llama family: Hugging Face LlamaForCausalLM (and the Mistral and Qwen2 classes, whose layout is the
-same) <-> canonical Transformer.
+"""The Llama family: Hugging Face LlamaForCausalLM (and Mistral's and Qwen2's, of the same layout) <->
+canonical Transformer.
 
-RMSNorm has no mean subtraction and no offset, so its gains fold into the readers after it and the stream
-needs no centring: every orthogonal map of the residual stream is a symmetry. Blocks are gated and
-grouped-query (roles.GATED_GROUPED): q_w (K, G, dh, D) for K key/value heads of G query heads each,
-rotary positions in the rotate-half layout (the only one these classes use; they take no partial
-rotary), SwiGLU MLPs. Biases the Hugging Face layout lacks are zero tensors here, and an export refuses
-non-zero ones where the template has none. Canonical embedding tensors: embed.tokens (V, D); head.w (V,
-D), the unembedding with the final norm's gain folded in (tied or not in the source, untied here).
-Mistral's and Qwen2's sliding-window attention converts as CanonicalConfig.sliding_window (and, where
-only some layers use it, sliding_layers). Gemma (gemma.py) differs in details the conversion takes from
-the family: the norm's gain offset and the embedding scale.
+RMSNorm has no mean subtraction and no offset: its gains fold into the readers, the stream needs no
+centring and every orthogonal residual map is a symmetry. Blocks are gated and grouped-query
+(roles.GATED_GROUPED) with rotate-half rotary positions; biases the HF layout lacks are zeros here (an
+export refuses non-zero ones). Sliding windows convert as CanonicalConfig.sliding_window (and
+sliding_layers). Gemma (gemma.py) changes the norm's gain offset and the embedding scale.
 """
 
 from __future__ import annotations
@@ -34,9 +29,8 @@ ROTARY_TYPES = ("default", *SCALED_TYPES)
 
 
 def unread_rope_type(config: dict[str, Any]) -> tuple[str, Any] | None:
-    """(the key, e.g. "rope_scaling.rope_type", and its value) where a config.json as saved names a rotary
-    type other than ROTARY_TYPES; None where it names none or one of them. Read from the file itself, before
-    transformers loads it, which fails on an unknown type only when the model is built."""
+    """(the key, e.g. "rope_scaling.rope_type", and its value) where a saved config.json names a rotary type
+    other than ROTARY_TYPES, else None (read before transformers, which fails only when building)."""
     for name in ("rope_parameters", "rope_scaling"):
         params = config.get(name)
         if not isinstance(params, dict):
@@ -48,8 +42,7 @@ def unread_rope_type(config: dict[str, Any]) -> tuple[str, Any] | None:
 
 
 def rope_theta(cfg: Any) -> float:
-    """The rotary base of a Hugging Face config; NotImplementedError for rotary types the canonical form
-    does not compute (rope_scaling)."""
+    """The rotary base of a Hugging Face config; NotImplementedError for rotary types not computed here."""
     params = getattr(cfg, "rope_parameters", None) or {}
     rope_scaling(cfg)
     theta = params.get("rope_theta", getattr(cfg, "rope_theta", None))
@@ -59,10 +52,8 @@ def rope_theta(cfg: Any) -> float:
 
 
 def rope_scaling(cfg: Any) -> dict | None:
-    """The rotary scaling of a Hugging Face config as CanonicalConfig.rope_scaling: None for the default
-    rotary, else rope_parameters without the base and the partial rotary factor (which the canonical config
-    carries apart), with max_position_embeddings where dynamic and yarn read it; NotImplementedError for
-    types other than glmc.models.rotary.SCALED_TYPES."""
+    """A Hugging Face config's rotary scaling as CanonicalConfig.rope_scaling (None: the default rotary);
+    NotImplementedError for types other than glmc.models.rotary.SCALED_TYPES."""
     params = dict(getattr(cfg, "rope_parameters", None) or {})
     kind = params.pop("rope_type", params.pop("type", "default"))
     if kind == "default":
@@ -78,9 +69,8 @@ def rope_scaling(cfg: Any) -> dict | None:
 
 
 def sliding_window(cfg: Any) -> tuple[int | None, list[int] | None]:
-    """(window, the layers that use it, None for all) of a Hugging Face config; (None, None) without one.
-    Mistral windows every layer once sliding_window is set; Qwen2 the layers its layer_types mark
-    "sliding_attention" (filled from use_sliding_window and max_window_layers); Llama and Gemma have none."""
+    """(window, the layers that use it, None for all) of a Hugging Face config; (None, None) without one
+    (Mistral: every layer; Qwen2: those its layer_types mark "sliding_attention")."""
     if cfg.model_type == "mistral":  # MistralModel reads no layer_types
         return getattr(cfg, "sliding_window", None), None
     if cfg.model_type != "qwen2":
@@ -165,8 +155,7 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
 
 
 class _Stored(dict):
-    """Keeps every tensor in the model's dtype as it is written: folded one by one in float64, never all
-    at once (a 1B-parameter model would need 10 GB more)."""
+    """Casts every tensor to the model's dtype as it is written: never all in float64 at once (memory)."""
 
     def __init__(self, dtype: torch.dtype):
         super().__init__()

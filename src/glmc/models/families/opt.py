@@ -1,16 +1,9 @@
 """The OPT family: Hugging Face OPTForCausalLM <-> canonical Transformer.
 
-OPT is GPT-2's block with nn.Linear layers: pre-LN (do_layer_norm_before=True; the post-LN layout of
-opt-350m is refused, as is its projection of a narrower word embedding, word_embed_proj_dim), q/k/v/out
-biases, a ReLU MLP and a final LayerNorm before the head, which is tied to the token embedding. Its
-LayerNorms fold into the readers as GPT-2's do (fold.py: the writers are centred, so the stream is
-mean-zero). Learned positions: OPTLearnedPositionalEmbedding computes position ids from the attention
-mask (cumsum(mask) * mask - 1, so 0, 1, ... without padding) and reads row id + 2; rows 0 and 1 serve
-padded positions only, which a canonical model never sees. ReLU is positively homogeneous, so the MLP
-units admit semi-permutations as well as permutations.
-
-Canonical embedding tensors: embed.tokens (V, D), embed.pos (T, D) (rows 2 .. T + 1 of the table);
-head.w (V, D), head.b (V), the untied unembedding with the final LayerNorm folded in.
+GPT-2's block with nn.Linear layers, folded the same way (fold.py); the post-LN layout and projected word
+embeddings (opt-350m) are refused. Learned positions read row t + 2 at position t (rows 0 and 1 serve
+padding only): embed.pos holds rows 2 .. T + 1. The head, tied to the token embedding in OPT, is untied
+here (head.w, head.b with the final LayerNorm folded in).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Family lookup by name, by Hugging Face `model_type` and by HF model; family modules load on first use,
-so importing glmc.models does not import transformers. The lookups return a `glmc.models.families.base.Family`;
-this module imports no family code, so that the canonical model (which looks families up) sits below them."""
+"""Family lookup by name, by Hugging Face `model_type` and by HF model; family modules load on first use
+and this module imports none, so the canonical model (which looks families up) sits below them.
+"""
 
 from __future__ import annotations
 

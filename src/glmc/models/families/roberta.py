@@ -1,10 +1,7 @@
-"""The RoBERTa family: Hugging Face RobertaForMaskedLM / RobertaForSequenceClassification, through the BERT
-family's canonical layout (glmc.models.families.bert).
+"""The RoBERTa family: RobertaForMaskedLM / RobertaForSequenceClassification through BERT's canonical layout.
 
-What differs from BERT: the modules' names (lm_head, classifier.dense / out_proj, no pooler), the
-masked-LM head's activation (always GELU), and the positions, which count the tokens that are not
-padding from pad_token_id + 1 on, padding itself taking row pad_token_id. The canonical embed.pos keeps
-the table from row pad_token_id on: row 0 is the padding row, row i the i-th real token.
+It differs in module names, its masked-LM activation (GELU) and positions, which count the non-padding
+tokens from pad_token_id + 1 on: embed.pos keeps the table from row pad_token_id on.
 """
 
 from __future__ import annotations

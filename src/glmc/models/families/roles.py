@@ -1,18 +1,10 @@
 """Roles of canonical tensors: where each symmetry space acts, as data.
 
-A `Role` names one canonical tensor (block tensors with `{l}` for the layer) and lists its `Acts`: for a
-space kind (residual, heads, qheads, qk, vo, mlp, mlp_scale, head_hidden), the tensor axis the group acts on and the
-side, "out" where the tensor writes into the space (it gets g) and "in" where it reads from it (it gets g's inverse
-transpose). `head_axis` marks per-head spaces (one group element per head), `extra` trailing entries the
-group leaves alone (the constant-1 coordinate of circuits). `stage` says where in the stream the tensor
-sits: "embed" writes the first state, "attn"/"mlp" read the state before their sublayer and write the
-state after it, "head" reads the last one.
-
-The block layouts below are the canonical pre-norm block (factored attention or QK/OV circuits), the
-post-norm block, which adds its LayerNorms' gains and offsets, the gated grouped-query block (Llama) and
-grouped-query attention with a plain MLP (GPT-NeoX);
-a family lists its embedding and head roles. The order of the roles is the order in which a space's axes
-are listed (and applied).
+A `Role` names one canonical tensor ("{l}" for the layer) and lists its `Acts`: for a space kind
+(residual, heads, qheads, qk, vo, mlp, mlp_scale, head_hidden), the axis the group acts on and the side,
+"out" for a writer into the space (gets g), "in" for a reader (gets g's inverse transpose). `stage` says
+where in the stream the tensor sits. The block layouts below are shared by the families; a family lists
+its embedding and head roles. A space's axes are listed (and applied) in role order.
 """
 
 from __future__ import annotations
@@ -27,8 +19,7 @@ from torch import Tensor
 LAYER_SPACES = ("heads", "qheads", "qk", "vo", "mlp", "mlp_scale")
 # per-head attention pairs that the circuit form absorbs
 HEAD_PAIRS = ("qk", "vo")
-# the hidden state of a task head with a layer of its own (BERT's masked-LM transform or pooler): one
-# space for the model, like the residual stream, listed after the layers' spaces
+# the hidden state of a task head with a layer of its own (BERT's masked-LM transform or pooler)
 HEAD_HIDDEN = "head_hidden"
 
 
@@ -97,9 +88,7 @@ PRE_NORM_CIRCUIT = (
 
 BLOCKS = {"factored": PRE_NORM_FACTORED, "circuit": PRE_NORM_CIRCUIT}
 
-# Post-norm blocks (BERT): x = LN(x + attn(x)), x = LN(x + mlp(x)). The stream is the LayerNorms' output,
-# so their gains and offsets write it (a residual permutation moves them; no orthogonal map commutes with
-# the mean subtraction and the elementwise gain).
+# Post-norm blocks (BERT): the stream is the LayerNorms' output, so their gains and offsets write it
 _POST_NORMS = (
     _block("ln1_w", "attn", Acts(R, 0, "out")),
     _block("ln1_b", "attn", Acts(R, 0, "out")),
@@ -108,13 +97,9 @@ _POST_NORMS = (
 )
 POST_NORM_BLOCKS = {form: (*roles, *_POST_NORMS) for form, roles in BLOCKS.items()}
 
-# Gated grouped-query blocks (Llama, Mistral, Qwen2), with K key/value heads each shared by G query heads:
-#   q_w (K, G, dh, D), q_b (K, G, dh), k_w (K, dh, D), k_b, v_w (K, dv, D), v_b, o_w (K, G, D, dv), o_b (D)
-#   gate_w (F, D), gate_b, in_w (F, D) (the linear "up" branch), in_b, out_w (D, F), out_b
-# heads: the key/value groups, moved with their query heads; qheads: per group, its query heads (one
-# permutation per group); qk and vo: one element per group, shared by its query heads; mlp_scale: the
-# up branch is linear, so a unit's in_w row may be scaled against its out_w column. The biases are zero
-# where the Hugging Face layout has none.
+# Gated grouped-query blocks (Llama), K key/value heads each shared by G query heads: q_w (K, G, dh, D),
+# k_w, v_w (K, dh, D), o_w (K, G, D, dv). heads: the groups; qheads: the query heads within a group; qk, vo:
+# one element per group; mlp_scale: the linear up branch's unit rows may be scaled against out_w's columns.
 GATED_GROUPED = (
     _block(
         "q_w",
@@ -145,8 +130,7 @@ GATED_GROUPED = (
     _block("out_b", "mlp", Acts(R, 0, "out")),
 )
 
-# Grouped-query attention (the roles above) with a plain MLP (GPT-NeoX: one query head per key/value head,
-# rotary positions, a GELU MLP with biases)
+# Grouped-query attention with a plain MLP (GPT-NeoX: one query head per key/value head)
 GROUPED_PLAIN = (*GATED_GROUPED[:8], *_MLP)
 
 _LAYER = re.compile(r"blocks\.(\d+)\.")
@@ -154,8 +138,7 @@ _FACTORED_BY_KEY = {role.name: role for role in PRE_NORM_FACTORED}
 
 
 def block_roles(form: str, norm: str = "pre") -> tuple[Role, ...]:
-    """The roles of one block's tensors: pre-norm (RMS before each reader, parameter-free) or post-norm
-    (a LayerNorm with gain and offset after each sublayer)."""
+    """The roles of one block's tensors, pre-norm or post-norm."""
     if form not in BLOCKS:
         raise ValueError(f"unknown form {form!r}; known: {', '.join(BLOCKS)}")
     return (BLOCKS if norm == "pre" else POST_NORM_BLOCKS)[form]
@@ -164,11 +147,9 @@ def block_roles(form: str, norm: str = "pre") -> tuple[Role, ...]:
 def pair_factors(
     params: dict[str, Tensor], layer: int, pair: str, roles: tuple[Role, ...] = PRE_NORM_FACTORED
 ) -> tuple[Tensor, Tensor]:
-    """One per-head pair (qk or vo) of a factored block as (X, Y), each (H, d, n): X from the tensors
-    that write into the pair (q, v), Y from those that read it (k, o); every tensor with its head axis
-    first, the pair's axis second and the rest flattened, joined along the last axis in role order
-    (weights before biases, so X = [W_q | b_q]). The circuit is X^T Y up to the side it is read from.
-    `roles`: the block's layout (GATED_GROUPED: one pair per key/value group, X holding its query heads)."""
+    """One per-head pair (qk or vo) of a factored block as (X, Y), each (H, d, n): the tensors writing
+    into the pair (X = [W_q | b_q]) and reading it, head axis first, pair axis second, the rest flattened
+    and joined in role order; the circuit is X^T Y. `roles`: the block's layout."""
     sides: dict[str, list[Tensor]] = {"out": [], "in": []}
     for role in roles:
         for acts in role.acts_on(pair):
@@ -178,8 +159,7 @@ def pair_factors(
 
 
 def unit_rows(params: dict[str, Tensor], layer: int, space: str, roles: tuple[Role, ...] = PRE_NORM_FACTORED) -> Tensor:
-    """Every unit of a per-layer unit space (mlp) as one row: the tensors it acts on, its axis first and
-    the rest flattened, joined in role order (for the MLP, [W_in | b_in | W_out^T])."""
+    """Every unit of a per-layer unit space as one row, joined in role order (MLP: [W_in | b_in | W_out^T])."""
     rows = []
     for role in roles:
         for acts in role.acts_on(space):
