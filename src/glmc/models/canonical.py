@@ -31,23 +31,12 @@ from glmc.models.rotary import apply_rotary
 Recorder = Callable[[str, Tensor], None]
 
 # Hugging Face activation names -> canonical names.
+_TANH_GELUS = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_accurate", "gelu_tanh")
 _ACTIVATION_ALIASES = {
-    "gelu": "gelu",
-    "gelu_python": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_python_tanh": "gelu_tanh",
-    "gelu_accurate": "gelu_tanh",
-    "gelu_tanh": "gelu_tanh",
-    "quick_gelu": "quick_gelu",
-    "relu": "relu",
-    "leaky_relu": "leaky_relu",
-    "silu": "silu",
+    **dict.fromkeys(("gelu", "gelu_python"), "gelu"),
+    **dict.fromkeys(_TANH_GELUS, "gelu_tanh"),
+    **{name: name for name in ("quick_gelu", "relu", "leaky_relu", "silu", "mish", "tanh", "sigmoid")},
     "swish": "silu",
-    "mish": "mish",
-    "tanh": "tanh",
-    "sigmoid": "sigmoid",
 }
 
 ACTIVATIONS = {

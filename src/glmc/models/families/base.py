@@ -51,6 +51,7 @@ class Family:
     mean_zero_stream: bool = True
     # whether the (D+1) x (D+1) QK/OV circuit form exists (not under rotary positions)
     circuit_form: bool = True
+    block_layout: tuple[Role, ...] = ()  # a layout of its own (factored form only); empty: roles.block_roles
     embed_roles: tuple[Role, ...] = ()
     head_roles: tuple[Role, ...] = ()
     # a head per task (model.head): head -> its data task; empty where the family has one head
@@ -105,7 +106,15 @@ class Family:
 
     # ---- derived from the roles ----
     def blocks(self, form: str) -> tuple[Role, ...]:
-        return block_roles(form, self.norm)
+        if not self.block_layout:
+            return block_roles(form, self.norm)
+        if form != "factored":
+            raise ValueError(
+                f"the {self.name} family has no circuit form: under rotary positions the query/key circuit "
+                "W_q^T W_k is not what the model computes (interpolation stacks its rotary heads instead: "
+                "glmc.interpolation)"
+            )
+        return self.block_layout
 
     def roles(self, config: CanonicalConfig) -> tuple[Role, ...]:
         return (*self.embed_roles, *self.blocks(config.form), *self.heads(config))

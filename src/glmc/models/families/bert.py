@@ -20,14 +20,10 @@ from glmc.models.canonical import ACTIVATIONS, CanonicalConfig, CanonicalTransfo
 from glmc.models.export import check_model, check_template, fresh, set_param
 from glmc.models.families.base import Family, encoder_sizes
 from glmc.models.families.fold import common_eps
-from glmc.models.families.roles import HEAD_HIDDEN, Acts, Role
+from glmc.models.families.roles import HEAD_HIDDEN, Acts, Role, writer
 
 # model.head -> the data task it trains on
 TASK_HEADS = {"mlm": "masked_lm", "classification": "classification"}
-
-
-def _residual(name: str, axis: int, vocab_rows: bool = False) -> Role:
-    return Role(name, "embed", (Acts("residual", axis, "out"),), vocab_rows)
 
 
 def _head(name: str, *acts: Acts, reads: str | None = None, bias: str | None = None) -> Role:
@@ -60,11 +56,11 @@ class BertFamily(Family):
     norm = "post"
     task_heads = TASK_HEADS
     embed_roles = (
-        _residual("embed.tokens", 1, vocab_rows=True),
-        _residual("embed.pos", 1),
-        _residual("embed.types", 1),
-        _residual("embed.norm_w", 0),
-        _residual("embed.norm_b", 0),
+        writer("embed.tokens", 1, vocab_rows=True),
+        writer("embed.pos", 1),
+        writer("embed.types", 1),
+        writer("embed.norm_w", 0),
+        writer("embed.norm_b", 0),
     )
 
     # ---- what RoBERTa changes ----

@@ -2,6 +2,7 @@
 so LN(x) = gamma * rms(x) + beta, and gamma, beta fold into the readers after the norm.
 """
 
+import torch
 from torch import Tensor, nn
 
 
@@ -36,6 +37,11 @@ def fold_block(pre: str, heads: int, norm1, qkv, o, norm2, mlp_in, mlp_out) -> d
     p[pre + "out_w"] = center(mlp_out[0], 0)
     p[pre + "out_b"] = center(mlp_out[1], 0)
     return p
+
+
+def bias64(linear: nn.Linear, size: int) -> Tensor:
+    """A Linear's bias in float64, zeros of `size` where it has none."""
+    return torch.zeros(size, dtype=torch.float64) if linear.bias is None else linear.bias.detach().double()
 
 
 def common_eps(norms) -> float:

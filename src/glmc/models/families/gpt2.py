@@ -16,7 +16,7 @@ from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, head_bias_offset, identity_norm, set_param
 from glmc.models.families.base import Family
 from glmc.models.families.fold import center, common_eps, fold_block, fold_norm, weights64
-from glmc.models.families.roles import Acts, Role
+from glmc.models.families.roles import linear_head, writer
 
 
 @torch.no_grad()
@@ -89,10 +89,6 @@ def gpt2_from_canonical(model: CanonicalTransformer, template: GPT2LMHeadModel) 
     return hf
 
 
-def _writer(name: str, vocab_rows: bool = False) -> Role:
-    return Role(name, "embed", (Acts("residual", 1, "out"),), vocab_rows)
-
-
 class GPT2Family(Family):
     name = "gpt2"
     model_types = ("gpt2",)
@@ -101,11 +97,8 @@ class GPT2Family(Family):
     tasks = ("causal_lm",)
     shared_model_keys = ("vocab_size", "max_positions")
     model_keys = ("vocab_size", "max_positions")
-    embed_roles = (_writer("embed.pos"), _writer("embed.tokens", vocab_rows=True))
-    head_roles = (
-        Role("head.w", "head", (Acts("residual", 1, "in"),), reads="final", bias="head.b", vocab_rows=True),
-        Role("head.b", "head"),
-    )
+    embed_roles = (writer("embed.pos"), writer("embed.tokens", vocab_rows=True))
+    head_roles = linear_head(vocab_rows=True)
 
     def build(self, cfg) -> GPT2LMHeadModel:
         config = GPT2Config(

@@ -19,9 +19,9 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, head_bias_offset, identity_norm, set_param
 from glmc.models.families.base import Family, layer_sizes
-from glmc.models.families.fold import center, common_eps, fold_norm
+from glmc.models.families.fold import bias64, center, common_eps, fold_norm
 from glmc.models.families.llama import rope_scaling, rope_theta
-from glmc.models.families.roles import GROUPED_PLAIN, Acts, Role
+from glmc.models.families.roles import GROUPED_PLAIN, linear_head, writer
 from glmc.models.rotary import rotating_dims
 
 QKV = ("q", "k", "v")
@@ -60,17 +60,13 @@ def _hf_rotary_dims(c: CanonicalConfig) -> int:
     return c.rope_dim if c.rotary_dims is None else c.rotary_dims
 
 
-def _bias(linear: nn.Linear, size: int) -> Tensor:
-    return torch.zeros(size, dtype=torch.float64) if linear.bias is None else linear.bias.detach().double()
-
-
 def _attention(layer: nn.Module, pre: str, heads: int) -> dict[str, Tensor]:
     """One block's attention tensors, input_layernorm folded into q, k and v (float64)."""
     attn, g = layer.attention, lambda t: t.detach().double()  # noqa: E731
     dh, D = attn.head_size, attn.query_key_value.in_features
     # the fused output rows are (head, [q, k, v], dim)
     w = g(attn.query_key_value.weight).reshape(heads, 3, dh, D)
-    b = _bias(attn.query_key_value, 3 * heads * dh).reshape(heads, 3, dh)
+    b = bias64(attn.query_key_value, 3 * heads * dh).reshape(heads, 3, dh)
     gamma, beta = g(layer.input_layernorm.weight), g(layer.input_layernorm.bias)
     p = {}
     for j, name in enumerate(QKV):
@@ -79,7 +75,7 @@ def _attention(layer: nn.Module, pre: str, heads: int) -> dict[str, Tensor]:
         p[pre + name + "_w"], p[pre + name + "_b"] = (scale * wj).reshape(*shape, D), (scale * bj).reshape(shape)
     # dense weight (D, H * dh): column block h is head h
     p[pre + "o_w"] = center(g(attn.dense.weight), 0).reshape(D, heads, 1, dh).permute(1, 2, 0, 3)
-    p[pre + "o_b"] = center(_bias(attn.dense, D), 0)
+    p[pre + "o_b"] = center(bias64(attn.dense, D), 0)
     return p
 
 
@@ -90,10 +86,10 @@ def _mlp(layer: nn.Module, pre: str) -> dict[str, Tensor]:
     units = mlp.dense_h_to_4h.out_features
     p = {}
     p[pre + "in_w"], p[pre + "in_b"] = fold_norm(
-        g(mlp.dense_h_to_4h.weight), _bias(mlp.dense_h_to_4h, units), g(norm.weight), g(norm.bias)
+        g(mlp.dense_h_to_4h.weight), bias64(mlp.dense_h_to_4h, units), g(norm.weight), g(norm.bias)
     )
     p[pre + "out_w"] = center(g(mlp.dense_4h_to_h.weight), 0)
-    p[pre + "out_b"] = center(_bias(mlp.dense_4h_to_h, mlp.dense_4h_to_h.out_features), 0)
+    p[pre + "out_b"] = center(bias64(mlp.dense_4h_to_h, mlp.dense_4h_to_h.out_features), 0)
     return p
 
 
@@ -203,11 +199,9 @@ class GPTNeoXFamily(Family):
     attention_kind = "grouped"
     mlp_kind = "plain"
     circuit_form = False
-    embed_roles = (Role("embed.tokens", "embed", (Acts("residual", 1, "out"),), vocab_rows=True),)
-    head_roles = (
-        Role("head.w", "head", (Acts("residual", 1, "in"),), reads="final", bias="head.b", vocab_rows=True),
-        Role("head.b", "head"),
-    )
+    block_layout = GROUPED_PLAIN
+    embed_roles = (writer("embed.tokens", vocab_rows=True),)
+    head_roles = linear_head(vocab_rows=True)
 
     def build(self, cfg) -> GPTNeoXForCausalLM:
         head_dim = cfg.hidden_size // cfg.num_heads
@@ -238,14 +232,6 @@ class GPTNeoXFamily(Family):
 
     to_canonical = staticmethod(gpt_neox_to_canonical)
     to_hf = staticmethod(gpt_neox_from_canonical)
-
-    def blocks(self, form: str) -> tuple[Role, ...]:
-        if form != "factored":
-            raise ValueError(
-                "the gpt_neox family has no circuit form: under rotary positions the query/key circuit W_q^T W_k "
-                "is not what the model computes (interpolation stacks its rotary heads instead: glmc.interpolation)"
-            )
-        return GROUPED_PLAIN
 
     def embed(self, config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
         return p["embed.tokens"][inputs]

@@ -20,7 +20,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, set_linear, set_param
 from glmc.models.families.base import Family, layer_sizes
-from glmc.models.families.roles import GATED_GROUPED, Acts, Role
+from glmc.models.families.fold import bias64
+from glmc.models.families.roles import GATED_GROUPED, linear_head, writer
 from glmc.models.rotary import SCALED_TYPES
 from glmc.settings.ranges import finite_number
 
@@ -99,10 +100,6 @@ def check_supported(cfg: Any) -> None:
     rope_theta(cfg)
 
 
-def _bias(linear: nn.Linear, size: int, g) -> Tensor:
-    return torch.zeros(size, dtype=torch.float64) if linear.bias is None else g(linear.bias)
-
-
 @torch.no_grad()
 def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> CanonicalTransformer:
     """`family`: the family whose details (norm gain, embedding scale) the model has; Llama's by default."""
@@ -126,15 +123,15 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
             ("v", attn.v_proj, 1.0, (K, dh)),
         ):
             p[pre + name + "_w"] = (scale * g(lin.weight) * gamma).reshape(*shape, D)
-            p[pre + name + "_b"] = (scale * _bias(lin, lin.out_features, g)).reshape(shape)
+            p[pre + name + "_b"] = (scale * bias64(lin, lin.out_features)).reshape(shape)
         # o_proj weight (D, H * dh): column block h is query head h = k * G + g
         p[pre + "o_w"] = g(attn.o_proj.weight).reshape(D, K, G, dh).permute(1, 2, 0, 3)
-        p[pre + "o_b"] = _bias(attn.o_proj, D, g)
+        p[pre + "o_b"] = bias64(attn.o_proj, D)
         gamma = family.norm_offset + g(layer.post_attention_layernorm.weight)
         units = mlp.gate_proj.out_features
-        p[pre + "gate_w"], p[pre + "gate_b"] = g(mlp.gate_proj.weight) * gamma, _bias(mlp.gate_proj, units, g)
-        p[pre + "in_w"], p[pre + "in_b"] = g(mlp.up_proj.weight) * gamma, _bias(mlp.up_proj, units, g)
-        p[pre + "out_w"], p[pre + "out_b"] = g(mlp.down_proj.weight), _bias(mlp.down_proj, D, g)
+        p[pre + "gate_w"], p[pre + "gate_b"] = g(mlp.gate_proj.weight) * gamma, bias64(mlp.gate_proj, units)
+        p[pre + "in_w"], p[pre + "in_b"] = g(mlp.up_proj.weight) * gamma, bias64(mlp.up_proj, units)
+        p[pre + "out_w"], p[pre + "out_b"] = g(mlp.down_proj.weight), bias64(mlp.down_proj, D)
     p["head.w"] = g(model.lm_head.weight) * (family.norm_offset + g(inner.norm.weight))
 
     window, window_layers = sliding_window(cfg)
@@ -238,8 +235,9 @@ class LlamaFamily(Family):
     mlp_kind = "gated"
     mean_zero_stream = False
     circuit_form = False
-    embed_roles = (Role("embed.tokens", "embed", (Acts("residual", 1, "out"),), vocab_rows=True),)
-    head_roles = (Role("head.w", "head", (Acts("residual", 1, "in"),), reads="final", vocab_rows=True),)
+    block_layout = GATED_GROUPED
+    embed_roles = (writer("embed.tokens", vocab_rows=True),)
+    head_roles = linear_head(bias=False, vocab_rows=True)
     # an RMSNorm's gain is norm_offset + its weight (Gemma stores the gain less one)
     norm_offset = 0.0
 
@@ -293,15 +291,6 @@ class LlamaFamily(Family):
 
     def to_hf(self, model, template) -> nn.Module:
         return llama_from_canonical(model, template, self)
-
-    def blocks(self, form: str) -> tuple[Role, ...]:
-        if form != "factored":
-            raise ValueError(
-                f"the {self.name} family has no circuit form: under rotary positions the query/key circuit "
-                "W_q^T W_k is not what the model computes (interpolation stacks its rotary heads instead: "
-                "glmc.interpolation)"
-            )
-        return GATED_GROUPED
 
     def embed(self, config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
         return p["embed.tokens"][inputs]

@@ -16,7 +16,7 @@ from transformers import OPTConfig, OPTForCausalLM
 
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_heads, check_model, check_template, fresh, head_bias_offset, set_linear, set_param
-from glmc.models.families.fold import center, common_eps, fold_block, fold_norm
+from glmc.models.families.fold import bias64, center, common_eps, fold_block, fold_norm
 from glmc.models.families.gpt2 import GPT2Family
 
 # OPTLearnedPositionalEmbedding's offset: position t reads row t + 2
@@ -48,10 +48,6 @@ def _affine(norm: nn.LayerNorm, width: int, g) -> tuple[Tensor, Tensor]:
     return g(norm.weight), g(norm.bias)
 
 
-def _bias(linear: nn.Linear, g) -> Tensor:
-    return torch.zeros(linear.out_features, dtype=torch.float64) if linear.bias is None else g(linear.bias)
-
-
 @torch.no_grad()
 def opt_to_canonical(model: OPTForCausalLM) -> CanonicalTransformer:
     cfg, dec = model.config, model.model.decoder
@@ -64,7 +60,7 @@ def opt_to_canonical(model: OPTForCausalLM) -> CanonicalTransformer:
         "embed.tokens": center(g(dec.embed_tokens.weight), 1),
         "embed.pos": center(g(dec.embed_positions.weight)[POSITION_OFFSET:], 1),
     }
-    linear = lambda m: (g(m.weight), _bias(m, g))  # noqa: E731
+    linear = lambda m: (g(m.weight), bias64(m, m.out_features))  # noqa: E731
     for i, layer in enumerate(dec.layers):
         attn = layer.self_attn
         qkv = [(*linear(lin), s) for lin, s in ((attn.q_proj, attn.scaling), (attn.k_proj, 1.0), (attn.v_proj, 1.0))]

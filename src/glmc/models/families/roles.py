@@ -51,6 +51,17 @@ class Role:
         return tuple(a for a in self.acts if a.space == space)
 
 
+def writer(name: str, axis: int = 1, vocab_rows: bool = False) -> Role:
+    """An embedding tensor writing into the residual stream along `axis`."""
+    return Role(name, "embed", (Acts("residual", axis, "out"),), vocab_rows)
+
+
+def linear_head(bias: bool = True, vocab_rows: bool = False) -> tuple[Role, ...]:
+    """head.w reading the final stream, and its bias head.b."""
+    w = Role("head.w", "head", (Acts("residual", 1, "in"),), vocab_rows, "final", "head.b" if bias else None)
+    return (w, Role("head.b", "head")) if bias else (w,)
+
+
 def _block(name: str, stage: str, *acts: Acts, reads: str | None = None) -> Role:
     bias = "blocks.{l}." + name[:-1] + "b" if reads else None
     return Role("blocks.{l}." + name, stage, acts, reads=reads and "blocks.{l}." + reads, bias=bias)

@@ -17,7 +17,7 @@ from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, identity_norm, set_param
 from glmc.models.families.base import Family, encoder_sizes
 from glmc.models.families.fold import center, common_eps, fold_block, fold_norm, weights64
-from glmc.models.families.roles import Acts, Role
+from glmc.models.families.roles import linear_head, writer
 from glmc.settings.ranges import finite_number
 
 
@@ -95,10 +95,6 @@ def vit_from_canonical(model: CanonicalTransformer, template: ViTForImageClassif
     return hf
 
 
-def _writer(name: str, axis: int) -> Role:
-    return Role(name, "embed", (Acts("residual", axis, "out"),))
-
-
 class ViTFamily(Family):
     name = "vit"
     model_types = ("vit",)
@@ -121,15 +117,12 @@ class ViTFamily(Family):
         ]
 
     embed_roles = (
-        _writer("embed.pos", 1),
-        _writer("embed.patch_w", 0),
-        _writer("embed.patch_b", 0),
-        _writer("embed.cls", 0),
+        writer("embed.pos", 1),
+        writer("embed.patch_w", 0),
+        writer("embed.patch_b", 0),
+        writer("embed.cls", 0),
     )
-    head_roles = (
-        Role("head.w", "head", (Acts("residual", 1, "in"),), reads="final", bias="head.b"),
-        Role("head.b", "head"),
-    )
+    head_roles = linear_head()
 
     def build(self, cfg) -> ViTForImageClassification:
         config = ViTConfig(
