@@ -112,7 +112,11 @@ def target_problems(cfg: DictConfig) -> list[str]:
     return problems
 
 
-def trainer_target_allowed(trainer: DictConfig) -> bool:
-    """Whether trainer._target_ names Lightning's Trainer (read without importing anything else)."""
-    target = OmegaConf.select(trainer, TARGET, default=TRAINER)
-    return _reason(target, trainer=True) is None
+def trainer_arguments(trainer: DictConfig) -> set[str] | None:
+    """The keyword arguments of Lightning's Trainer, which `+trainer.<argument>=...` reaches; None where
+    trainer._target_ names another class (refused by target_problems, and not imported)."""
+    if _reason(OmegaConf.select(trainer, TARGET, default=TRAINER), trainer=True) is not None:
+        return None
+    import lightning.pytorch as pl
+
+    return {name for name in inspect.signature(pl.Trainer.__init__).parameters if name != "self"}

@@ -11,7 +11,6 @@ run folder is checked by glmc.pipeline.run_folder.
 from __future__ import annotations
 
 import errno
-import inspect
 import os
 import tempfile
 import typing
@@ -27,7 +26,7 @@ from glmc.data.checks import data_problems
 from glmc.models.checks import fits_data, model_key_problems, model_problems
 from glmc.models.families import family_named
 from glmc.pipeline.pairing import seed_pairs  # the pipeline's own pairing: its errors name the seeds
-from glmc.pipeline.targets import target_problems, trainer_target_allowed
+from glmc.pipeline.targets import target_problems, trainer_arguments
 from glmc.settings.methods import METHODS, MULTI_METHODS
 from glmc.settings.ranges import RULES, SEED_LIMIT, setting_problems
 from glmc.symmetry.family_defaults import AUTO
@@ -320,19 +319,9 @@ def _multi_problems(cfg: Config) -> list[str]:
 
 def _known_keys(schema: type, node: Any) -> set[str]:
     known = {f.name for f in fields(schema)}
-    if schema is TrainerConfig and not trainer_target_allowed(node):  # refused by target_problems, not imported
-        return known | set(node.keys())
-    if schema is TrainerConfig:  # `+trainer.<argument>=...` reaches the Trainer its _target_ names
-        from hydra.utils import get_class
-
-        try:
-            target = get_class(str(node.get("_target_", TrainerConfig._target_)))
-        except Exception:  # instantiate reports an unknown target with its own message
-            return known | set(node.keys())
-        parameters = inspect.signature(target.__init__).parameters.values()
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-            return known | set(node.keys())
-        known |= {p.name for p in parameters if p.name != "self"}
+    if schema is TrainerConfig:  # and the Trainer's own arguments (any key where its target is refused)
+        arguments = trainer_arguments(node)
+        return known | (set(node.keys()) if arguments is None else arguments)
     return known
 
 
