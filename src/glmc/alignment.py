@@ -12,11 +12,9 @@ from glmc.interpolation import interpolate
 
 @dataclass
 class Alignment:
-    """Result of aligning model B to reference model A: `reference` is A and `model` is B transformed, in the
-    parameterisation the method interpolates (HF for vanilla, factored canonical otherwise). `circuits`: the
-    attention pairs ("qk", "vo") interpolated as circuits (glmc.interpolation). `function_preserving` is False
-    where `model` no longer computes B's function (soft permutations). `variants`: further paths to evaluate
-    beside this one (e.g. a Sinkhorn run's hard projection)."""
+    """Aligning model B to reference model A: `reference` is A and `model` is B transformed, in the method's
+    parameterisation; `circuits`: the head pairs interpolated as circuits; `function_preserving` is False where
+    `model` no longer computes B's function; `variants`: further paths to evaluate (a hard projection)."""
 
     reference: torch.nn.Module
     model: torch.nn.Module

@@ -1,6 +1,5 @@
-"""Public entry points for people who bring their own models (from glmc import align, evaluate, ...).
-Models and inputs are checked before any work (a model without its head or weights, a batch that does not
-fit the model, a loader with nothing to score): an error that says so, not one from inside a forward pass."""
+"""Public entry points for people who bring their own models: models and inputs are checked before any work,
+with an error that says what does not fit, not one from inside a forward pass."""
 
 from __future__ import annotations
 
@@ -45,17 +44,12 @@ def align(
     device: str | torch.device = "cpu",
     **options,
 ) -> Alignment:
-    """Align model B to model A (Hugging Face models of a known family, or canonical ones, of the same
-    architecture: a ValueError names the first difference, MLP widths aside for a matcher object with
-    `equal_mlp_widths = False`).
+    """Align model B to model A, of the same architecture (Hugging Face models of a known family, or canonical).
 
-    `matcher`: a registry method name (glmc.matching.registry.METHODS) whose settings `options` override, or
-    an object with a `match(a, b, context)` method. `data`: training batches (inputs, targets) for data-driven
-    methods, checked against model A. Learned matching trains with a Lightning Trainer (settings from
-    `trainer`) and checkpoints into `run_dir` (a temporary folder if None, so nothing resumes).
-
-    Returns an Alignment: `.model` is B transformed (same function as B), `.reference` is A in the
-    same parameterisation, `.transform` the group elements, `.diagnostics` the method's record."""
+    `matcher`: a registry method name whose settings `options` override, or an object with `match(a, b,
+    context)`. `data`: training batches for data-driven methods. Learned matching trains with a Lightning
+    Trainer (`trainer` settings), checkpointing into `run_dir` (a temporary folder if None). Returns an
+    Alignment: `.model` is B transformed (B's function), `.reference` A in the same parameterisation."""
     node, symmetry = None, {}
     if isinstance(matcher, str):
         if matcher not in METHODS:
@@ -269,19 +263,18 @@ def check_data(model: CanonicalTransformer, data: Any) -> None:
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
         if len(data) == 0:
             raise ValueError(f"data yields no batches (its dataset has {len(dataset)} samples): {EMPTY_HINT}")
-        inputs, targets = check_pair(family_of(model), dataset.tensors[:2], task, "data")
-        check_batch(limits, inputs, targets, task)
-        return
-    generator = getattr(data, "generator", None)
-    state = generator.get_state() if isinstance(generator, torch.Generator) else None
-    try:
-        with torch.random.fork_rng(devices=[]):
-            batch = next(iter(data), None)
-    finally:
-        if state is not None:
-            generator.set_state(state)
-    if batch is None:
-        raise ValueError(f"data yielded no batches: {EMPTY_HINT}")
+        batch = dataset.tensors[:2]
+    else:
+        generator = getattr(data, "generator", None)
+        state = generator.get_state() if isinstance(generator, torch.Generator) else None
+        try:
+            with torch.random.fork_rng(devices=[]):
+                batch = next(iter(data), None)
+        finally:
+            if state is not None:
+                generator.set_state(state)
+        if batch is None:
+            raise ValueError(f"data yielded no batches: {EMPTY_HINT}")
     inputs, targets = check_pair(family_of(model), batch, task, "data")
     check_batch(limits, inputs, targets, task)
 

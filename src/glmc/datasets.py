@@ -1,7 +1,6 @@
 """Every dataset glmc reads, one entry each: what it is, what it fits and how it is loaded. The rest of glmc
 asks this registry (`dataset(cfg.data.name)`) and never names a dataset (docs/adding-a-dataset.md). It imports
-nothing of glmc, so the config schema can read it: loaders and checksums are `Lazy` references into glmc.data.
-"""
+nothing of glmc, so the config schema can read it: loaders and checksums are `Lazy` references into glmc.data."""
 
 from __future__ import annotations
 
@@ -46,11 +45,9 @@ def at_path() -> Lazy:
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """One dataset. `tasks`: the data.task values it serves. Images: `image_size` (native, where `resizable`),
-    `channels`, `classes`. `labels`: a text classification's classes. `wordpiece`: WordPiece ids only.
-    `subsets`: the most data.num_subsets it can cut. `examples`: the conf/data option per task, where not
-    its name. `reads_path`: it reads data.path. `checks`: what would keep its data from loading (of the run
-    config), asked before any work."""
+    """One dataset: the data.task values it serves, its images' shape, its text classes (`labels`), the most
+    data.num_subsets it cuts, the conf/data option per task where not its name (`examples`), whether it reads
+    data.path, and `checks`: what would keep its data from loading, asked of the run config before any work."""
 
     name: str
     modality: str

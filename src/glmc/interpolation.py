@@ -1,12 +1,8 @@
-"""Weighted averages of models: sum_i w_i theta_i, in the parameterisation of the models given (differentiable).
-
-Canonical models may interpolate attention as circuits, QK = sum_i w_i Q~_i^T K~_i and OV = sum_i w_i W_O,i V~_i
-(Q~ = [W_q | b_q]): exactly a factored head of the stacked heads,
+"""Weighted averages of models, sum_i w_i theta_i, in the parameterisation given (differentiable). Canonical
+models may interpolate attention as circuits, QK = sum_i w_i Q~_i^T K~_i and OV = sum_i w_i W_O,i V~_i: exactly
   Q~ = [sqrt(w_1) Q~_1; ...],  K~ = [sqrt(w_1) K~_1; ...],  V~ = [V~_1; ...],  W_O = [w_1 W_O,1 | ...],
-a valid canonical model (no HF equivalent) at about N times one model's attention; rotary heads stack alike.
-Models of weight 0 are left out, so a path's ends cost one plain forward. The norm's epsilon is interpolated
-where the models' differ (merge_configs), so a path ends at an embedded narrower model's own epsilon.
-"""
+a canonical model of stacked heads (rotary ones too). Models of weight 0 are left out; the norm's epsilon is
+interpolated where the models' differ (merge_configs), so a path ends at each model's own."""
 
 from __future__ import annotations
 
@@ -63,8 +59,7 @@ def _check_weights(weights: Sequence[float], circuits: Sequence[str]) -> None:
 def merge_params(
     params: Sequence[dict[str, Tensor]], weights: Sequence[float], circuits: Sequence[str] = ()
 ) -> dict[str, Tensor]:
-    """sum_i weights[i] * params[i] of factored canonical params; attention pairs named in
-    `circuits` ("qk", "vo") are merged as circuits by stacking heads (module docstring)."""
+    """sum_i weights[i] * params[i] of factored canonical params, pairs in `circuits` as circuits."""
     if len(params) != len(weights):
         raise ValueError(f"{len(params)} models but {len(weights)} weights")
     bad = set(circuits) - set(HEAD_PAIRS)
@@ -123,11 +118,8 @@ def interpolate_state_dicts(state_dicts: Sequence[dict[str, Tensor]], weights: S
 def interpolate(
     models: Sequence[torch.nn.Module], weights: Sequence[float], circuits: Sequence[str] = ()
 ) -> torch.nn.Module:
-    """A new model whose parameters are sum_i weights[i] * models[i].
-
-    Canonical models in factored form are merged by `merge_params` (attention as circuits for the
-    pairs named in `circuits`); any other models (HF, or canonical ones in circuit form) by their
-    state dicts, into a copy of models[0]."""
+    """A new model whose parameters are sum_i weights[i] * models[i]: factored canonical models by
+    `merge_params`, any others by their state dicts, into a copy of models[0]."""
     if all(isinstance(m, CanonicalTransformer) and m.config.form == "factored" for m in models):
         with torch.no_grad():
             merged = merge_params([m.params() for m in models], weights, circuits)

@@ -13,8 +13,7 @@ TOKEN_TASKS = ("causal_lm", "masked_lm")
 
 
 def is_token_task(task: str) -> bool:
-    """A language-model task: a prediction per token, loss per counted token, perplexity = exp(loss)
-    (for masked LM the pseudo-perplexity of the masked positions)."""
+    """A language-model task: a prediction per token, perplexity = exp(loss) per counted token."""
     return str(task) in TOKEN_TASKS
 
 
@@ -25,9 +24,8 @@ def logits_of(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
 
 
 def flat_predictions(logits: torch.Tensor, targets: torch.Tensor, task: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, classes) logits and (N,) targets that the loss compares. Causal LM: token t+1 predicted
-    from the prefix up to t (shifted by one); masked LM: every position against its own target (the
-    dataset marks the unmasked ones IGNORE_INDEX); classification: as given."""
+    """(N, classes) logits and (N,) targets that the loss compares: causal LM shifted by one (token t+1 from
+    the prefix up to t), masked LM every position, classification as given."""
     if task == "causal_lm":
         return logits[:, :-1].flatten(0, 1), targets[:, 1:].flatten()
     if task == "masked_lm":

@@ -13,8 +13,7 @@ from pathlib import Path
 
 
 def current_umask() -> int:
-    """The process's umask, read without changing it where Linux shows it (another thread may be
-    creating files meanwhile); elsewhere set and restored at once."""
+    """The process's umask, read without changing it where Linux shows it (another thread may race)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):

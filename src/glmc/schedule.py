@@ -1,7 +1,4 @@
-"""AdamW with linear warm-up and cosine decay, per optimisation step.
-
-Endpoint training (glmc.train) and learned matching (glmc.matching) both use it, so it sits below both.
-"""
+"""Linear warm-up and cosine decay per optimisation step, below both endpoint training and learned matching."""
 
 from __future__ import annotations
 

@@ -35,8 +35,7 @@ END_RTOL = 1e-4
 def path_end_mismatches(
     lambdas: Sequence[float], losses: Sequence[float], loss_a: float, loss_b: float, rtol: float = END_RTOL
 ) -> list[str]:
-    """'lambda=1 (model A): path 2.3027, endpoint 2.2913' for each end of the path whose loss differs
-    from its endpoint's own loss by more than `rtol` (relative, at least 1e-6 absolute)."""
+    """'lambda=1 (model A): path 2.3, endpoint 2.2' for each end whose loss is off its endpoint's by > rtol."""
     ends = {1.0: ("model A", loss_a), 0.0: ("model B", loss_b)}
     out = []
     for lam, loss in zip(lambdas, losses):

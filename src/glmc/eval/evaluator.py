@@ -1,7 +1,6 @@
-"""The one evaluator: loss and accuracy of models and of the paths between them, on a fixed split, on one
-device in inference mode. Batches stay on the device while they fit in `cache_mb`; paths are evaluated
-functionally (no module copies); under torch.distributed each rank reads every world_size-th batch and
-the sums are all-reduced."""
+"""The one evaluator: loss and accuracy of models and of the paths between them on a fixed split, on one device;
+batches stay there while they fit in `cache_mb`, paths are evaluated functionally (no module copies), and
+under torch.distributed each rank reads every world_size-th batch and the sums are all-reduced."""
 
 from __future__ import annotations
 
@@ -78,7 +77,6 @@ class Evaluator:
         self._cache: list[tuple[Tensor, Tensor]] | None = None
         self._streaming = False
 
-    # -- batches ---------------------------------------------------------------------------
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """This rank's share of the split, on the device; cached after the first full pass."""
         if self._cache is not None:
@@ -100,7 +98,6 @@ class Evaluator:
         if not self._streaming:
             self._cache = kept
 
-    # -- metrics ---------------------------------------------------------------------------
     def _autocast(self):
         dtype = AUTOCAST[self.precision]
         if dtype is None:
@@ -160,8 +157,7 @@ class Evaluator:
 
 
 def run_evaluators(cfg: Any, data: Any, device: torch.device) -> tuple[Evaluator, Evaluator]:
-    """A run's test split evaluator and the one its paths are evaluated with (another where eval.split names
-    another split of the DataModule `data`), with the run's eval.* settings."""
+    """A run's test split evaluator and the one its paths are evaluated with (eval.split's)."""
     options = dict(
         task=cfg.data.task,
         device=device,
@@ -189,8 +185,7 @@ def evaluate_path(
     progress: bool = True,
     **options,
 ) -> dict[str, list[float]]:
-    """Loss and accuracy along lam * A + (1 - lam) * B. Pass an Alignment as the first argument
-    (and None for B) to use its parameterisation and circuit setting."""
+    """Loss and accuracy along lam * A + (1 - lam) * B (an Alignment as A: its own parameterisation)."""
     alignment = model_a if isinstance(model_a, Alignment) else Alignment(model_a, model_b, circuits=tuple(circuits))
     return Evaluator(loader, task, progress=progress, **options).path(alignment, lambdas)
 

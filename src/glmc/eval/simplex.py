@@ -21,8 +21,7 @@ Point = tuple[float, ...]
 
 
 def _as_point(coords: Sequence[Fraction | float]) -> Point:
-    """The nearest floats, with one coordinate moved by a few ulps where needed so that their
-    left-to-right sum is exactly 1 (the largest coordinate that achieves it)."""
+    """The nearest floats, one coordinate moved by a few ulps where needed to sum exactly to 1."""
     values = [float(c) for c in coords]
     total = sum(values)
     if total == 1.0:

@@ -43,8 +43,7 @@ def plot_simplex_heatmaps(
     title: str | None = None,
     labels: Sequence[str] | None = None,
 ) -> Path:
-    """One ternary panel per method (an evaluate_simplex result), coloured by L - sum_i a_i L_i, the largest
-    excess starred; `labels` name the three corners (e.g. the seeds)."""
+    """One ternary panel per method, coloured by L - sum_i a_i L_i; `labels` name the corners."""
     if not panels:
         raise ValueError("no panels to plot")
     labels = list(labels) if labels is not None else ["θ₀", "θ₁", "θ₂"]

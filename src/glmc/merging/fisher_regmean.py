@@ -1,12 +1,8 @@
-"""Fisher-weighted averaging and RegMean of factored canonical models of identical shapes, with non-negative
-`weights` (default uniform) normalised to sum to one.
-
-fisher_merge (Matena & Raffel, 2022): theta = sum_i w_i F_i theta_i / sum_i w_i F_i per element, F_i the
-  diagonal empirical Fisher of model i on training batches.
+"""Merges of factored canonical models of identical shapes, with non-negative `weights` (default uniform):
+fisher_merge (Matena & Raffel, 2022): theta = sum_i w_i F_i theta_i / sum_i w_i F_i, F_i the diagonal Fisher;
 regmean_merge (Jin et al., 2023): each linear map W = (sum_i w_i W_i G_i) (sum_i w_i G_i)^-1, G_i = X_i^T X_i
-  of its inputs [x; 1] in model i (off-diagonals scaled by alpha); other tensors are averaged.
-Every model sees the same batches; for per-model data, combine fisher_information or gram_matrices of each.
-"""
+  of its inputs [x; 1] (off-diagonals scaled by alpha); other tensors are averaged.
+For per-model data, combine each model's fisher_information or gram_matrices."""
 
 from __future__ import annotations
 
@@ -27,7 +23,6 @@ from glmc.models.families.roles import layer_of
 MERGE_KINDS = ("average", "fisher", "regmean")
 
 
-# -- checks ------------------------------------------------------------------------------------
 def _check_models(models: Sequence[torch.nn.Module], method: str) -> list[CanonicalTransformer]:
     models = list(models)
     if not models:
@@ -82,7 +77,6 @@ def _device(model: CanonicalTransformer) -> torch.device:
     return next(iter(model.params().values())).device
 
 
-# -- Fisher ------------------------------------------------------------------------------------
 def fisher_information(
     models: Sequence[CanonicalTransformer],
     batches: Iterable,
@@ -124,8 +118,7 @@ def fisher_average(
     weights: Sequence[float] | None = None,
     eps: float = 1e-8,
 ) -> dict[str, Tensor]:
-    """sum_i w_i (F_i + eps) theta_i / sum_i w_i (F_i + eps) per element, in the dtype of params[0]; eps floors
-    every Fisher (fisher_floor), so where all are zero the merge is the weighted average."""
+    """sum_i w_i (F_i + eps) theta_i / sum_i w_i (F_i + eps) per element, in params[0]'s dtype."""
     weights = _normalised_weights(weights, len(params))
     out = {}
     for name, ref in params[0].items():
@@ -156,7 +149,6 @@ def fisher_merge(
     return CanonicalTransformer(models[0].config, merged)
 
 
-# -- RegMean -----------------------------------------------------------------------------------
 class LinearMap(NamedTuple):
     reads: str  # the recorded input (canonical_forward's names)
     weight: str
@@ -221,8 +213,7 @@ def _rows(name: str, t: Tensor, keep: Tensor | None, cls_only: bool) -> Tensor:
 def gram_matrices(
     models: Sequence[CanonicalTransformer], batches: Iterable, max_batches: int | None = None
 ) -> list[dict[str, Tensor]]:
-    """Per model, recorded input name -> X^T X (float64) of its linear maps' inputs [x; 1] over the tokens of
-    at most max_batches batches; IGNORE_INDEX positions are left out, pooling="cls" heads read position 0."""
+    """Per model, input name -> X^T X (float64) of its linear maps' inputs [x; 1], IGNORE_INDEX left out."""
     models = _check_models(models, "regmean")
     grams: list[dict[str, Tensor]] = [{} for _ in models]
     wanted = {linear.reads for linear in linear_maps(models[0]).values()}
@@ -319,7 +310,6 @@ def regmean_from_grams(
     return CanonicalTransformer(models[0].config, {k: merged[k] for k in params[0]})
 
 
-# -- dispatch ----------------------------------------------------------------------------------
 def _average(models, batches=None, weights=None):
     return interpolate(list(models), _normalised_weights(weights, len(models)))
 

@@ -18,9 +18,8 @@ from glmc.safe_files import atomic_path
 
 
 def mean_spread(rows: Sequence[Sequence[float | None]], spread: str = "se") -> tuple[np.ndarray, np.ndarray]:
-    """Column-wise mean and spread of equal-length rows (one row per seed pair; None counts as
-    missing). spread "se": standard error, "sd": standard deviation (both with ddof=1); 0 where a
-    column has a single value."""
+    """Column-wise mean and spread ("se" or "sd", ddof=1; 0 for a single value) of equal-length rows, one per
+    seed pair, None as missing."""
     if spread not in ("se", "sd"):
         raise ValueError(f"spread={spread!r} is not one of se, sd")
     if not rows:

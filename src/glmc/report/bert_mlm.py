@@ -8,9 +8,8 @@ from typing import Any
 
 from glmc.report.artefact import TINY_TEXT_MODEL, Artefact, Step
 from glmc.report.results import grid_results, mean_se, run_results
-from glmc.report.section import write_section
-from glmc.report.tables import markdown, mean_pm, seconds, write_csv
-from glmc.safe_files import atomic_write_text
+from glmc.report.section import write_table_section
+from glmc.report.tables import markdown, mean_pm, seconds
 
 TINY = (
     "model=bert_tiny",  # the experiment's own model, named for the reader (debug=fast keeps it)
@@ -155,7 +154,6 @@ def _ordering(table: dict[str, dict[str, Any]], order: list[str]) -> str:
 
 
 def make(root: Path, out: Path) -> list[Path]:
-    out = Path(out)
     data = collect(root)
     header = ["method", "barrier vs endpoint mean", "barrier (Eq. 1)", "paper 003", "s / pair"]
     sections, csv_rows = [], []
@@ -183,12 +181,7 @@ def make(root: Path, out: Path) -> list[Path]:
         "(12-layer BERT-base), for the ordering only."
     )
     columns = ["table", "row", "pairs", "barrier_vs_mean", "barrier_vs_mean_se", "barrier", "barrier_se", "seconds"]
-    files = [
-        atomic_write_text(out / "bert_mlm.md", "\n\n".join(sections) + "\n"),
-        write_csv(out / "bert_mlm.csv", columns, csv_rows),
-    ]
-    body = "\n\n".join(sections) + f"\n\n{caption}\n\nFiles: [bert_mlm.md](bert_mlm.md), [bert_mlm.csv](bert_mlm.csv)."
-    return [*files, write_section(ARTEFACT, out, body)]
+    return write_table_section(ARTEFACT, out, "\n\n".join(sections), caption, columns, csv_rows)
 
 
 ARTEFACT = Artefact(

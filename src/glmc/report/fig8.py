@@ -37,8 +37,7 @@ def _log_version(folder: Path) -> int:
 
 
 def epoch_metrics(run: Path, stage: str) -> dict[str, dict[int, float]]:
-    """metric -> epoch -> value of one learned-matching stage's per-epoch metrics (stage e.g.
-    `learned_0-1`), merged over its log folders in order: a resumed run logs into `<stage>.2`."""
+    """metric -> epoch -> value of a stage's (e.g. `learned_0-1`) metrics over its log folders in order."""
     out: dict[str, dict[int, float]] = {key: {} for key in EPOCH_KEYS.values()}
     logs = Path(run) / "logs"
     folders = [p for p in logs.glob(f"{stage}*") if p.name == stage or p.name.startswith(stage + ".")]

@@ -86,15 +86,9 @@ def make(root: Path, out: Path) -> list[Path]:
     loss_mean, loss_se = mean_spread(loss_drift, "se")
     table, csv_rows = [], []
     for i, value in enumerate(values):
-        table.append(
-            [
-                f"{value:g}",
-                mean_pm(d["soft"][0][i], d["soft"][1][i], 4),
-                mean_pm(loss_mean[i], loss_se[i]),
-                mean_pm(a["soft"][0][i], a["soft"][1][i], 1),
-                mean_pm(a["hard"][0][i], a["hard"][1][i], 1),
-            ]
-        )
+        accuracies = [mean_pm(a[kind][0][i], a[kind][1][i], 1) for kind in ("soft", "hard")]
+        drift = mean_pm(d["soft"][0][i], d["soft"][1][i], 4)
+        table.append([f"{value:g}", drift, mean_pm(loss_mean[i], loss_se[i]), *accuracies])
         csv_rows.append(
             [value, len(seeds), d["soft"][0][i], d["soft"][1][i], d["hard"][0][i], loss_mean[i], loss_se[i]]
             + [a["soft"][0][i], a["soft"][1][i], a["hard"][0][i], a["hard"][1][i]]

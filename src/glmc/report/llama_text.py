@@ -8,9 +8,8 @@ from typing import Any
 
 from glmc.report.artefact import TINY_TEXT_MODEL, Artefact, Step
 from glmc.report.results import barrier_stats, run_results
-from glmc.report.section import write_section
-from glmc.report.tables import markdown, mean_pm, number, ratio, seconds, write_csv
-from glmc.safe_files import atomic_write_text
+from glmc.report.section import write_table_section
+from glmc.report.tables import markdown, mean_pm, number, ratio, seconds
 
 TINY = (
     "model=llama_text",  # the experiment's own model, named for the reader (debug=fast keeps it)
@@ -77,7 +76,6 @@ def verdict(stats: dict[str, Any], per_pair: dict[str, list[float]]) -> list[str
 
 
 def make(root: Path, out: Path) -> list[Path]:
-    out = Path(out)
     data = collect(root)
     stats, per_pair = data["stats"], data["per_pair"]
     base = stats.get("vanilla", {}).get("barrier")
@@ -102,14 +100,8 @@ def make(root: Path, out: Path) -> list[Path]:
     )
     columns = ["method", "pairs", "barrier", "barrier_se", "seconds", "per_pair"]
     csv_rows = [[m, s["pairs"], s["barrier"], s["barrier_se"], s["seconds"], per_pair[m]] for m, s in stats.items()]
-    files = [
-        atomic_write_text(out / "llama_text.md", table + "\n"),
-        write_csv(out / "llama_text.csv", columns, csv_rows),
-    ]
     lines = "\n".join(f"- {line}" for line in verdict(stats, per_pair))
-    links = "Files: [llama_text.md](llama_text.md), [llama_text.csv](llama_text.csv)."
-    body = f"{table}\n\n{caption}\n\n{lines}\n\n{links}"
-    return [*files, write_section(ARTEFACT, out, body)]
+    return write_table_section(ARTEFACT, out, table, f"{caption}\n\n{lines}", columns, csv_rows)
 
 
 ARTEFACT = Artefact(

@@ -56,8 +56,7 @@ def flat_config(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _method_settings(results: dict[str, Any], method: str) -> dict[str, str]:
-    """The settings that produced `method`'s numbers: the whole config but other methods' matcher
-    settings, the seeds and the keys that change no number."""
+    """The config that produced `method`'s numbers: others' matcher settings, seeds and no-number keys left out."""
     from glmc.pipeline.run_folder import NOT_RESULTS  # keys that change no number never split a row
 
     own = f"matcher.{method}."
@@ -75,10 +74,8 @@ def _label(settings: dict[str, str], keys: list[str]) -> str:
 
 
 def collect(root: Path) -> dict[tuple[str, str, str, str, str, str], list[dict]]:
-    """Seed pairs per (experiment, model, dataset, method, shared settings, method settings) from every
-    results.json below `root`. The settings (`key=value, ...`) are the config keys that differ between the
-    runs of one (experiment, model, dataset, method), so a grid's runs are never pooled; a pair seen in
-    several runs of the same settings counts once (the later file wins)."""
+    """Seed pairs per (experiment, model, dataset, method, shared settings, method settings) below `root`; the
+    settings name the config keys that differ between runs, so a grid's runs are never pooled."""
     files = sorted(Path(root).rglob("results.json"))
     if not files:
         raise FileNotFoundError(f"no results.json under {root}")
@@ -148,9 +145,5 @@ def second_metric(task: str) -> tuple[str, str, float]:
 def barrier_stats(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     """Barrier mean ± s.e. over pairs, the mean seconds a pair took to align, and the pair count."""
     barrier, se = mean_se([p["barrier"] for p in pairs])
-    return {
-        "pairs": len(pairs),
-        "barrier": barrier,
-        "barrier_se": se,
-        "seconds": float(np.mean([p["seconds"] for p in pairs])),
-    }
+    seconds = float(np.mean([p["seconds"] for p in pairs]))
+    return {"pairs": len(pairs), "barrier": barrier, "barrier_se": se, "seconds": seconds}

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from glmc.report.artefact import Artefact
+from glmc.report.tables import write_csv
 from glmc.safe_files import atomic_write_text
 
 TIMES = "times.json"  # written into the output folder by experiments/reproduce.py before `make`
@@ -48,3 +49,11 @@ def write_section(artefact: Artefact, out: Path, body: str) -> Path:
         [f"## {artefact.title}", f"`{command(artefact.name, artefact.flags)}`", body.strip(), cost_line(artefact, out)]
     )
     return atomic_write_text(Path(out) / "section.md", text + "\n")
+
+
+def write_table_section(artefact: Artefact, out: Path, table: str, notes: str, header, rows) -> list[Path]:
+    """<name>.md (`table`), <name>.csv (`header`, `rows`) and section.md: the table, `notes`, links to both."""
+    name, out = artefact.name, Path(out)
+    files = [atomic_write_text(out / f"{name}.md", table + "\n"), write_csv(out / f"{name}.csv", header, rows)]
+    body = f"{table}\n\n{notes}\n\nFiles: [{name}.md]({name}.md), [{name}.csv]({name}.csv)."
+    return [*files, write_section(artefact, out, body)]

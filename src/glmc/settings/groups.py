@@ -24,8 +24,7 @@ class SymmetryConfig:
 
 @dataclass
 class LearnedTraining:
-    """Training settings of pairwise learned matching (paper 001 §4.2), `matcher.<learned method>.*`; defaults
-    as the digits ablations (Figs. 8 and 9) use them."""
+    """Training settings of pairwise learned matching (paper 001 §4.2), `matcher.<learned method>.*`."""
 
     max_steps: int = setting(1500, "count")
     lr: float = setting(0.3, "lr")
@@ -43,8 +42,7 @@ class LearnedTraining:
     seed: int = setting(0, "seed")  # latent noise and the lambda sequence
     # after every epoch, log the midpoint's test loss (match_test_loss) on this many test batches; -1: all, 0: off
     epoch_test_batches: int = setting(16, "batches_or_all")
-    # where each step's hard permutations are solved: host (SciPy), device (the certified auction of
-    # glmc.matching.device_assignment, on the latents' device) or auto (device for CUDA latents, else host)
+    # where each step's permutations are solved: host (SciPy), device (glmc.matching.device_assignment) or auto
     assignment: str = setting("auto", choices=("auto", "host", "device"))
 
 
@@ -53,11 +51,9 @@ EDGE_LAMBDAS = ("uniform", "gaussian")
 
 @dataclass
 class UniverseTraining:
-    """Training settings of the learned universe refinement (paper 001 §4.3), `multi.*` in run.py.
-
-    edge_share: the share of steps whose coefficients lie on an edge of the simplex (a Dirichlet draw almost
-    never does, yet Eq. 2's maximum often sits there), at edge_lambda "uniform" (U(0, 1)) or "gaussian"
-    (N(0.5, 0.1) clipped). candidates: draws per step; the step trains at the one of the largest excess."""
+    """Training settings of the learned universe refinement (paper 001 §4.3), `multi.*`: edge_share is the share
+    of steps on an edge of the simplex (where Eq. 2's maximum often sits, and a Dirichlet draw almost never),
+    at edge_lambda "uniform" or "gaussian"; the step trains at the draw (of `candidates`) of largest excess."""
 
     max_steps: int = setting(1500, "count")
     lr: float = setting(0.3, "lr")

@@ -1,7 +1,6 @@
 """Every alignment method's settings: one config dataclass per method (`matcher.<name>`), whose `_target_`
 names the matcher class and whose other fields are its constructor's arguments with their ranges.
-METHODS lists the pairwise methods (MatcherConfig is made from it), MULTI_METHODS the multi-model ones.
-Symmetry classes default to the run's `symmetry` group by interpolation."""
+METHODS lists the pairwise methods (MatcherConfig is made from it), MULTI_METHODS the multi-model ones."""
 
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ class WeightMatcherConfig:
     tol: float = setting(1e-6, "nonnegative")
     # language models: embedding rows of tokens in the training data (or "all")
     vocabulary: str = setting("train", choices=("train", "all"))
-    # auto: the orthogonal residual map fixes the all-ones vector when both streams are mean-zero, so merges
-    # export to HF LayerNorm models; never (default): unrestricted Procrustes; always: restricted or an error
+    # auto: the residual map fixes the all-ones vector of mean-zero streams (LayerNorm export); always: or an error
     keep_mean: str = setting("never", choices=("auto", "always", "never"))
 
 
@@ -75,8 +73,7 @@ class WeightRefinedMatcherConfig:
     max_iter: int = setting("${matcher.weight.max_iter}", "count")
     tol: float = setting("${matcher.weight.tol}", "nonnegative")
     vocabulary: str = setting("${matcher.weight.vocabulary}", choices=("train", "all"))
-    # gain: the midpoint's readers' loss of gain against the endpoints'; stream: B's readers and writers
-    # compared with A's on the stream A's weights predict (it raised the text demo's barrier: docs/methods.md)
+    # gain: the midpoint readers' loss of gain; stream: B's readers and writers against A's (docs/methods.md)
     proxy: str = setting("gain", choices=("gain", "stream"))
     proxy_weight: float = setting(0.1, "nonnegative")  # 0: weight matching's objective alone
     starts: int = setting(1, "count0")  # random orthogonal starts beside weight matching's and weight_perm's
@@ -191,8 +188,7 @@ class MultiMethod:
     """A multi-model method (`multi.methods`): how the endpoints are aligned before their simplex is evaluated."""
 
     universe: bool  # aligned to a shared universe by the pairwise method `multi.pairwise`; else as trained
-    # then refined by this function (a dotted path, like `_target_`) with every setting of `settings`,
-    # read from `multi.*`: refine(universe_alignment, context, where="multi", **settings)
+    # then refine(universe_alignment, context, where="multi", **settings read from `multi.*`), a dotted path
     refine: str | None = None
     settings: type | None = None
 

@@ -18,8 +18,7 @@ NO_DECAY = ("position_embeddings", "cls_token", "wpe")
 
 
 def training_loss(logits: torch.Tensor, targets: torch.Tensor, task: str, label_smoothing: float = 0.0) -> torch.Tensor:
-    """The mean loss an endpoint trains on: per-token cross-entropy for the language tasks (next token for a
-    causal LM, padding and unmasked positions left out), per-example for classification."""
+    """The mean cross-entropy an endpoint trains on: per counted token (language tasks) or example."""
     logits, targets = flat_predictions(logits, targets, task)
     return F.cross_entropy(logits, targets, label_smoothing=label_smoothing, ignore_index=IGNORE_INDEX)
 
@@ -38,8 +37,7 @@ class EndpointModule(L.LightningModule):
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
         loss = training_loss(self(inputs), targets, self.task, self.train_cfg.label_smoothing)
-        # a tensor handed to the logger, read on the host only every log_every_n_steps (and by a progress
-        # bar): the step itself never waits for the device
+        # a tensor: the logger reads it on the host only every log_every_n_steps, so the step never waits
         self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=False, sync_dist=False)
         return loss
 

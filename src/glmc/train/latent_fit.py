@@ -49,14 +49,10 @@ def _fit(trainer, module, data: dict[str, Any], resume: Path | None) -> None:
 
 
 def fit_latents(module, context, folder: Path, settings, logger) -> tuple[float, int, Path | None, float]:
-    """Train a latent module with the context's Trainer factory (a default one where None) on its data; returns
-    the seconds in fit, the number of processes, the checkpoint resumed from and the seconds earlier attempts
-    spent before it (0 for a fresh run).
-
-    Checkpoints go to folder/checkpoints: `last.ckpt` every `settings.checkpoint_every` steps and `epoch.ckpt`
-    at every epoch's end (EpochCheckpoint). On one process the training order is a function of the step
-    (glmc.data.step_sampler), so a run resumed from last.ckpt matches an uninterrupted one; across several
-    processes it resumes from epoch.ckpt, the last state whose order can be restored."""
+    """Train a latent module with the context's Trainer (a default one where None) on its data; returns the
+    seconds in fit, the processes, the checkpoint resumed from and the seconds spent before it (0: fresh).
+    One process resumes exactly from last.ckpt (the order is a function of the step); several, from the
+    epoch.ckpt written at every epoch's end, the last state whose order can be restored."""
     last, epoch = folder / "checkpoints" / "last.ckpt", folder / "checkpoints" / "epoch.ckpt"
     checkpoints = ModelCheckpoint(
         dirpath=folder / "checkpoints",

@@ -1,7 +1,6 @@
 """Worker processes that end with the process that started them, so that a killed run leaves no worker training
 for nobody and holding its seed's cache lock: Linux's parent-death signal, else a thread that polls.
-Standard library only, so that a spawned worker can run it before its heavy imports.
-"""
+Standard library only, so that a spawned worker can run it before its heavy imports."""
 
 from __future__ import annotations
 

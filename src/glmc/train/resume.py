@@ -38,9 +38,8 @@ def _set_python_state(state: list[Any]) -> None:
 
 
 class EpochCheckpoint(Checkpoint):
-    """Writes `path` at the end of every training epoch (after the other callbacks: a Checkpoint); restores the
-    random state on resume, the loader's through `data.train_generator_state`. `setting` chooses the folder
-    of `path`, named when the disk has no room for it."""
+    """Writes `path` after every training epoch (after the other callbacks) and restores the random state on
+    resume; `setting` (what chooses the folder) is named when the disk has no room."""
 
     def __init__(self, path: Path, data: Any = None, setting: str = "cache_dir"):
         self.path = Path(path)
@@ -100,8 +99,7 @@ class EpochCheckpoint(Checkpoint):
 
 
 def resumable(last: Path) -> Path | None:
-    """`last` if it exists and loads as a Lightning checkpoint of tensors and plain data; a damaged one is moved
-    aside with a warning, so the rerun starts afresh (a damaged pickle fails in many ways: any error counts)."""
+    """`last` if it loads as a Lightning checkpoint; a damaged one is moved aside with a warning."""
     if not last.exists():
         return None
     try:

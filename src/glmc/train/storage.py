@@ -20,8 +20,7 @@ class NoRoomError(OSError):
 
 
 def no_room_errno(err: BaseException) -> int | None:
-    """The errno of `err` when it says that there is no room to write, else None. An OSError carries
-    it; safetensors' SafetensorError only in its text ("No space left on device (os error 28)")."""
+    """The errno of `err` when it says there is no room to write (also in a SafetensorError's text)."""
     if isinstance(err, OSError):
         code = err.errno
     else:
@@ -66,8 +65,7 @@ def _free(folder: Path) -> int | None:
 def no_room_error(
     err: BaseException, what: str, folder: Path, needed: int, setting: str = "cache_dir"
 ) -> NoRoomError | None:
-    """The refusal to raise (from `err`) when `err` says there is no room to write `what` into `folder`,
-    which needs about `needed` bytes and whose place `setting` chooses; None for any other error. Call
+    """The refusal to raise when `err` says there is no room to write `what` into `folder` (else None); call
     it before removing the partial file, so that the free space it reports is what the write met."""
     code = no_room_errno(err)
     if code is None:

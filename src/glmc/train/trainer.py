@@ -65,10 +65,8 @@ def resolve_device(accelerator: str) -> torch.device:
         return torch.device("cuda", local_rank)
     if accelerator == "auto":
         return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    if accelerator == "mps":
-        return torch.device("mps")
-    if accelerator == "cpu":
-        return torch.device("cpu")
+    if accelerator in ("mps", "cpu"):
+        return torch.device(accelerator)
     raise ValueError(f"trainer.accelerator={accelerator!r} is not one of cpu, gpu, cuda, mps, auto")
 
 
@@ -77,9 +75,8 @@ TRAIN_PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "16-mixed")
 
 
 def resolve_precision(precision: Any, accelerator: str) -> str:
-    """trainer.precision as Lightning takes it: `auto` is bf16-mixed on a CUDA device with native bfloat16,
-    else 32-true. ValueError for half-precision weights and for 16-mixed on CPU (which Lightning silently
-    turns into bf16-mixed, under a 16-mixed cache key)."""
+    """trainer.precision as Lightning takes it (`auto`: bf16-mixed on a CUDA device with native bfloat16, else
+    32-true); ValueError for half-precision weights and for 16-mixed on CPU (Lightning makes it bf16-mixed)."""
     precision, accelerator = str(precision), str(accelerator)
     if precision not in TRAIN_PRECISIONS:
         raise ValueError(
@@ -124,8 +121,7 @@ def _parallel_problems(cfg: Any) -> list[str]:
 
 
 def trained_precision(trainer_cfg: DictConfig | Any) -> str:
-    """The precision a Trainer of `trainer_cfg` trains in (auto resolved here), for the cache key and
-    results.json; a refused value is returned as written (the config check reports it)."""
+    """The precision a Trainer of `trainer_cfg` trains in (auto resolved here; a refused one as is)."""
     precision = str(trainer_cfg.get("precision", "32-true"))
     try:
         return resolve_precision(precision, trainer_cfg.get("accelerator", "auto"))
