@@ -114,6 +114,20 @@ def set_linear(
         raise ValueError(f"{name}_b is not zero but the template's layer has no bias: set {setting} in its config")
 
 
+def set_modules(p, modules: dict[str, torch.nn.Module]) -> None:
+    """Each module's weight and bias from p(stem + "w") and p(stem + "b"), by stem ("blocks.0.in_", "head.")."""
+    for stem, module in modules.items():
+        set_param(module.weight, p(stem + "w"), stem + "w")
+        set_param(module.bias, p(stem + "b"), stem + "b")
+
+
+def set_qkv(p, pre: str, linears) -> None:
+    """q, k and v ((Linear, attention scale) each) with their heads flattened and the scale divided out."""
+    for name, (lin, scale) in zip("qkv", linears):
+        set_param(lin.weight, p(pre + name + "_w").flatten(0, 1) / scale, pre + name + "_w")
+        set_param(lin.bias, p(pre + name + "_b").flatten() / scale, pre + name + "_b")
+
+
 def identity_norm(norm: torch.nn.LayerNorm) -> None:
     norm.weight.fill_(1.0)
     norm.bias.zero_()

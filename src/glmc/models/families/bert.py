@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
 
 from glmc.models.canonical import ACTIVATIONS, CanonicalConfig, CanonicalTransformer, layer_norm
-from glmc.models.export import check_model, check_template, fresh, set_param
+from glmc.models.export import check_model, check_template, fresh, set_modules, set_param, set_qkv
 from glmc.models.families.base import Family, encoder_sizes
 from glmc.models.families.fold import common_eps
 from glmc.models.families.roles import HEAD_HIDDEN, Acts, Role, writer
@@ -184,35 +184,22 @@ class BertFamily(Family):
         set_param(emb.word_embeddings.weight, p("embed.tokens"), "embed.tokens")
         self.write_positions(hf, p("embed.pos"))
         set_param(emb.token_type_embeddings.weight, p("embed.types"), "embed.types")
-        set_param(emb.LayerNorm.weight, p("embed.norm_w"), "embed.norm_w")
-        set_param(emb.LayerNorm.bias, p("embed.norm_b"), "embed.norm_b")
+        set_modules(p, {"embed.norm_": emb.LayerNorm})
         for i, layer in enumerate(base.encoder.layer):
             att, out, pre = layer.attention.self, layer.attention.output, f"blocks.{i}."
-            for name, lin, scale in (("q", att.query, dh**-0.5), ("k", att.key, 1.0), ("v", att.value, 1.0)):
-                set_param(lin.weight, p(pre + name + "_w").flatten(0, 1) / scale, pre + name + "_w")
-                set_param(lin.bias, p(pre + name + "_b").flatten() / scale, pre + name + "_b")
+            set_qkv(p, pre, ((att.query, dh**-0.5), (att.key, 1.0), (att.value, 1.0)))
             set_param(out.dense.weight, p(pre + "o_w").permute(1, 0, 2).flatten(1), pre + "o_w")
             set_param(out.dense.bias, p(pre + "o_b"), pre + "o_b")
-            set_param(out.LayerNorm.weight, p(pre + "ln1_w"), pre + "ln1_w")
-            set_param(out.LayerNorm.bias, p(pre + "ln1_b"), pre + "ln1_b")
-            set_param(layer.intermediate.dense.weight, p(pre + "in_w"), pre + "in_w")
-            set_param(layer.intermediate.dense.bias, p(pre + "in_b"), pre + "in_b")
-            set_param(layer.output.dense.weight, p(pre + "out_w"), pre + "out_w")
-            set_param(layer.output.dense.bias, p(pre + "out_b"), pre + "out_b")
-            set_param(layer.output.LayerNorm.weight, p(pre + "ln2_w"), pre + "ln2_w")
-            set_param(layer.output.LayerNorm.bias, p(pre + "ln2_b"), pre + "ln2_b")
+            ffn = {pre + "in_": layer.intermediate.dense, pre + "out_": layer.output.dense}
+            set_modules(p, {pre + "ln1_": out.LayerNorm, **ffn, pre + "ln2_": layer.output.LayerNorm})
         if head == "mlm":
             dense, norm, decoder = self.mlm_modules(hf)
             if decoder.weight is emb.word_embeddings.weight:
                 raise ValueError(f"the exported {type(hf).__name__} still ties its decoder to the token embedding")
-            set_param(norm.weight, p("head.norm_w"), "head.norm_w")
-            set_param(norm.bias, p("head.norm_b"), "head.norm_b")
+            set_modules(p, {"head.norm_": norm})
         else:
             dense, decoder = self.classifier_modules(hf)
-        set_param(dense.weight, p("head.dense_w"), "head.dense_w")
-        set_param(dense.bias, p("head.dense_b"), "head.dense_b")
-        set_param(decoder.weight, p("head.w"), "head.w")
-        set_param(decoder.bias, p("head.b"), "head.b")
+        set_modules(p, {"head.dense_": dense, "head.": decoder})
         return hf
 
     # ---- the forward's family parts ----

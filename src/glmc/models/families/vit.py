@@ -14,7 +14,7 @@ from torch import Tensor
 from transformers import ViTConfig, ViTForImageClassification
 
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
-from glmc.models.export import check_model, check_template, fresh, identity_norm, set_param
+from glmc.models.export import check_model, check_template, fresh, identity_norm, set_modules, set_param, set_qkv
 from glmc.models.families.base import Family, encoder_sizes
 from glmc.models.families.fold import center, common_eps, fold_block, fold_norm, weights64
 from glmc.models.families.roles import linear_head, writer
@@ -80,18 +80,12 @@ def vit_from_canonical(model: CanonicalTransformer, template: ViTForImageClassif
         attn, pre = layer.attention, f"blocks.{i}."
         identity_norm(layer.layernorm_before)
         identity_norm(layer.layernorm_after)
-        for name, lin, scale in (("q", attn.q_proj, attn.scaling), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
-            set_param(lin.weight, p(pre + name + "_w").flatten(0, 1) / scale, pre + name + "_w")
-            set_param(lin.bias, p(pre + name + "_b").flatten() / scale, pre + name + "_b")
+        set_qkv(p, pre, ((attn.q_proj, attn.scaling), (attn.k_proj, 1.0), (attn.v_proj, 1.0)))
         set_param(attn.o_proj.weight, p(pre + "o_w").permute(1, 0, 2).flatten(1), pre + "o_w")
         set_param(attn.o_proj.bias, p(pre + "o_b"), pre + "o_b")
-        set_param(layer.mlp.fc1.weight, p(pre + "in_w"), pre + "in_w")
-        set_param(layer.mlp.fc1.bias, p(pre + "in_b"), pre + "in_b")
-        set_param(layer.mlp.fc2.weight, p(pre + "out_w"), pre + "out_w")
-        set_param(layer.mlp.fc2.bias, p(pre + "out_b"), pre + "out_b")
+        set_modules(p, {pre + "in_": layer.mlp.fc1, pre + "out_": layer.mlp.fc2})
     identity_norm(vit.layernorm)
-    set_param(hf.classifier.weight, p("head.w"), "head.w")
-    set_param(hf.classifier.bias, p("head.b"), "head.b")
+    set_modules(p, {"head.": hf.classifier})
     return hf
 
 
