@@ -26,7 +26,7 @@ from glmc.pipeline.hf_folders import (
     saved_vocabulary,
     tokenizer_asks_for_code,
 )
-from glmc.pipeline.pairing import seed_pairs
+from glmc.pipeline.pairing import folder_count_problems, seed_pairs
 
 if TYPE_CHECKING:
     from glmc.pipeline.endpoint_record import Endpoint
@@ -76,7 +76,7 @@ def folder_problems(cfg: Config) -> tuple[list[Folder], list[str]]:
             )
         seen.setdefault(resolved, i)
     info = dataset(cfg.data.name)  # the data's entry, read once for every folder
-    problems += _pairing_problems(cfg, len(paths)) + _tokenizer_kind_problems(cfg, info)
+    problems += folder_count_problems(len(paths), str(cfg.pairing)) + _tokenizer_kind_problems(cfg, info)
     folders = []
     names = folder_names(paths)
     for i, path in enumerate(paths):
@@ -144,17 +144,6 @@ def _folder_tokenizer_problems(cfg: Config, folders: list[Folder]) -> list[str]:
         "the text for every model with that folder's tokenizer on purpose"
         for line in tokenizer_differences(cfg, folders)
     ]
-
-
-def _pairing_problems(cfg: Config, n: int) -> list[str]:
-    if cfg.pairing == "disjoint" and n % 2:
-        return [
-            f"endpoints.paths holds {n} folders: pairing=disjoint pairs them (0, 1), (2, 3), ...; give an even "
-            "number of folders, or pairing=all (every pair) or pairing=first (the first against each other)"
-        ]
-    if cfg.pairing == "universe" and n < 3:
-        return [f"endpoints.paths holds {n} folders: pairing=universe aligns three or more models; give at least 3"]
-    return []
 
 
 def _data_problems(cfg: Config, info: DatasetInfo, f: Folder) -> list[str]:
@@ -249,7 +238,7 @@ def _shared_problems(cfg: Config, folders: list[Folder]) -> list[str]:
         ]
     try:
         pairs = seed_pairs(list(range(len(folders))), str(cfg.pairing))
-    except ValueError:  # _pairing_problems names it
+    except ValueError:  # folder_count_problems names it
         return []
     for a, b in pairs:
         (wa, ha), (wb, hb) = widths[a], widths[b]

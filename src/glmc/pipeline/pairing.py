@@ -1,8 +1,13 @@
 """Which endpoints a run aligns with which: `pairing=disjoint|all|first|universe` over the seeds (or the
-model folders of endpoints=pretrained), as index pairs (A, B). The config checks (glmc.pipeline.validate,
-glmc.pipeline.folder_fit) and the run (glmc.pipeline.run) read the same pairs."""
+model folders of endpoints=pretrained), as index pairs (A, B), and what the seeds or folders must be for
+the pairing (`seed_problems`, `folder_count_problems`, asked by the config check before any work).
+The config checks and the run (glmc.pipeline.run) read the same pairs."""
 
 from __future__ import annotations
+
+from collections import Counter
+
+from glmc.settings.ranges import SEED_LIMIT
 
 
 def seed_pairs(seeds: list[int], pairing: str) -> list[tuple[int, int]]:
@@ -21,3 +26,39 @@ def seed_pairs(seeds: list[int], pairing: str) -> list[tuple[int, int]]:
     if pairing == "universe":  # no pairs: every endpoint at once (glmc.pipeline.multi)
         return []
     raise ValueError(f"pairing={pairing!r} is not one of disjoint, all, first, universe")
+
+
+def seed_problems(seeds: list[int], pairing: str) -> list[str]:
+    """Seeds repeated, negative or too large, and seeds the pairing cannot pair."""
+    problems = []
+    repeated = sorted(s for s, n in Counter(seeds).items() if n > 1)
+    if repeated:
+        problems.append(
+            f"seeds={seeds}: seed {repeated[0]} appears more than once; a pair of one seed is one model twice, "
+            "so give every endpoint its own seed (e.g. seeds=[0,1])"
+        )
+    negative = [s for s in seeds if s < 0]
+    if negative:
+        problems.append(f"seeds={seeds}: seed {negative[0]} is negative; use seeds >= 0")
+    large = [s for s in seeds if s >= SEED_LIMIT]
+    if large:
+        problems.append(f"seeds={seeds}: seed {large[0]} is too large; use seeds in [0, 2^32)")
+    try:
+        seed_pairs(seeds, pairing)
+    except ValueError as err:
+        return problems + [str(err)]
+    if pairing == "universe" and len(seeds) < 3:
+        problems.append(f"seeds={seeds}: pairing=universe aligns three or more models; give at least 3 seeds")
+    return problems
+
+
+def folder_count_problems(n: int, pairing: str) -> list[str]:
+    """`n` model folders (endpoints=pretrained) that the pairing cannot pair."""
+    if pairing == "disjoint" and n % 2:
+        return [
+            f"endpoints.paths holds {n} folders: pairing=disjoint pairs them (0, 1), (2, 3), ...; give an even "
+            "number of folders, or pairing=all (every pair) or pairing=first (the first against each other)"
+        ]
+    if pairing == "universe" and n < 3:
+        return [f"endpoints.paths holds {n} folders: pairing=universe aligns three or more models; give at least 3"]
+    return []

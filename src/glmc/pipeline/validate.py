@@ -14,7 +14,6 @@ import errno
 import os
 import tempfile
 import typing
-from collections import Counter
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,10 @@ from glmc.config import Config, MergeConfig, MultiConfig, TrainConfig, TrainerCo
 from glmc.data.checks import data_problems
 from glmc.models.checks import fits_data, model_key_problems, model_problems
 from glmc.models.families import family_named
-from glmc.pipeline.pairing import seed_pairs  # the pipeline's own pairing: its errors name the seeds
+from glmc.pipeline.pairing import seed_pairs, seed_problems
 from glmc.pipeline.targets import target_problems, trainer_arguments
 from glmc.settings.methods import METHODS, MULTI_METHODS
-from glmc.settings.ranges import RULES, SEED_LIMIT, setting_problems
+from glmc.settings.ranges import RULES, setting_problems
 from glmc.symmetry.family_defaults import AUTO
 
 # endpoints of different widths (endpoint_models) share these with the first, and the keys their
@@ -81,7 +80,7 @@ def _problems(cfg: Config) -> tuple[list[str], Any]:
     else:
         family = family_named(str(cfg.model.family))
         where = f"model.family={family.name}"
-        problems = _seed_problems(cfg) + _pairing_problems(cfg) + _path_problems(cfg)
+        problems = seed_problems(list(cfg.seeds), str(cfg.pairing)) + _path_problems(cfg)
         if cfg.endpoints.paths:
             problems.append(
                 f"endpoints.paths={list(cfg.endpoints.paths)}: model folders are read with endpoints=pretrained only; "
@@ -157,34 +156,6 @@ def _pretrained_setting_problems(cfg: Config) -> list[str]:
     return problems
 
 
-def _seed_problems(cfg: Config) -> list[str]:
-    problems = []
-    seeds = list(cfg.seeds)
-    repeated = sorted(s for s, n in Counter(seeds).items() if n > 1)
-    if repeated:
-        problems.append(
-            f"seeds={seeds}: seed {repeated[0]} appears more than once; a pair of one seed is one model twice, "
-            "so give every endpoint its own seed (e.g. seeds=[0,1])"
-        )
-    negative = [s for s in seeds if s < 0]
-    if negative:
-        problems.append(f"seeds={seeds}: seed {negative[0]} is negative; use seeds >= 0")
-    large = [s for s in seeds if s >= SEED_LIMIT]
-    if large:
-        problems.append(f"seeds={seeds}: seed {large[0]} is too large; use seeds in [0, 2^32)")
-    return problems
-
-
-def _pairing_problems(cfg: Config) -> list[str]:
-    try:
-        seed_pairs(list(cfg.seeds), str(cfg.pairing))
-    except ValueError as err:
-        return [str(err)]
-    if cfg.pairing == "universe" and len(cfg.seeds) < 3:
-        return [f"seeds={list(cfg.seeds)}: pairing=universe aligns three or more models; give at least 3 seeds"]
-    return []
-
-
 def _endpoint_model_problems(cfg: Config) -> list[str]:
     """The per-endpoint models (endpoint_models) against the first one, which every narrower endpoint is
     embedded into."""
@@ -241,7 +212,7 @@ def _endpoint_model_problems(cfg: Config) -> list[str]:
                 )
     try:
         pairs = seed_pairs(list(cfg.seeds), str(cfg.pairing))
-    except ValueError:  # _pairing_problems names it
+    except ValueError:  # seed_problems names it
         return problems
     for a, b in pairs:
         wide, narrow = _widths(models[a]), _widths(models[b])
