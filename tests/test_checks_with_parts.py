@@ -77,3 +77,14 @@ def test_the_run_check_names_no_dataset_or_family_attribute():
     assert "glmc.datasets" not in imported
     for attribute in ("task_heads", "fixed_model_values", "resizable", "wordpiece", "patch_size", "num_kv_heads"):
         assert attribute not in source, attribute
+
+
+def test_the_pairing_checks_its_seeds_and_folders():
+    from glmc.pipeline.pairing import folder_count_problems, seed_problems
+
+    assert seed_problems([0, 1], "disjoint") == [] and folder_count_problems(4, "disjoint") == []
+    assert seed_problems([0, 1, 1], "all")[0].startswith("seeds=[0, 1, 1]: seed 1 appears more than once")
+    assert seed_problems([0, 1, 2], "disjoint") == ["seeds=[0, 1, 2]: pairing=disjoint needs an even number of seeds"]
+    assert folder_count_problems(2, "universe") == [
+        "endpoints.paths holds 2 folders: pairing=universe aligns three or more models; give at least 3"
+    ]
