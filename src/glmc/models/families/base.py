@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from glmc.models.families.roles import LAYER_SPACES, Role, block_roles, role_key
+from glmc.models.families.roles import LAYER_SPACES, Role, block_roles, role_key, writer
 
 if TYPE_CHECKING:
     from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
@@ -129,6 +129,26 @@ class Family:
 
     def __repr__(self) -> str:
         return f"<model family {self.name}>"
+
+
+class TokenRotaryFamily(Family):
+    """A causal LM whose one embedding is its token table (rotary positions): grouped-query blocks of a layout
+    of its own, no circuit form."""
+
+    data_kind = "text"
+    tasks = ("causal_lm",)
+    attention_kind = "grouped"
+    circuit_form = False
+    embed_roles = (writer("embed.tokens", vocab_rows=True),)
+
+    def embed(self, config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
+        return p["embed.tokens"][inputs]
+
+    def input_limits(self, params) -> dict[str, Any]:
+        return {"vocab": params["embed.tokens"].shape[0]}  # rotary positions have no table: any length
+
+    def hf_input_limits(self, hf_config) -> dict[str, Any]:
+        return {"vocab": hf_config.vocab_size}
 
 
 def encoder_sizes(cfg: Any) -> dict[str, Any]:

@@ -18,10 +18,10 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, head_bias_offset, identity_norm, set_param
-from glmc.models.families.base import Family, layer_sizes
+from glmc.models.families.base import TokenRotaryFamily, layer_sizes
 from glmc.models.families.fold import bias64, center, common_eps, fold_norm
 from glmc.models.families.llama import rope_scaling, rope_theta
-from glmc.models.families.roles import GROUPED_PLAIN, linear_head, writer
+from glmc.models.families.roles import GROUPED_PLAIN, linear_head
 from glmc.models.rotary import rotating_dims
 
 QKV = ("q", "k", "v")
@@ -187,20 +187,14 @@ def gpt_neox_from_canonical(model: CanonicalTransformer, template: GPTNeoXForCau
     return hf
 
 
-class GPTNeoXFamily(Family):
+class GPTNeoXFamily(TokenRotaryFamily):
     name = "gpt_neox"
     model_types = ("gpt_neox",)
     hf_classes = ("GPTNeoXForCausalLM",)
-    data_kind = "text"
-    tasks = ("causal_lm",)
     shared_model_keys = ("vocab_size", "max_positions", "rope_theta", "rotary_pct", "parallel_residual")
     own_model_keys = ("rotary_pct", "parallel_residual")
     model_keys = ("vocab_size", "max_positions", "rope_theta", "rotary_pct", "parallel_residual")
-    attention_kind = "grouped"
-    mlp_kind = "plain"
-    circuit_form = False
     block_layout = GROUPED_PLAIN
-    embed_roles = (writer("embed.tokens", vocab_rows=True),)
     head_roles = linear_head(vocab_rows=True)
 
     def build(self, cfg) -> GPTNeoXForCausalLM:
@@ -232,16 +226,6 @@ class GPTNeoXFamily(Family):
 
     to_canonical = staticmethod(gpt_neox_to_canonical)
     to_hf = staticmethod(gpt_neox_from_canonical)
-
-    def embed(self, config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
-        return p["embed.tokens"][inputs]
-
-    def input_limits(self, params) -> dict[str, Any]:
-        # rotary positions have no table: any length is computed exactly
-        return {"vocab": params["embed.tokens"].shape[0]}
-
-    def hf_input_limits(self, hf_config) -> dict[str, Any]:
-        return {"vocab": hf_config.vocab_size}
 
     def input_properties(self, config, params):
         yield "has a vocabulary of {} tokens", params["embed.tokens"].shape[0]

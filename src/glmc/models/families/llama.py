@@ -19,9 +19,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, set_linear, set_param
-from glmc.models.families.base import Family, layer_sizes
+from glmc.models.families.base import TokenRotaryFamily, layer_sizes
 from glmc.models.families.fold import bias64
-from glmc.models.families.roles import GATED_GROUPED, linear_head, writer
+from glmc.models.families.roles import GATED_GROUPED, linear_head
 from glmc.models.rotary import SCALED_TYPES
 from glmc.settings.ranges import finite_number
 
@@ -222,21 +222,16 @@ def _check_heads(model: CanonicalTransformer, cfg: Any, family: LlamaFamily) -> 
             )
 
 
-class LlamaFamily(Family):
+class LlamaFamily(TokenRotaryFamily):
     name = "llama"
     model_types = ("llama", "mistral", "qwen2")
     hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-    data_kind = "text"
-    tasks = ("causal_lm",)
     shared_model_keys = ("vocab_size", "max_positions")
     own_model_keys = ("num_kv_heads", "tie_embeddings", "rope_theta")
     model_keys = ("vocab_size", "max_positions", "num_kv_heads", "tie_embeddings", "rope_theta")
-    attention_kind = "grouped"
     mlp_kind = "gated"
     mean_zero_stream = False
-    circuit_form = False
     block_layout = GATED_GROUPED
-    embed_roles = (writer("embed.tokens", vocab_rows=True),)
     head_roles = linear_head(bias=False, vocab_rows=True)
     # an RMSNorm's gain is norm_offset + its weight (Gemma stores the gain less one)
     norm_offset = 0.0
@@ -292,18 +287,8 @@ class LlamaFamily(Family):
     def to_hf(self, model, template) -> nn.Module:
         return llama_from_canonical(model, template, self)
 
-    def embed(self, config: CanonicalConfig, p: dict[str, Tensor], inputs: Tensor) -> Tensor:
-        return p["embed.tokens"][inputs]
-
     def head(self, config: CanonicalConfig, p: dict[str, Tensor], x: Tensor, record) -> Tensor:
         return F.linear(x, p["head.w"])
-
-    def input_limits(self, params) -> dict[str, Any]:
-        # rotary positions have no table: any length is computed exactly
-        return {"vocab": params["embed.tokens"].shape[0]}
-
-    def hf_input_limits(self, hf_config) -> dict[str, Any]:
-        return {"vocab": hf_config.vocab_size}
 
     def input_properties(self, config, params):
         yield "has a vocabulary of {} tokens", params["embed.tokens"].shape[0]
