@@ -51,9 +51,14 @@ def write_section(artefact: Artefact, out: Path, body: str) -> Path:
     return atomic_write_text(Path(out) / "section.md", text + "\n")
 
 
-def write_table_section(artefact: Artefact, out: Path, table: str, notes: str, header, rows) -> list[Path]:
-    """<name>.md (`table`), <name>.csv (`header`, `rows`) and section.md: the table, `notes`, links to both."""
+def write_table_section(
+    artefact: Artefact, out: Path, table: str, notes: str, header, rows, tex: str | None = None
+) -> list[Path]:
+    """<name>.md (`table`), <name>.tex (`tex`, where given), <name>.csv (`header`, `rows`) and section.md: the
+    table, `notes` and links to the files."""
     name, out = artefact.name, Path(out)
-    files = [atomic_write_text(out / f"{name}.md", table + "\n"), write_csv(out / f"{name}.csv", header, rows)]
-    body = f"{table}\n\n{notes}\n\nFiles: [{name}.md]({name}.md), [{name}.csv]({name}.csv)."
-    return [*files, write_section(artefact, out, body)]
+    texts = [(".md", table), *([(".tex", tex)] if tex else [])]
+    files = [atomic_write_text(out / f"{name}{suffix}", text + "\n") for suffix, text in texts]
+    files.append(write_csv(out / f"{name}.csv", header, rows))
+    links = ", ".join(f"[{f.name}]({f.name})" for f in files)
+    return [*files, write_section(artefact, out, f"{table}\n\n{notes}\n\nFiles: {links}.")]

@@ -9,9 +9,8 @@ from typing import Any
 
 from glmc.report.artefact import TINY_TEXT_MODEL, Artefact, Step
 from glmc.report.results import barrier_stats, run_results
-from glmc.report.section import write_section
-from glmc.report.tables import latex, markdown, mean_pm, number, ratio, seconds, write_csv
-from glmc.safe_files import atomic_write_text
+from glmc.report.section import write_table_section
+from glmc.report.tables import latex, markdown, mean_pm, number, ratio, seconds
 
 # --tiny: two pairs of debug-sized models and a short method list, learned matching for a few steps
 DIGITS_STEP = Step(
@@ -57,7 +56,6 @@ def methods_in_order(runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 def make(root: Path, out: Path, tasks=TASKS, artefact: Artefact | None = None) -> list[Path]:
-    out = Path(out)
     runs = task_runs(root, tasks)
     stats = {
         (task, method): barrier_stats(m["pairs"]) for task, results in runs for method, m in results["methods"].items()
@@ -83,18 +81,9 @@ def make(root: Path, out: Path, tasks=TASKS, artefact: Artefact | None = None) -
         f"Test-loss barrier (nats), mean ± s.e. over {'/'.join(map(str, pairs))} disjoint seed pairs; "
         "× vanilla: ratio of the mean barriers; s / pair: seconds to align one pair."
     )
-    table = markdown(header, rows)
-    files = [
-        atomic_write_text(out / "table2.md", table + "\n"),
-        atomic_write_text(out / "table2.tex", latex(header, rows, caption) + "\n"),
-        write_csv(
-            out / "table2.csv",
-            ["method", "task", "pairs", "barrier", "barrier_se", "ratio_to_vanilla", "seconds_per_pair"],
-            csv_rows,
-        ),
-    ]
-    body = f"{table}\n\n{caption}\n\nFiles: [table2.md](table2.md), [table2.tex](table2.tex), [table2.csv](table2.csv)."
-    return [*files, write_section(artefact or ARTEFACT, out, body)]
+    columns = ["method", "task", "pairs", "barrier", "barrier_se", "ratio_to_vanilla", "seconds_per_pair"]
+    table, tex = markdown(header, rows), latex(header, rows, caption)
+    return write_table_section(artefact or ARTEFACT, out, table, caption, columns, csv_rows, tex)
 
 
 def make_paper_size(root: Path, out: Path) -> list[Path]:
