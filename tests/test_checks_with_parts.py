@@ -29,17 +29,19 @@ def test_the_ranges_of_the_run_sections_are_declared_with_their_settings():
 
 
 @pytest.mark.parametrize(
-    "override, message",
+    "key, value, message",
     [
-        ("train.warmup_fraction=1.5", "train.warmup_fraction=1.5: use a value in [0, 1)"),
-        ("merge.regmean_alpha=2", "merge.regmean_alpha=2.0: use a value in [0, 1]"),
-        ("data.split_seed=-1", "data.split_seed=-1: use a seed in [0, 2^32)"),
-        ("model.dropout=1", "model.dropout=1.0: use a value in [0, 1)"),
+        ("train.warmup_fraction", 1.5, "train.warmup_fraction=1.5: use a value in [0, 1)"),
+        ("merge.regmean_alpha", 2.0, "merge.regmean_alpha=2.0: use a value in [0, 1]"),
+        ("data.split_seed", -1, "data.split_seed=-1: use a seed in [0, 2^32)"),
+        ("model.dropout", 1.0, "model.dropout=1.0: use a value in [0, 1)"),
     ],
 )
-def test_a_declared_range_is_refused_by_the_one_pass(override, message):
+def test_a_declared_range_is_refused_by_the_one_pass(key, value, message):
+    cfg = compose_config("debug=fast")  # composed once, copied per test
+    OmegaConf.update(cfg, key, value)
     with pytest.raises(ConfigError, match=re.escape(message)):
-        validate_config(compose_config("debug=fast", override))
+        validate_config(cfg)
 
 
 def test_the_data_check_reads_the_dataset_entry():
