@@ -1,9 +1,5 @@
-"""Structured config schema.
-
-Every YAML file under conf/ is merged into these dataclasses, so a misspelled key or a value of the
-wrong type fails while the config is composed, before any training starts, and the error names the
-key (OmegaConf's ConfigKeyError / ValidationError).
-"""
+"""Structured config schema: conf/ is merged into these dataclasses, so a misspelled key or a value of the
+wrong type fails at composition, naming the key."""
 
 from __future__ import annotations
 
@@ -52,17 +48,14 @@ class ModelConfig:
     # text models (GPT-2, BERT, RoBERTa)
     vocab_size: int = setting(256, "count")
     max_positions: int = setting(128, "count")
-    # BERT and RoBERTa only: which head the encoder carries ("mlm": masked-LM; "classification": num_labels
-    # classes from the first position) and how many token types it embeds
+    # BERT and RoBERTa only: the encoder's head ("mlm" or "classification") and its token types
     head: str = "mlm"
     type_vocab_size: int = setting(2, "count")
-    # Llama only: key/value heads (grouped-query attention; None: one per query head), whether the
-    # unembedding is the token embedding, and the rotary base (GPT-NeoX reads it too)
+    # Llama only: key/value heads (None: one per query head), a tied unembedding, the rotary base (GPT-NeoX too)
     num_kv_heads: int | None = None
     tie_embeddings: bool = False
     rope_theta: float = setting(10000.0, "positive")
-    # GPT-NeoX only: the share of each head's dims that rotate (Pythia's 0.25), and whether attention and the
-    # MLP both read the block's input (parallel residual, Pythia's) or the MLP reads attention's output
+    # GPT-NeoX only: the share of each head's dims that rotate, and whether attention and MLP read one input
     rotary_pct: float = setting(0.25, "share")
     parallel_residual: bool = True
 
@@ -75,8 +68,7 @@ class DataConfig:
     batch_size: int = 64
     eval_batch_size: int = 512
     test_fraction: float = 0.2  # held-out share (digits: stratified; text: the last block)
-    # text: the validation block before the test block; digits: a stratified share of the training images
-    # (conf/data/digits.yaml sets it), which learned matching checks its result on
+    # text: the block before the test block; digits: a stratified share of the training images
     val_fraction: float = 0.05
     split_seed: int = setting(0, "seed")  # the train/test split is fixed independently of the endpoint seeds
     augment: bool = False
@@ -84,22 +76,18 @@ class DataConfig:
     num_workers: int = setting(0, "count0")
     limit_train: int | None = None  # keep the first N training examples (debugging)
     limit_test: int | None = None
-    # digits only: resize the 8x8 images to image_size x image_size (bilinear) at load; None keeps 8x8.
-    # data.augment then shifts by up to image_size // 8 pixels
+    # digits only: resize the 8x8 images to image_size x image_size (bilinear) at load; None keeps 8x8
     image_size: int | None = None
     # text only
     tokenizer: TokenizerKind = TokenizerKind.char
-    # a folder saved with save_pretrained (data.tokenizer=gpt2), or holding the tokenizer.json of a
-    # WordPiece tokenizer (data.tokenizer=wordpiece) instead of training one
+    # a saved tokenizer's folder (gpt2: save_pretrained; wordpiece: its tokenizer.json instead of training one)
     tokenizer_path: str | None = None
     seq_len: int = setting(128, "count")  # tokens per window (bookcorpus: per example, padded with EOS)
-    # your own UTF-8 text file (data=text_file reads it, cut into train / validation / test windows); where it
-    # lies is not part of the endpoint cache key, its content is (glmc.data.fingerprint)
+    # your own UTF-8 text file (data=text_file); its content, not its place, is part of the cache key
     path: str | None = None
     # ids of a WordPiece tokenizer trained on the corpus (special tokens included)
     tokenizer_vocab: int = setting(1000, "count")
-    # masked LM only (glmc.data.masked_lm): the share of a window's tokens that are chosen, and the seed of
-    # the fixed masks of the validation and test windows (training windows draw new masks at every fetch)
+    # masked LM only: the share of a window's tokens masked, and the seed of the held-out windows' fixed masks
     mask_prob: float = 0.15
     mask_seed: int = setting(0, "seed")
     # pydoc_topics only: which of num_subsets topic-disjoint datasets of the task (0 .. num_subsets - 1)
@@ -119,16 +107,14 @@ class TrainConfig:
     gradient_clip_val: float = setting(1.0, "nonnegative")
     accumulate_grad_batches: int = setting(1, "count")
     early_stopping_patience: int | None = None  # validations without a better val_loss before stopping
-    # endpoints trained at once, each in its own process (glmc.pipeline.side_by_side); 1: one after another
-    # in this process. How fast, not what: not part of the cache key
+    # endpoints trained at once, each in its own process; 1: one after another. Not part of the cache key
     parallel_endpoints: int = setting(1, "count")
 
 
 @dataclass
 class PretrainConfig:
-    """One model pretrained before the endpoints, each endpoint starting from its encoder (its head as the
-    endpoint's seed initialises it): endpoints fine-tuned from one checkpoint, as in paper 002. The
-    pretrained model has the run's architecture with `head`, and is cached like any endpoint."""
+    """One model (the run's architecture with `head`, cached like any endpoint) pretrained before the
+    endpoints, each fine-tuned from its encoder, as in paper 002."""
 
     enabled: bool = False
     seed: int = 0
@@ -147,8 +133,7 @@ class TrainerConfig:
     devices: Any = 1
     strategy: str = "auto"
     num_nodes: int = 1
-    # 32-true, bf16-mixed, 16-mixed (GPU only) or auto: bf16-mixed on a card with native bfloat16, else
-    # 32-true (glmc.train.trainer.resolve_precision); the weights stay float32 in every case
+    # 32-true, bf16-mixed, 16-mixed (GPU) or auto (glmc.train.trainer.resolve_precision); weights stay float32
     precision: str = "32-true"
     enable_progress_bar: bool = True
     deterministic: bool = True
@@ -190,10 +175,8 @@ class MergeConfig:
 
 @dataclass
 class MultiConfig(UniverseTraining):
-    """Multi-model runs (`pairing=universe`, paper 001 §4.3): universe matching of every endpoint, the
-    loss over the simplex they span (Eq. 2) and the pairwise barriers among the aligned models. The
-    learned refinement's settings (every model's transform trained jointly at Dirichlet coefficients)
-    are UniverseTraining's, declared in glmc.settings.groups; every range is declared here or there."""
+    """Multi-model runs (`pairing=universe`, paper 001 §4.3): universe matching, the loss over the simplex
+    (Eq. 2) and the pairwise barriers; the learned refinement's settings are UniverseTraining's."""
 
     # multi-model methods of glmc.settings.methods.MULTI_METHODS, in plot order
     methods: list[str] = field(default_factory=lambda: list(MULTI_METHODS))
@@ -228,8 +211,7 @@ class Config:
     pairing: Pairing = Pairing.disjoint  # disjoint: (s0,s1),(s2,s3),...; all: every pair
     cache_dir: str = "outputs/endpoints"
     overwrite: bool = False  # replace results.json of a different config in a reused run folder
-    # torch's intra-op threads for this process (None: torch's default, all cores); parallel grid jobs
-    # set 1 each so their thread pools do not fight over the cores
+    # torch's intra-op threads (None: all cores); parallel grid jobs set 1 so their pools do not fight
     threads: int | None = None
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -242,17 +224,15 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     merge: MergeConfig = field(default_factory=MergeConfig)
     multi: MultiConfig = field(default_factory=MultiConfig)
-    # per-endpoint overrides of `model`, one per seed in order ({} keeps the shared model): endpoints
-    # of different widths, aligned by embedding the narrower into the wider (pairing=first)
+    # per-seed overrides of `model` ({} keeps it): endpoints of other widths, the narrower embedded (pairing=first)
     endpoint_models: list[Any] = field(default_factory=list)
     # how the narrower model's stream is sized when embedded (glmc.symmetry.embed_width.match_widths)
     embed_stream: EmbedStream = EmbedStream.keep
 
 
 def register_configs() -> None:
-    """Register the schema (conf/config.yaml lists `config_schema` first in its defaults) and the resolver
-    `${glmc.each_method:}`: every registered method as a job of its own, in Hydra's sweep syntax
-    ([vanilla],[canonical],...), so conf/sweep/matchers.yaml follows the registry."""
+    """Register the schema `config_schema` and the resolver `${glmc.each_method:}` (every registered method as a
+    job of its own, [vanilla],[canonical],..., so conf/sweep/matchers.yaml follows the registry)."""
     OmegaConf.register_new_resolver("glmc.each_method", lambda: ",".join(f"[{m}]" for m in METHODS), replace=True)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
