@@ -68,12 +68,11 @@ class DataModule(L.LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
         self.tokenizer = None
-        # set by a resumed run: the state of the shuffling generator where the interrupted run stopped
+        # set by a resumed run: the shuffling generator's state where the interrupted run stopped
         self.train_generator_state: torch.Tensor | None = None
         # set by learned matching: the training order is a function of the step, starting at this one
         self.train_start_step: int | None = None
-        # training batches sliced from the windows on the training device: None on one CUDA device,
-        # True wherever a one-process trainer runs (CPU included), False never
+        # batches sliced on the device: None on one CUDA device, True on any one-process trainer, False never
         self.device_batches: bool | None = None
 
     def setup(self, stage: str | None = None) -> None:

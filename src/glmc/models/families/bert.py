@@ -30,10 +30,8 @@ def _head(name: str, *acts: Acts, reads: str | None = None, bias: str | None = N
     return Role(name, "head", acts, reads=reads, bias=bias)
 
 
-# the head's first map reads the stream ("final"; position 0 for classification) and writes the head's
-# own hidden state; the activation (and the masked-LM head's LayerNorm) act elementwise or commute with
-# permutations, so a permutation of that state (HEAD_HIDDEN) is a symmetry, read by the output map. A
-# tied Hugging Face masked-LM decoder moves it with the stream: the canonical form unties the two.
+# the head's first map writes its own hidden state; the activation (and the masked-LM head's LayerNorm)
+# commute with permutations of it, so HEAD_HIDDEN is a symmetry space, read by the output map
 _DENSE = (
     _head("head.dense_w", Acts("residual", 1, "in"), Acts(HEAD_HIDDEN, 0, "out"), reads="final", bias="head.dense_b"),
     _head("head.dense_b", Acts(HEAD_HIDDEN, 0, "out")),
