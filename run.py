@@ -48,6 +48,8 @@ def run(cfg: DictConfig) -> float:
     results = run_pipeline(cfg, HydraConfig.get().runtime.output_dir)
     # The value a sweeper would minimise: the barrier of the last method listed (multi-model runs:
     # the simplex barrier of the last multi method).
+    if "children" in results:  # endpoints=finetuned: merge records, no path to minimise
+        return float("nan")
     if "multi" in results:
         return results["multi"][cfg.multi.methods[-1]]["barrier"]
     return results["methods"][cfg.matcher.methods[-1]]["barrier"]

@@ -1,5 +1,6 @@
 """The roberta_finetune artefact (paper 002's Table 1 at CPU size) end to end from tiny runs, its
-macro-F1 against a hand computation, and reading endpoints back from the cache without training."""
+macro-F1 against a hand computation, and the children source refusing a run without a parent before any
+training."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 import pytest
 from test_reproduce import reproduce, run_in_this_process
 
-from glmc.pipeline.endpoints import cached_endpoints
+from glmc.pipeline.children import get_children, macro_f1
 from glmc.report import roberta_finetune as rf
 
 from conftest import compose_config
@@ -57,16 +58,17 @@ def test_tiny_artefact_has_every_row_and_column_with_scores_in_percent(tmp_path,
 @pytest.mark.numeric
 def test_macro_f1_matches_a_hand_computation():
     # class 0: TP 1, FP 1, FN 1 -> 1/2; class 1: TP 2, FP 1 -> 4/5; class 2: FN 1 -> 0; class 3: TP 1 -> 1
-    assert rf.macro_f1([0, 1, 1, 1, 0, 3], [0, 0, 1, 1, 2, 3]) == pytest.approx((0.5 + 0.8 + 0.0 + 1.0) / 4)
+    assert macro_f1([0, 1, 1, 1, 0, 3], [0, 0, 1, 1, 2, 3]) == pytest.approx((0.5 + 0.8 + 0.0 + 1.0) / 4)
     # classes 2 and 3 occur in neither: skipped, not counted as 0 (which would give 1/3)
-    assert rf.macro_f1([0, 1, 1], [0, 0, 1]) == pytest.approx(2 / 3)
-    assert rf.macro_f1([2, 2], [2, 2]) == 1.0
+    assert macro_f1([0, 1, 1], [0, 0, 1]) == pytest.approx(2 / 3)
+    assert macro_f1([2, 2], [2, 2]) == 1.0
     with pytest.raises(ValueError, match="3 predictions for 2 labels"):
-        rf.macro_f1([0, 1, 1], [0, 1])
+        macro_f1([0, 1, 1], [0, 1])
 
 
-def test_cached_endpoints_names_the_step_to_run_when_an_entry_is_missing(tmp_path):
+def test_children_without_a_parent_are_refused_naming_the_setting_before_anything_is_written(tmp_path):
     cfg = compose_config("experiment=roberta_finetune", "debug=fast", *rf.TINY, f"cache_dir={tmp_path}", "logger=none")
-    with pytest.raises(FileNotFoundError, match="seed 0: no cached endpoint at .*; run step roberta_finetune_0 first"):
-        cached_endpoints(cfg, "step roberta_finetune_0")
+    cfg.pretrain.enabled = False
+    with pytest.raises(ValueError, match="from a parent.*set pretrain.enabled=true"):
+        get_children(cfg, tmp_path / "run", tracker=None)
     assert not list(tmp_path.iterdir())  # nothing trained, nothing written

@@ -79,6 +79,7 @@ class EmbedStream(StrEnum):
 class EndpointSource(StrEnum):
     trained = "trained"  # trained here from `seeds` (or read from the endpoint cache)
     pretrained = "pretrained"  # Hugging Face model folders (endpoints.paths), loaded and never trained
+    finetuned = "finetuned"  # children fine-tuned from one parent (pretrain.*) on each task of endpoints.tasks
 
 
 class Pairing(StrEnum):

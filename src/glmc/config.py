@@ -197,10 +197,13 @@ class EndpointsConfig:
     (config.json and safetensors weights), its family read from config.json's model_type; `seeds`,
     `model`, `train` and the cache are not read, and text is encoded with the folders' tokenizer
     (data.tokenizer_path, else the first folder's). Pairs are formed over the folders in order, as over
-    seeds (glmc.pipeline.hf_folders)."""
+    seeds (glmc.pipeline.hf_folders).
+    finetuned: children fine-tuned from one parent (`pretrain`), one per seed of `seeds` on each task of
+    `tasks` (each a set of overrides of `data`); pairs within and across tasks (glmc.pipeline.children)."""
 
     source: EndpointSource = EndpointSource.trained
     paths: list[str] = field(default_factory=list)
+    tasks: list[Any] = field(default_factory=list)  # finetuned: one override of `data` per task
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Stage 1: train N endpoints from N seeds, or load them from the cache; with endpoints=pretrained,
-load N Hugging Face model folders instead (glmc.pipeline.hf_folders), never trained nor cached.
+load N Hugging Face model folders instead (glmc.pipeline.hf_folders), never trained nor cached; with
+endpoints=finetuned, children fine-tuned from one parent on several tasks (glmc.pipeline.children).
 
 Training checkpoints after every epoch into the cache's `.train_seed_<n>` folder of its config
 (glmc.pipeline.cache), so the same command run again after a kill resumes there; the folder is
@@ -241,27 +242,6 @@ def training_kept(cfg: Config) -> str:
             f"(checkpoints go to {', '.join(f'{f}/.train_seed_<n>/last.ckpt' for f in folders)})"
         )
     return "; ".join(kept)
-
-
-def cached_endpoints(cfg: Config, step: str | None = None) -> list[torch.nn.Module]:
-    """Every seed's endpoint of the run config `cfg` (the trained HF models, in eval mode), read from
-    the endpoint cache and never trained: for reports on the endpoints of finished runs. A missing
-    entry raises FileNotFoundError naming `step`, what trains it (e.g. a reproduce.py step); a damaged
-    one, CorruptEntryError (moved aside: running that step again retrains it)."""
-    cache = EndpointCache(Path(cfg.cache_dir))
-    models = []
-    for index, seed in enumerate(cfg.seeds):
-        own = endpoint_config(cfg, index)
-        key = cache_key(own)
-        if not cache.has(key, seed):
-            raise FileNotFoundError(
-                f"seed {seed}: no cached endpoint at {cache.entry(key, seed)}; "
-                f"run {step or 'run.py with the same config'} first (it trains and caches the endpoints)"
-            )
-        model = build_model(own.model)
-        cache.load(key, seed, model)  # entries are renamed into place when complete: no lock needed to read
-        models.append(model.eval())
-    return models
 
 
 def load_or_train(

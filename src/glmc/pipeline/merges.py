@@ -1,5 +1,6 @@
 """Merges at the midpoint beyond the plain average (Fisher, RegMean) and the Hugging Face export of
-a pair's midpoint model: both run after a method's path has been evaluated."""
+a pair's midpoint model: both run after a method's path has been evaluated. Fine-tuned children of
+different tasks merge with each model's statistics taken on its own data (own_data_merges)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import torch
 
 from glmc.alignment import Alignment
 from glmc.eval.evaluator import Evaluator
-from glmc.merging import merged_model
+from glmc.interpolation import merge_params
+from glmc.merging import fisher_average, fisher_information, gram_matrices, merged_model, regmean_from_grams
 from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.safe_files import atomic_write_text
@@ -59,6 +61,33 @@ def evaluate_merges(
             "test_accuracy": accuracy if evaluator.task == "classification" else None,
             "seconds": seconds,
         }
+    return out
+
+
+def own_statistics(kinds: list[str], model: CanonicalTransformer, batches: list) -> dict[str, tuple[Any, float]]:
+    """kind -> (what merge `kind` needs of `model`, taken on `batches`: its own task's data; the seconds)."""
+    out: dict[str, tuple[Any, float]] = {"average": (None, 0.0)}  # the average needs no data
+    for kind, measure in (("fisher", fisher_information), ("regmean", gram_matrices)):
+        if kind in kinds:
+            start = time.perf_counter()
+            out[kind] = (measure([model], batches)[0], time.perf_counter() - start)
+    return out
+
+
+def own_data_merges(kinds: list[str], a, b, stats: tuple[dict, dict], alpha: float) -> dict[str, tuple[Any, float]]:
+    """kind -> (canonical A and B merged at equal weights, seconds including both models' statistics),
+    each model's statistics its own (own_statistics): children of different tasks."""
+    merge = {
+        "average": lambda _: CanonicalTransformer(a.config, merge_params([a.params(), b.params()], [0.5, 0.5])),
+        "fisher": lambda fishers: CanonicalTransformer(a.config, fisher_average([a.params(), b.params()], fishers)),
+        "regmean": lambda grams: regmean_from_grams([a, b], grams, alpha=alpha),
+    }
+    out = {}
+    for kind in kinds:
+        start = time.perf_counter()
+        with torch.no_grad():
+            merged = merge[kind]([s[kind][0] for s in stats])
+        out[kind] = (merged, time.perf_counter() - start + sum(s[kind][1] for s in stats))
     return out
 
 

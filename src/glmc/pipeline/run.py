@@ -33,6 +33,7 @@ from glmc.metrics import is_token_task
 from glmc.models.canonical import relative_deviation
 from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.cache import config_hash
+from glmc.pipeline.children import run_children
 from glmc.pipeline.endpoint_record import Endpoint
 from glmc.pipeline.endpoints import cache_key, endpoint_ids, get_endpoints, training_kept
 from glmc.pipeline.folder_fit import check_tokenizer
@@ -383,6 +384,8 @@ def _print_summary(results: dict[str, Any], multi: dict | None, run_dir: Path, e
 def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, str]) -> dict[str, Any]:
     quiet_lightning()
     run_dir.mkdir(parents=True, exist_ok=True)
+    if str(cfg.endpoints.source) == "finetuned":  # children of several tasks, paired within and across tasks
+        return run_children(cfg, run_dir, stage)
     # a method's own checks of its settings fail here, before any training
     pairs = seed_pairs(endpoint_ids(cfg), cfg.pairing)
     lambdas = lambda_grid(cfg.eval.num_lambdas)

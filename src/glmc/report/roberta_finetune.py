@@ -1,36 +1,21 @@
-"""Paper 002's Table 1 at CPU size: tiny RoBERTas fine-tuned from one pretrained (masked-LM) checkpoint
-on three topic-disjoint datasets of one 4-label task (data=pydoc_topics), merged pairwise.
+"""Paper 002's Table 1 at CPU size: tiny RoBERTas fine-tuned from one pretrained (masked-LM) parent on three
+topic-disjoint datasets of one 4-label task (data=pydoc_topics), merged pairwise.
 
-Steps: `run.py experiment=roberta_finetune data.subset=K` for K = 0, 1, 2 trains (or loads) each
-dataset's endpoints, seeds 0, 1, 2, all fine-tuned from the same cached pretrained model. `make` reads
-those endpoints back from the endpoint cache and, for every pair,
-
-  - aligns B to A with the rotation matcher in two scopes: attention only (paper 002: residual stream,
-    heads and MLP left in place) and the whole model (ours: residual stream, heads and MLP permuted
-    first), each giving three rows from one call: in-head permutations, rotations, rotations + rescaling;
-  - merges A and aligned B (and unaligned B: vanilla) three ways: the simple midpoint average, Fisher
-    averaging and RegMean, each model's Fisher / Gram statistics from its own training data;
-  - copies the classifier from each task's model (paper 002): the merged encoder with A's head tensors
-    is scored on A's test set, with aligned B's on B's, and the cell is the mean of the two macro-F1s.
-
-Pairs: same dataset (seeds differ: 3 datasets x 3 pairs) and cross-dataset (datasets differ, same seed:
-3 dataset pairs x 3 seeds). Paper 002's "in-domain" column merges models of different emotion datasets:
-our cross-dataset pairs are its counterpart; the same-dataset pairs add what seeds alone do.
+Two runs of `experiment=roberta_finetune` (endpoints=finetuned: glmc.pipeline.children) align, merge and score
+every pair: the first with vanilla and the rotation matcher in paper 002's scope (attention only), the second
+with the whole model in scope (ours: residual stream, heads and MLP permuted first; the children read from the
+cache). The rotation matcher's variants give three rows per scope: in-head permutations, rotations, rotations
++ rescaling. `make` reads the two results.json files. Paper 002's "in-domain" column merges models of different
+emotion datasets: our cross-dataset pairs (same seed) are its counterpart; same-dataset pairs (seeds differ)
+add what seeds alone do.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
-import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from omegaconf import OmegaConf
 
 from glmc.report.artefact import TINY_TEXT_MODEL, Artefact, Step
 from glmc.report.results import mean_se, run_results
@@ -50,244 +35,59 @@ TINY = (
     "pretrain.data.limit_test=16",
     "train.max_epochs=1",
     "pretrain.train.max_epochs=1",
-    "eval.num_lambdas=3",
     "seeds=[0,1]",  # one seed pair per dataset: 3 same-dataset and 3 cross-dataset pairs
 )
-STEPS = tuple(
-    Step(label=f"roberta_finetune_{k}", overrides=("experiment=roberta_finetune", f"data.subset={k}"), tiny=TINY)
-    for k in DATASETS
+WHOLE = ("matcher.methods=[rotation]",) + tuple(
+    f"matcher.rotation.{space}=permutation" for space in ("residual", "heads", "mlp")
 )
-ROOT = Path(__file__).resolve().parents[3]  # the repository: conf/, and where run.py resolves relative paths
-RECORD = "reproduce.json"  # experiments/reproduce.py's record of a finished step (its overrides)
-# the run settings the endpoints and merges depend on: taken from the run itself, so that what --set gave
-# it (cache_dir, trainer) is honoured
-RUN_KEYS = ("seeds", "cache_dir", "model", "data", "train", "pretrain", "trainer", "endpoint_models", "merge")
+STEPS = (
+    Step(label="roberta_finetune", overrides=("experiment=roberta_finetune",), tiny=TINY),
+    Step(label="roberta_finetune_whole", overrides=("experiment=roberta_finetune", *WHOLE), tiny=TINY),
+)
 
-SCOPES = {  # RotationMatcher settings besides rescale=True
-    "attention": ("attention only (paper 002)", {"residual": "none", "heads": "none", "mlp": "none"}),
-    "whole": ("whole model (ours)", {"residual": "permutation", "heads": "permutation", "mlp": "permutation"}),
+SCOPES = {  # scope -> (label, the step whose rotation records it reads)
+    "attention": ("attention only (paper 002)", STEPS[0].label),
+    "whole": ("whole model (ours)", STEPS[1].label),
 }
-MATCHINGS = {  # row -> (label, the rotation matcher's variant; None: its main result)
+MATCHINGS = {  # row -> (label, the rotation matcher's variant; main: its result)
     "permutation": ("in-head permutation", "head_permutation"),
     "rotation": ("rotation", "no_rescale"),
-    "rescaled": ("rotation + rescaling", None),
+    "rescaled": ("rotation + rescaling", "main"),
 }
 MERGES = {"simple": "simple", "fisher": "Fisher", "regmean": "RegMean"}
 KINDS = {"same": "same dataset", "cross": "cross-dataset"}
 
 
-# -- scores --------------------------------------------------------------------------------------
-def macro_f1(predicted: Sequence[int] | np.ndarray, labels: Sequence[int] | np.ndarray) -> float:
-    """Per-class F1 = 2 TP / (2 TP + FP + FN), averaged over the classes that occur in the labels or
-    the predictions; a class in neither has no defined F1 and is skipped."""
-    predicted, labels = np.asarray(predicted).ravel(), np.asarray(labels).ravel()
-    if predicted.shape != labels.shape or not len(labels):
-        raise ValueError(f"macro_f1: {predicted.size} predictions for {labels.size} labels")
-    scores = []
-    for c in np.union1d(predicted, labels):
-        tp = np.sum((predicted == c) & (labels == c))
-        wrong = np.sum((predicted == c) != (labels == c))  # false positives + false negatives
-        scores.append(2 * tp / (2 * tp + wrong))
-    return float(np.mean(scores))
-
-
-@torch.no_grad()
-def classify(model: torch.nn.Module, loader: Iterable) -> tuple[float, float]:
-    """(macro-F1, accuracy) of the model's arg-max class on (inputs, labels) batches."""
-    predicted, labels = [], []
-    for inputs, targets in loader:
-        predicted.append(model(inputs).argmax(-1))
-        labels.append(targets)
-    p, y = torch.cat(predicted).numpy(), torch.cat(labels).numpy()
-    return macro_f1(p, y), float(np.mean(p == y))
-
-
-# -- inputs --------------------------------------------------------------------------------------
-def run_config(root: Path, step: Step):
-    """The run config of `step` and its results.json: composed from the step's overrides (those
-    reproduce.py recorded, --tiny's included), with the run's own resolved settings laid over what its
-    endpoints depend on."""
-    from hydra import compose, initialize_config_dir
-
-    from glmc.config import register_configs
-
-    folder = Path(root) / step.label
-    results = run_results(folder)
-    saved = results["config"]
-    record = folder / RECORD
-    overrides = json.loads(record.read_text())["overrides"] if record.is_file() else list(step.overrides)
-    if not (ROOT / "conf").is_dir():
-        raise FileNotFoundError(f"{ROOT / 'conf'} is missing: install glmc editable (pip install -e .)")
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    cfg = OmegaConf.merge(cfg, {key: saved[key] for key in RUN_KEYS})
-    if not Path(cfg.cache_dir).is_absolute():  # relative to where run.py ran, not to this process
-        cfg.cache_dir = str(ROOT / cfg.cache_dir)
-    return cfg, results
-
-
-@dataclass
-class TopicData:
-    """One topic dataset as the merges and scores read it."""
-
-    test: list  # (inputs, labels) batches of the test split
-    train: list  # the training batches merges take statistics on (the run's merge.batches)
-
-
-def load_dataset(cfg) -> TopicData:
-    from glmc.data.module import DataModule
-
-    data = DataModule(cfg.data, seed=0)  # the order the run's own merges read (glmc.pipeline.run)
-    data.setup()
-    train = itertools.islice(data.train_dataloader(), cfg.merge.batches)
-    return TopicData(list(data.test_dataloader()), list(train))
-
-
-@dataclass
-class Statistics:
-    """One model's Fisher diagonal and RegMean Gram matrices on its own training batches."""
-
-    fisher: dict[str, torch.Tensor]
-    grams: dict[str, torch.Tensor]
-    fisher_seconds: float
-    regmean_seconds: float
-
-
-def statistics(model, batches: list) -> Statistics:
-    from glmc.merging import fisher_information, gram_matrices
-
-    start = time.perf_counter()
-    fisher = fisher_information([model], batches)[0]
-    middle = time.perf_counter()
-    grams = gram_matrices([model], batches)[0]
-    return Statistics(fisher, grams, middle - start, time.perf_counter() - middle)
-
-
-# -- merging -------------------------------------------------------------------------------------
-def merges(a, b, sa: Statistics, sb: Statistics, alpha: float) -> dict[str, tuple[Any, float]]:
-    """merge -> (merged model, seconds including both models' statistics) of A and (aligned) B."""
-    from glmc.interpolation import merge_params
-    from glmc.merging import fisher_average, regmean_from_grams
-    from glmc.models.canonical import CanonicalTransformer
-
-    pa, pb = a.params(), b.params()
-    build = {
-        "simple": lambda: CanonicalTransformer(a.config, merge_params([pa, pb], [0.5, 0.5])),
-        "fisher": lambda: CanonicalTransformer(a.config, fisher_average([pa, pb], [sa.fisher, sb.fisher])),
-        "regmean": lambda: regmean_from_grams([a, b], [sa.grams, sb.grams], alpha=alpha),
-    }
-    statistics_seconds = {
-        "simple": 0.0,  # needs no data
-        "fisher": sa.fisher_seconds + sb.fisher_seconds,
-        "regmean": sa.regmean_seconds + sb.regmean_seconds,
-    }
-    out = {}
-    for kind, merge in build.items():
-        start = time.perf_counter()
-        with torch.no_grad():
-            merged = merge()
-        out[kind] = (merged, time.perf_counter() - start + statistics_seconds[kind])
+def _records(children: list[dict[str, Any]], scope: str) -> list[dict[str, Any]]:
+    """The table's records of one run's: `scope`'s rotation rows and, from the first run, the endpoints (the
+    same in every merge column) and vanilla; the run's midpoint average is the table's simple merge."""
+    rows = {("rotation", variant): (scope, matching) for matching, (_, variant) in MATCHINGS.items()}
+    if scope == "attention":
+        rows.update({("vanilla", "main"): ("none", "vanilla"), ("endpoints", None): ("endpoints", "endpoints")})
+    out, unmeasured = [], dict.fromkeys(("match_seconds", "merge_seconds", "distance"))
+    for r in children:
+        row = rows.get((r["method"], r.get("variant")))
+        merges = [{"average": "simple"}.get(r["merge"], r["merge"])] if "merge" in r else list(MERGES)
+        out += [{**unmeasured, **r, "scope": row[0], "matching": row[1], "merge": m} for m in merges] if row else []
     return out
 
 
-def with_head(encoder, head_from):
-    """The merged encoder with the classifier of `head_from` (every head.* tensor)."""
-    from glmc.models.canonical import CanonicalTransformer
-
-    params = encoder.params()
-    params.update({k: v for k, v in head_from.params().items() if k.startswith("head.")})
-    return CanonicalTransformer(encoder.config, params)
-
-
-def copied_head_scores(merged, a, b, test_a: list, test_b: list) -> tuple[float, float]:
-    """Mean (macro-F1, accuracy) of the merged encoder with A's classifier on A's test set and with
-    (aligned) B's on B's."""
-    fa, acc_a = classify(with_head(merged, a), test_a)
-    fb, acc_b = classify(with_head(merged, b), test_b)
-    return (fa + fb) / 2, (acc_a + acc_b) / 2
-
-
-# -- the pairs -----------------------------------------------------------------------------------
-def pair_lists(seeds: Sequence[int]) -> dict[str, list[tuple[tuple[int, int], tuple[int, int]]]]:
-    """kind -> pairs of (dataset, seed) endpoints, A first."""
-    same = [((k, s), (k, t)) for k in DATASETS for s, t in itertools.combinations(seeds, 2)]
-    cross = [((i, s), (j, s)) for i, j in itertools.combinations(DATASETS, 2) for s in seeds]
-    return {"same": same, "cross": cross}
-
-
-def permuted_share(transform) -> float:
-    """The share of the units in the permuted spaces (residual, heads, MLP) that moved: fine-tuned from
-    one checkpoint, the models may already be aligned."""
-    from glmc.symmetry import Permutation
-
-    perms = [g.perm for g in transform.values() if isinstance(g, Permutation)]
-    total = sum(len(p) for p in perms)
-    return sum(int((p != torch.arange(len(p))).sum()) for p in perms) / total if total else 0.0
-
-
 def measure(root: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One record per (pair, row, merge) and the endpoints' own scores; plus checks for the text."""
-    from glmc.matching.rotation import RotationMatcher, factored_distance
-    from glmc.models import to_canonical
-    from glmc.models.canonical import relative_deviation
-    from glmc.pipeline.endpoints import cached_endpoints
-
-    models, data, seeds, alpha, run_accuracy = {}, {}, None, None, {}
-    for k, step in zip(DATASETS, STEPS):
-        cfg, results = run_config(root, step)
-        hint = f"step {step.label} of `python experiments/reproduce.py roberta_finetune` (into {root})"
-        for seed, model in zip(cfg.seeds, cached_endpoints(cfg, hint)):
-            models[(k, seed)] = to_canonical(model)
-        data[k] = load_dataset(cfg)
-        run_accuracy.update({(k, e["seed"]): e["test_accuracy"] for e in results["endpoints"]})
-        if seeds is not None and list(cfg.seeds) != seeds:
-            raise ValueError(f"{step.label} has seeds {list(cfg.seeds)}, the others {seeds}: pairs need the same seeds")
-        seeds, alpha = list(cfg.seeds), float(cfg.merge.regmean_alpha)
-
-    own = {key: classify(m, data[key[0]].test) for key, m in models.items()}
-    stats = {key: statistics(m, data[key[0]].train) for key, m in models.items()}
-    records: list[dict[str, Any]] = []
-    deviation, moved = 0.0, []
-    for kind, pairs in pair_lists(seeds).items():
-        for (ka, sa), (kb, sb) in pairs:
-            a, b = models[(ka, sa)], models[(kb, sb)]
-            base = {"kind": kind, "pair": f"d{ka}s{sa}-d{kb}s{sb}"}
-            f1 = (own[(ka, sa)][0] + own[(kb, sb)][0]) / 2
-            accuracy = (own[(ka, sa)][1] + own[(kb, sb)][1]) / 2
-            for merge in MERGES:  # un-merged: the same reference in every merge column
-                records.append({**base, "scope": "endpoints", "matching": "endpoints", "merge": merge})
-                records[-1].update(f1=f1, accuracy=accuracy, match_seconds=None, merge_seconds=None, distance=None)
-            rows = [("none", "vanilla", b, stats[(kb, sb)], 0.0)]
-            for scope, (_, settings) in SCOPES.items():
-                alignment = RotationMatcher(name=f"rotation_{scope}", rescale=True, **settings).match(a, b)
-                if scope == "whole":
-                    moved.append(permuted_share(alignment.transform))
-                for matching, (_, variant) in MATCHINGS.items():
-                    aligned = alignment.model if variant is None else alignment.variants[variant].model
-                    inputs = data[kb].test[0][0]
-                    deviation = max(deviation, relative_deviation(aligned(inputs), b(inputs)))
-                    spent = alignment.diagnostics["seconds"] if variant is None else None
-                    rows.append((scope, matching, aligned, statistics(aligned, data[kb].train), spent))
-            for scope, matching, aligned, sb_stats, spent in rows:
-                distance = factored_distance(a.params(), aligned.params())
-                for merge, (merged, merge_seconds) in merges(a, aligned, stats[(ka, sa)], sb_stats, alpha).items():
-                    f1, accuracy = copied_head_scores(merged, a, aligned, data[ka].test, data[kb].test)
-                    records.append(
-                        {
-                            **base,
-                            "scope": scope,
-                            "matching": matching,
-                            "merge": merge,
-                            "f1": f1,
-                            "accuracy": accuracy,
-                            "match_seconds": spent,
-                            "merge_seconds": merge_seconds,
-                            "distance": distance,
-                        }
-                    )
-    agreement = max(abs(own[key][1] - run_accuracy[key]) for key in own)
-    checks = {"deviation": deviation, "accuracy_vs_runs": agreement, "seeds": seeds, "moved": float(np.mean(moved))}
+    """One record per (pair, row, merge), in pair order, from the two runs' results.json; plus checks
+    for the text."""
+    runs = {scope: run_results(Path(root) / label) for scope, (_, label) in SCOPES.items()}
+    records = [r for scope, results in runs.items() for r in _records(results["children"], scope)]
+    pairs = {p: i for i, p in enumerate(dict.fromkeys(r["pair"] for r in records))}
+    rows, merges = {row: i for i, row in enumerate(ROWS)}, list(MERGES)
+    records.sort(key=lambda r: (pairs[r["pair"]], rows[(r["scope"], r["matching"])], merges.index(r["merge"])))
+    accuracy = [[e["test_accuracy"] for e in results["endpoints"]] for results in runs.values()]
+    moved = [r["moved"] for r in records if r["scope"] == "whole" and r.get("moved") is not None]
+    checks = {
+        "deviation": max(r.get("deviation") or 0.0 for r in records if r["scope"] in SCOPES),
+        "accuracy_vs_runs": max(abs(x - y) for x, y in zip(*accuracy)),  # the second run read the first's children
+        "seeds": list(runs["attention"]["config"]["seeds"]),
+        "moved": float(np.mean(moved)) if moved else 0.0,
+    }
     return records, checks
 
 
@@ -404,8 +204,8 @@ def make(root: Path, out: Path) -> list[Path]:
         distances(records, checks["moved"]),
         "",
         f"Checks: every aligned B computes what B computes (largest relative deviation of the logits on a "
-        f"test batch {checks['deviation']:.1e}); the endpoints read back from the cache score the test "
-        f"accuracy their runs recorded to within {checks['accuracy_vs_runs']:.1e}.",
+        f"test batch {checks['deviation']:.1e}); the second run's endpoints, read back from the cache, score "
+        f"the first run's test accuracy to within {checks['accuracy_vs_runs']:.1e}.",
     ]
     columns = ["pair_kind", "scope", "matching", "merge", "pairs", "macro_f1", "macro_f1_se", "accuracy"]
     columns += ["accuracy_se", "match_seconds", "merge_seconds", "distance"]
