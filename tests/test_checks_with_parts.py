@@ -1,6 +1,6 @@
 """Each check lives with what it checks: a setting's range is declared with the setting (glmc.config), the
 data settings are checked from the dataset's registry entry (glmc.data.checks), a model's from its family
-(glmc.models.checks, Family.model_problems), and validate_config asks each part in turn."""
+(glmc.pipeline.model_checks, Family.model_problems), and validate_config asks each part in turn."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from omegaconf import OmegaConf
 
 from glmc.config import DataConfig, MergeConfig, ModelConfig, TrainConfig
 from glmc.data.checks import data_problems
-from glmc.models.checks import model_problems
 from glmc.models.families import family_named
+from glmc.pipeline.model_checks import model_problems
 from glmc.pipeline.validate import ConfigError, validate_config
-from glmc.settings.ranges import declared
+from glmc.ranges import declared
 
 from conftest import ROOT, compose_config
 

@@ -17,9 +17,9 @@ from glmc.matching.learned_module import LearnedSettings
 from glmc.matching.registry import default_method_config
 from glmc.matching.universe_learned import UniverseLearnedSettings
 from glmc.pipeline.validate import ConfigError, validate_config
+from glmc.ranges import check_settings, declared, setting
 from glmc.settings.groups import LearnedTraining, UniverseTraining
 from glmc.settings.methods import METHODS
-from glmc.settings.ranges import check_settings, declared, setting
 
 from conftest import ROOT, compose_config
 

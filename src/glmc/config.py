@@ -23,9 +23,9 @@ from glmc.choices import (
     Task,
     TokenizerKind,
 )
+from glmc.ranges import setting
 from glmc.settings.groups import SymmetryConfig, UniverseTraining
 from glmc.settings.methods import METHODS, MULTI_METHODS, MatcherConfig
-from glmc.settings.ranges import setting
 
 
 @dataclass

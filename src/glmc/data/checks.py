@@ -8,12 +8,12 @@ from typing import Any
 
 from glmc.config import DataConfig
 from glmc.datasets import MASKED_LM, TEXT, DatasetInfo, dataset, datasets_for, example_option
-from glmc.settings.ranges import finite_number, setting_problems
+from glmc.ranges import finite_number, setting_problems
 
 
 def data_problems(cfg: Any, pretrained: bool = False) -> list[str]:
     """Every data.* setting that cannot work with data.name's dataset (the models' fit to it is theirs:
-    glmc.models.checks, glmc.pipeline.folder_fit)."""
+    glmc.pipeline.model_checks, glmc.pipeline.folder_fit)."""
     data = cfg.data
     problems = setting_problems(DataConfig, data, "data")  # the ranges DataConfig declares
     for key in ("limit_train", "limit_test"):

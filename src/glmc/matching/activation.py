@@ -31,8 +31,8 @@ from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.models.families import family_named
 from glmc.models.families.base import role_of
 from glmc.models.families.roles import layer_of
+from glmc.ranges import check_settings
 from glmc.settings.methods import ActivationMatcherConfig
-from glmc.settings.ranges import check_settings
 from glmc.symmetry import Diagonal, Orthogonal, OrthogonalScale, Permutation, SymmetrySpec, Transform, apply
 
 

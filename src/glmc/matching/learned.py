@@ -34,8 +34,8 @@ from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.models.families import family_named
 from glmc.models.families.roles import HEAD_HIDDEN
+from glmc.ranges import check_settings
 from glmc.settings.methods import LearnedMatcherConfig
-from glmc.settings.ranges import check_settings
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
 from glmc.symmetry.family_defaults import resolve_residual
 from glmc.symmetry.groups import Element

@@ -24,9 +24,9 @@ from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight
 from glmc.matching.warm_assignment import WarmAssignments
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
+from glmc.ranges import check_settings
 from glmc.schedule import warmup_cosine
 from glmc.settings.groups import LearnedTraining
-from glmc.settings.ranges import check_settings
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply_dense
 
 KINDS = ("orthogonal", "permutation", "sinkhorn")

@@ -28,8 +28,8 @@ from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.models.families.roles import PRE_NORM_FACTORED, Role, pair_factors
+from glmc.ranges import check_settings
 from glmc.settings.methods import RotationMatcherConfig
-from glmc.settings.ranges import check_settings
 from glmc.symmetry import OrthogonalScale, RotaryScale, SymmetrySpec, Transform, apply, apply_params
 
 Params = dict[str, Tensor]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
 from glmc.models.canonical import CanonicalTransformer
+from glmc.ranges import check_settings
 from glmc.settings.methods import CanonicalMatcherConfig
-from glmc.settings.ranges import check_settings
 
 
 class CanonicalMatcher(Matcher):

@@ -30,8 +30,8 @@ from glmc.matching.projections import polar, straight_through_permutation
 from glmc.matching.universe import UniverseAlignment
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
+from glmc.ranges import check_settings
 from glmc.settings.groups import UniverseTraining
-from glmc.settings.ranges import check_settings
 from glmc.symmetry import Orthogonal, Permutation, SemiPermutation, SymmetrySpec, Transform, apply, apply_dense
 
 log = logging.getLogger(__name__)

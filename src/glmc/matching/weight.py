@@ -27,8 +27,8 @@ from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.export import uncentred_writer
 from glmc.models.families import family_named
+from glmc.ranges import check_settings
 from glmc.settings.methods import WeightMatcherConfig
-from glmc.settings.ranges import check_settings
 from glmc.symmetry import Orthogonal, Transform, apply
 from glmc.symmetry.family_defaults import resolve_residual
 

@@ -37,8 +37,8 @@ from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.models.families.base import residual_axis
 from glmc.models.families.roles import HEAD_HIDDEN, in_head_pair, layer_of, pair_factors
+from glmc.ranges import check_settings
 from glmc.settings.methods import WeightRefinedMatcherConfig
-from glmc.settings.ranges import check_settings
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_params
 from glmc.symmetry.family_defaults import resolve_residual
 

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import open_dict
 
 from glmc.config import Config
-from glmc.datasets import dataset
 from glmc.data.tokenizer_folder import error_reason
+from glmc.datasets import dataset
 
 if TYPE_CHECKING:
     from glmc.models.families.base import Family

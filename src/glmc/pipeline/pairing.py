@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from glmc.settings.ranges import SEED_LIMIT
+from glmc.ranges import SEED_LIMIT
 
 
 def seed_pairs(seeds: list[int], pairing: str) -> list[tuple[int, int]]:

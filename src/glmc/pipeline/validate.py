@@ -2,7 +2,7 @@
 
 `validate_config` asks each part of a run in turn what in the config cannot work: the run's own settings
 (seeds, pairing, folders, training, evaluation), the data (glmc.data.checks, from the dataset's registry
-entry), the models (glmc.models.checks, from their family; with endpoints=pretrained the model folders,
+entry), the models (glmc.pipeline.model_checks, from their family; with endpoints=pretrained the model folders,
 glmc.pipeline.folder_fit), the methods (the ranges their settings declare), the Trainer
 (glmc.train.trainer; every `_target_`: glmc.pipeline.targets) and the keys the schema does not know. The
 run folder is checked by glmc.pipeline.run_folder.
@@ -22,12 +22,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from glmc.config import Config, MergeConfig, MultiConfig, TrainConfig, TrainerConfig
 from glmc.data.checks import data_problems
-from glmc.models.checks import fits_data, model_key_problems, model_problems
 from glmc.models.families import family_named
+from glmc.pipeline.model_checks import fits_data, model_key_problems, model_problems
 from glmc.pipeline.pairing import seed_pairs, seed_problems
 from glmc.pipeline.targets import target_problems, trainer_arguments
+from glmc.ranges import RULES, setting_problems
 from glmc.settings.methods import METHODS, MULTI_METHODS
-from glmc.settings.ranges import RULES, setting_problems
 from glmc.symmetry.family_defaults import AUTO
 
 # endpoints of different widths (endpoint_models) share these with the first, and the keys their

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from glmc.choices import HeadForm, LambdaScheme, ResidualClass, UnitClass
-from glmc.settings.ranges import setting
+from glmc.ranges import setting
 
 
 @dataclass

@@ -18,8 +18,8 @@ from glmc.choices import (
     UnitClass,
     UnitLatent,
 )
+from glmc.ranges import setting
 from glmc.settings.groups import LearnedTraining, UniverseTraining
-from glmc.settings.ranges import setting
 
 
 @dataclass

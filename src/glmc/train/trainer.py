@@ -13,7 +13,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig
 
-from glmc.settings.ranges import finite_number
+from glmc.ranges import finite_number
 from glmc.train.process_group import CloseProcessGroup
 from glmc.train.progress_log import ProgressLog
 

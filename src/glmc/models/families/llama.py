@@ -23,7 +23,7 @@ from glmc.models.families.base import TokenRotaryFamily, layer_sizes
 from glmc.models.families.fold import bias64
 from glmc.models.families.roles import GATED_GROUPED, linear_head
 from glmc.models.rotary import SCALED_TYPES
-from glmc.settings.ranges import finite_number
+from glmc.ranges import finite_number
 
 # the rotary types the canonical form computes, as a Hugging Face config's rope_type names them
 ROTARY_TYPES = ("default", *SCALED_TYPES)

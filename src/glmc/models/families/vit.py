@@ -18,7 +18,7 @@ from glmc.models.export import check_model, check_template, fresh, identity_norm
 from glmc.models.families.base import Family, encoder_sizes
 from glmc.models.families.fold import center, common_eps, fold_block, fold_norm, weights64
 from glmc.models.families.roles import linear_head, writer
-from glmc.settings.ranges import finite_number
+from glmc.ranges import finite_number
 
 
 @torch.no_grad()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from glmc.config import Config, ModelConfig
 from glmc.datasets import IMAGES, TEXT, DatasetInfo, dataset
 from glmc.models.families import families_for_data, family_named
-from glmc.settings.ranges import finite_number, setting_problems
+from glmc.ranges import finite_number, setting_problems
 
 if TYPE_CHECKING:
     from glmc.models.families.base import Family
