@@ -8,6 +8,8 @@ import ast
 from functools import cache
 from pathlib import Path
 
+from test_layers import cycles
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
@@ -48,33 +50,9 @@ def import_edges(sources: dict[str, tuple[str, bool]]) -> tuple[dict[str, set[st
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The groups of modules that import each other, directly or around a circle (Tarjan's strongly
-    connected components with more than one module), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while not group or group[-1] != v:
-                group.append(stack.pop())
-            if len(group) > 1:
-                found.append(sorted(group))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
+    """The import circles of `graph`, each sorted (Tarjan's strongly connected parts, as tests/test_layers.py
+    finds them between parts)."""
+    return cycles({v: {w: "" for w in sorted(ws)} for v, ws in graph.items()})
 
 
 @cache
