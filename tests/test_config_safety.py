@@ -205,3 +205,22 @@ def test_the_python_api_trainer_passes_the_same_allow_list():
 
     with pytest.raises(ValueError, match=r"trainer\._target_=shutil\.copy: is not Lightning's Trainer"):
         _trainer({"_target_": "shutil.copy"})
+
+
+def test_a_target_behind_an_interpolation_is_found_where_it_is_read():
+    """Plain references are walked where they point; a resolver that builds a node is resolved and walked."""
+    cfg = OmegaConf.create(
+        {
+            "shared": {"_target_": "shutil.copy"},
+            "ref": "${shared}",
+            "built": "${oc.create:{_target_: os.system}}",
+            "hydra": {"_target_": "os.system"},
+            "via_hydra": "${hydra}",
+        }
+    )
+    found = target_problems(cfg)
+    assert [p.split(":")[0] for p in found] == [
+        "shared._target_=shutil.copy",
+        "built._target_=os.system",
+        "via_hydra._target_=os.system",
+    ]

@@ -17,6 +17,7 @@ A name outside the `lightning` package is refused without importing it; nothing 
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from glmc.matching.registry import matcher_target_problem
 from glmc.settings.methods import METHODS, default_target
 
 TARGET = "_target_"
+PLAIN_REFERENCE = re.compile(r"\$\{([\w.\[\]-]+)\}")  # `${a.b}`: no resolver, so no new container
 TRAINER = "lightning.pytorch.Trainer"
 CALLBACKS, PLUGINS = "lightning.pytorch.callbacks.", "lightning.pytorch.plugins."
 # lightning.pytorch.plugins re-exports Fabric's checkpoint IO and cluster environments
@@ -55,7 +57,16 @@ def _targets(node: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
 
 
 def _child(node: DictConfig | ListConfig, key: Any) -> Any:
-    """node[key] as instantiate reads it (interpolations resolved); None where it cannot be read."""
+    """node[key] as instantiate reads it (interpolations resolved) where it is or may be a container; None
+    for a plain value (which holds no `_target_`, and resolving every value would parse each interpolation)
+    and where it cannot be read."""
+    raw = node._get_node(key)
+    if not isinstance(raw, (DictConfig, ListConfig)):
+        if raw is None or not raw._is_interpolation():
+            return None
+        reference = PLAIN_REFERENCE.fullmatch(str(raw._value()))
+        if reference and not reference.group(1).startswith("hydra"):
+            return None  # another node of the config, walked at its own path
     try:
         return node[key]
     except Exception:  # a missing value (???) or a broken interpolation: the schema's checks name it
