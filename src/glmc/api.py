@@ -20,7 +20,7 @@ from glmc.matching.base import MatchContext, Matcher
 from glmc.matching.registry import METHODS, build_matcher, default_method_config
 from glmc.metrics import IGNORE_INDEX, is_token_task
 from glmc.models.canonical import CanonicalTransformer
-from glmc.models.compatibility import check_compatible
+from glmc.models.compatibility import check_compatible, residual_class_problem
 from glmc.models.convert import to_canonical as _convert
 from glmc.models.families import family_named, family_of_model_type
 from glmc.symmetry.family_defaults import resolve_residual
@@ -70,11 +70,9 @@ def align(
         if str(node.get("residual")) in {c.value for c in ResidualClass}:
             family = family_named(a.config.family)
             node.residual, source = resolve_residual(node.residual, family)
-            if node.residual not in ("none", *family.residual_classes):
-                raise ValueError(
-                    f"residual={node.residual} is not a symmetry of the {family.name} family's residual stream; "
-                    f"allowed: {', '.join(family.residual_classes)} (or leave it out: the widest is the default)"
-                )
+            problem = residual_class_problem(family, node.residual, "residual")
+            if problem:
+                raise ValueError(problem)
             symmetry = {"residual": str(node.residual), "source": source}
         matcher = build_matcher(node)
     check_compatible(a, b, equal_mlp=getattr(matcher, "equal_mlp_widths", True))

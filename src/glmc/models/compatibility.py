@@ -1,14 +1,31 @@
-"""Whether two canonical models can be aligned and interpolated: `check_compatible(a, b)` names the first
-difference (e.g. "model_b has 3 layers, model_a has 2") before a matcher fails on a shape.
-"""
+"""Whether two canonical models can be aligned and interpolated, and a residual class with their family."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.models.families.base import layer_sizes
+
+
+def residual_class_problem(family: Any, value: Any, key: str, where: str | None = None) -> str | None:
+    """Why residual class `value`, set at `key`, is no symmetry of `family`: for the run config where `where`
+    names the family there, else for glmc.align's argument; None where it is one."""
+    if value is None or str(value) in ("none", "auto", *family.residual_classes):
+        return None
+    classes = ", ".join(family.residual_classes)
+    if where is None:
+        return (
+            f"{key}={value} is not a symmetry of the {family.name} family's residual stream; allowed: {classes} "
+            "(or leave it out: the widest is the default)"
+        )
+    return (
+        f"{key}={value}: not a symmetry of {where}, whose residual stream admits {classes} only (a post-norm "
+        f"stream is a LayerNorm's output: no rotation commutes with its mean and gain); use symmetry=permutation "
+        f"or {key}=permutation"
+    )
 
 
 def _differences(a: CanonicalTransformer, b: CanonicalTransformer, equal_mlp: bool) -> Iterator[tuple[str, ...]]:

@@ -22,13 +22,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from glmc.config import Config, MergeConfig, MultiConfig, TrainConfig, TrainerConfig
 from glmc.data.checks import data_problems
+from glmc.models.compatibility import residual_class_problem
 from glmc.models.families import family_named
 from glmc.pipeline.model_checks import fits_data, model_key_problems, model_problems
 from glmc.pipeline.pairing import seed_pairs, seed_problems
 from glmc.pipeline.targets import target_problems, trainer_arguments
 from glmc.ranges import RULES, setting_problems
 from glmc.settings.methods import METHODS, MULTI_METHODS
-from glmc.symmetry.family_defaults import AUTO
 
 # endpoints of different widths (endpoint_models) share these with the first, and the keys their
 # family names (and the family, which every endpoint's data fixes): only the widths differ. A canonical
@@ -255,13 +255,8 @@ def _method_problems(cfg: Config, family: Any = None, where: str = "") -> list[s
     for name in names:
         node = cfg.matcher[name]
         key = "residual_map" if "residual_map" in node else "residual"
-        if family is not None and node.get(key) not in (None, "none", AUTO, *family.residual_classes) and key in node:
-            problems.append(
-                f"matcher.{name}.{key}={node.get(key)}: not a symmetry of {where}, whose residual "
-                f"stream admits {', '.join(family.residual_classes)} only (a post-norm stream is a LayerNorm's output: "
-                f"no rotation commutes with its mean and gain); use symmetry=permutation or "
-                f"matcher.{name}.{key}=permutation"
-            )
+        problem = family and residual_class_problem(family, node.get(key), f"matcher.{name}.{key}", where)
+        problems += [problem] if problem else []
         problems += setting_problems(METHODS[name].schema, node, f"matcher.{name}")  # the declared ranges
     return problems
 
