@@ -8,13 +8,11 @@ config wrote). `RunFolderGuard` (a Hydra callback) locks the folder for the run 
 from __future__ import annotations
 
 import copy
-import errno
 import json
 import logging
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from glmc.config import Config
+from glmc.pipeline.validate import unwritable, validate_config
 
 log = logging.getLogger(__name__)
 
@@ -85,34 +84,24 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
 
 
 def check_writable(run_dir: Path) -> None:
-    """PermissionError naming `run_dir` when it cannot be created or written (a probe file is
-    created and removed there, or in the nearest folder above it that exists)."""
+    """PermissionError naming `run_dir` when it cannot be created or written."""
     run_dir = Path(run_dir)
-    try:
-        os.stat(run_dir)
-    except OSError as err:
-        if err.errno == errno.ELOOP:  # exists() would read the loop as "missing" and look above it
-            raise PermissionError(
-                f"the run folder {run_dir} cannot be created: a symbolic link on this path leads back to itself "
-                "(a loop); remove the link or choose another folder (hydra.run.dir=...)"
-            ) from None
-    existing = run_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
+    kind, existing, reason = unwritable(run_dir) or ("", run_dir, "")
+    if kind == "loop":
+        raise PermissionError(
+            f"the run folder {run_dir} cannot be created: a symbolic link on this path leads back to itself "
+            "(a loop); remove the link or choose another folder (hydra.run.dir=...)"
+        )
+    if kind == "file":
         raise PermissionError(
             f"the run folder {run_dir} cannot be created: {existing} is not a folder; choose another "
             "folder (hydra.run.dir=...)"
         )
-    try:
-        with tempfile.TemporaryFile(dir=existing, prefix=".glmc-write-probe-"):
-            pass
-    except OSError as err:
+    if kind == "denied":
         what = "is not writable" if existing == run_dir else f"cannot be created in {existing}"
         raise PermissionError(
-            f"the run folder {run_dir} {what} ({err.strerror or err}); make it writable or choose another "
-            "folder (hydra.run.dir=...)"
-        ) from None
+            f"the run folder {run_dir} {what} ({reason}); make it writable or choose another folder (hydra.run.dir=...)"
+        )
 
 
 def check_links(run_dir: Path) -> None:
@@ -313,7 +302,6 @@ class RunFolderGuard(Callback):
             release_run_dir(lock, remove=refused and created)
 
     def _check(self, config: DictConfig) -> None:
-        from glmc.pipeline.validate import validate_config
         from glmc.symmetry.family_defaults import check_residual_classes, resolve_run_symmetry
 
         run_dir = Path(str(config.hydra.run.dir))

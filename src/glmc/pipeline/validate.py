@@ -1,12 +1,5 @@
-"""The check that runs before any data is loaded or any model trained.
-
-`validate_config` asks each part of a run in turn what in the config cannot work: the run's own settings
-(seeds, pairing, folders, training, evaluation), the data (glmc.data.checks, from the dataset's registry
-entry), the models (glmc.pipeline.model_checks, from their family; with endpoints=pretrained the model folders,
-glmc.pipeline.folder_fit), the methods (the ranges their settings declare), the Trainer
-(glmc.train.trainer; every `_target_`: glmc.pipeline.targets) and the keys the schema does not know. The
-run folder is checked by glmc.pipeline.run_folder.
-"""
+"""The check before any work: `validate_config` asks each part of a run (settings, data, models or folders,
+methods, Trainer, `_target_`s, unknown keys) what in the config cannot work."""
 
 from __future__ import annotations
 
@@ -110,9 +103,26 @@ def symlink_loop(path: str | Path) -> bool:
 LOOP = "a symbolic link on this path leads back to itself (a loop), so nothing can be read or written there"
 
 
+def unwritable(path: Path) -> tuple[str, Path, str] | None:
+    """Why folder `path` cannot be created or written: ("loop" | "file" | "denied", the nearest existing
+    path, the system's reason), or None."""
+    if symlink_loop(path):  # exists() would read a loop as "missing"
+        return "loop", path, ""
+    existing = path
+    while not existing.exists() and existing != existing.parent:  # the folder is created below this one
+        existing = existing.parent
+    if not existing.is_dir():
+        return "file", existing, ""
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".glmc-write-probe-"):
+            pass
+    except OSError as err:
+        return "denied", existing, str(err.strerror or err)
+    return None
+
+
 def _path_problems(cfg: Config) -> list[str]:
-    """endpoints.paths that loop; a cache_dir that loops, is a file or cannot be written (the cache takes
-    a lock file even to load an endpoint). The run folder is glmc.pipeline.run_folder's."""
+    """endpoints.paths that loop; a cache_dir that cannot be written (the cache takes a lock even to load)."""
     if str(cfg.endpoints.source) == "pretrained":
         return [
             f"endpoints.paths[{i}]={path}: {LOOP}; remove the link or give the model folder itself"
@@ -120,22 +130,17 @@ def _path_problems(cfg: Config) -> list[str]:
             if symlink_loop(str(path))
         ]
     key, path = f"cache_dir={cfg.cache_dir}", Path(str(cfg.cache_dir)).expanduser()
-    if symlink_loop(path):
+    kind, existing, reason = unwritable(path) or ("", path, "")
+    if kind == "loop":
         return [f"{key}: {LOOP}; remove the link or set cache_dir=<another folder>"]
-    existing = path
-    while not existing.exists() and existing != existing.parent:  # the cache is created below this one
-        existing = existing.parent
-    if not existing.is_dir():
+    if kind == "file":
         what = "is a file" if existing == path else f"cannot be created: {existing} is a file"
         return [f"{key}: {what}, not a folder; set cache_dir=<a folder> to cache the trained endpoints in"]
-    try:
-        with tempfile.TemporaryFile(dir=existing, prefix=".glmc-write-probe-"):
-            pass
-    except OSError as err:
+    if kind == "denied":
         what = "is not writable" if existing == path else f"cannot be created in {existing}"
         return [
-            f"{key}: {what} ({err.strerror or err}); the trained endpoints are cached there: make it writable "
-            "or set cache_dir=<a writable folder>"
+            f"{key}: {what} ({reason}); the trained endpoints are cached there: make it writable or set "
+            "cache_dir=<a writable folder>"
         ]
     return []
 
@@ -157,8 +162,7 @@ def _pretrained_setting_problems(cfg: Config) -> list[str]:
 
 
 def _endpoint_model_problems(cfg: Config) -> list[str]:
-    """The per-endpoint models (endpoint_models) against the first one, which every narrower endpoint is
-    embedded into."""
+    """endpoint_models against the first, which every narrower endpoint is embedded into."""
     problems: list[str] = []
     entries = list(cfg.endpoint_models or [])
     if not entries:
@@ -241,8 +245,7 @@ def _widths(model: Any) -> dict[str, int]:
 
 
 def _method_problems(cfg: Config, family: Any = None, where: str = "") -> list[str]:
-    """Every method the run builds: its name, its settings' declared ranges, and its residual class against
-    the endpoints' `family` (None: not known), which `where` names."""
+    """Every method the run builds: its name, declared ranges and residual class against `family` (`where`)."""
     names = list(cfg.matcher.methods)
     unknown = [n for n in names if n not in METHODS]
     if unknown:
@@ -292,8 +295,7 @@ def _known_keys(schema: type, node: Any) -> set[str]:
 
 
 def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
-    """Keys of `node` that are not settings of `schema` (a dataclass of glmc.config), in every
-    nested section: `+section.key=...` would add a key that nothing reads."""
+    """Keys `+section.key=...` added to `node` that no setting of `schema` reads, in every section."""
     known = _known_keys(schema, node)
     extra = [k for k in node.keys() if k not in known]
     where = prefix[:-1] or "the config"
@@ -314,8 +316,7 @@ def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
 
 
 def validate_config(cfg: Config) -> Any:
-    """ConfigError listing every setting that cannot work, before any data or training; returns the
-    endpoints' model family."""
+    """ConfigError listing every setting that cannot work; returns the endpoints' model family."""
     targets = target_problems(cfg)  # first: what a `_target_` names is imported by no other check
     problems, family = _problems(cfg)
     problems = targets + problems
