@@ -1,9 +1,4 @@
-"""What the public API (glmc.api) accepts, checked where it enters.
-
-Models must have their family's head and hold their weights, the task must be the model's, and each
-batch an (inputs, targets) pair of the form the family reads (INPUT_FORMS) with targets the task compares.
-Each problem is a TypeError or ValueError naming the argument and what to pass.
-"""
+"""What glmc.api accepts, checked where it enters: models, tasks and batches; each refusal names the argument."""
 
 from __future__ import annotations
 
@@ -31,10 +26,7 @@ INPUT_FORMS = {
 
 
 def check_model(model: Any, name: str) -> None:
-    """TypeError for anything but a torch module, or for a Hugging Face model of a known family in a class
-    the family does not read (the bare body without its head, e.g. GPT2Model); ValueError for a model
-    whose weights are on the meta device (built without data, e.g. under init_empty_weights or
-    device="meta")."""
+    """TypeError for anything but a module with its family's head; ValueError for weights on the meta device."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(
             f"{name} is a {type(model).__name__}, not a torch.nn.Module: pass a Hugging Face model of a known "
@@ -76,8 +68,7 @@ def family_of(model: Any) -> Family | None:
 
 
 def model_task(model: Any) -> str | None:
-    """The task `model` is built for, None where it is not known: a canonical model's own, a family's one
-    task (GPT-2, Llama: causal_lm; ViT: classification), or the one its HF head class names (BERT)."""
+    """The task `model` is built for (its own, its family's one, or its head's), or None."""
     if isinstance(model, CanonicalTransformer):
         return model.task
     family = family_of(model)
@@ -92,8 +83,7 @@ def model_task(model: Any) -> str | None:
 
 
 def resolve_task(model: Any, task: str | None, name: str = "model") -> str:
-    """`task` checked against the model `name` (ValueError when it is built for another one), or the
-    model's own task when None; "classification" for a model whose task is not known."""
+    """`task` checked against model `name`, or its own task (else "classification") when None."""
     expected = model_task(model)
     if task is None:
         return expected or "classification"
@@ -108,8 +98,7 @@ def resolve_task(model: Any, task: str | None, name: str = "model") -> str:
 
 
 def path_reference(model_a: Any, model_b: Any) -> torch.nn.Module:
-    """The end a path's batches are checked against (A, or an Alignment's reference), after checking both
-    ends (check_model)."""
+    """The end a path's batches are checked against, after checking both ends."""
     if isinstance(model_a, Alignment):
         check_model(model_a.reference, "model_a.reference")
         check_model(model_a.model, "model_a.model")

@@ -1,6 +1,4 @@
-"""The range of a setting, declared beside it (`setting(15, "count")`, `setting("train", choices=...)`, or an
-enum type), and the checks generated from it: `setting_problems` lists `<where>.<key>=<value>: <fix>` for
-the config check, `check_settings` raises the first (constructors, glmc.align)."""
+"""A setting's range, declared beside it (`setting(15, "count")`, choices, or an enum type), and its checks."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""What the data settings of a run must satisfy, asked of the dataset's entry in glmc.datasets: the
-tasks it serves, the tokenizer it reads, its labels, subsets and image sizes, the held-out shares, and the
-entry's own `checks` (a file it needs). Called before any work by glmc.pipeline.validate."""
+"""What a run's data settings must satisfy, asked of the dataset's registry entry (glmc.datasets)."""
 
 from __future__ import annotations
 
@@ -12,8 +10,7 @@ from glmc.ranges import finite_number, setting_problems
 
 
 def data_problems(cfg: Any, pretrained: bool = False) -> list[str]:
-    """Every data.* setting that cannot work with data.name's dataset (the models' fit to it is theirs:
-    glmc.pipeline.model_checks, glmc.pipeline.folder_fit)."""
+    """Every data.* setting that cannot work with data.name's dataset."""
     data = cfg.data
     problems = setting_problems(DataConfig, data, "data")  # the ranges DataConfig declares
     for key in ("limit_train", "limit_test"):
@@ -29,9 +26,7 @@ def data_problems(cfg: Any, pretrained: bool = False) -> list[str]:
 
 
 def _task_problems(cfg: Any, info: DatasetInfo, pretrained: bool) -> list[str]:
-    """The task against the data: masked LM needs WordPiece's [CLS] and [MASK] (or a saved tokenizer's,
-    data.tokenizer=pretrained) and fixed windows, the topic task is classification over WordPiece ids
-    and picks one of its datasets."""
+    """The task and tokenizer against the data (masked LM needs [CLS] and [MASK]), its labels and subsets."""
     data = cfg.data
     problems = []
     # the user's own file says which tokenizer it needs in its own check (_dataset_problems)

@@ -60,8 +60,7 @@ def _differences(a: CanonicalTransformer, b: CanonicalTransformer, equal_mlp: bo
 
 
 def check_compatible(a: CanonicalTransformer, b: CanonicalTransformer, equal_mlp: bool = True) -> None:
-    """ValueError naming the first property in which `b` differs from `a`. `equal_mlp=False` allows
-    MLP widths to differ (for matchers that widen the MLP)."""
+    """ValueError naming the first property in which `b` differs from `a` (`equal_mlp=False`: not MLP widths)."""
     for what, vb, va in _differences(a, b, equal_mlp):
         if vb != va:
             raise ValueError(

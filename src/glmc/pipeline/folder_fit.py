@@ -1,12 +1,5 @@
-"""Whether the model folders of an endpoints=pretrained run (read by glmc.pipeline.hf_folders) fit the
-data and each other, every message naming the folder (`endpoints.paths[i]`).
-
-Before any data is loaded (`folder_problems`), from config.json, the safetensors headers and the saved
-tokenizers' JSON: the folders' family, sizes and tokenizers against each other and the data's registry
-entry, and whether models of different widths can be aligned. Once the tokenizer is loaded
-(`check_tokenizer`): its ids against every vocabulary. Once the weights are (`check_pairs`): every pair's
-canonical models (glmc.models.compatibility).
-"""
+"""Whether an endpoints=pretrained run's model folders fit the data and each other: before any data is loaded
+(`folder_problems`), once the tokenizer is (`check_tokenizer`) and once the weights are (`check_pairs`)."""
 
 from __future__ import annotations
 
@@ -38,9 +31,7 @@ LIMITS = {"vocab": "a vocabulary of {} tokens", "positions": "{} positions", "cl
 
 
 def width_alignment_problem(cfg: Config) -> str | None:
-    """Why models of different widths cannot be aligned in this run, or None: the narrower model of
-    a pair is embedded into the wider (glmc.symmetry.embed_width), which vanilla averaging and
-    universe matching cannot take."""
+    """Why this run cannot embed the narrower model of a pair into the wider, or None."""
     if cfg.pairing == "universe":
         return "pairing=universe aligns models of one shape only"
     if "vanilla" in cfg.matcher.methods:
@@ -57,8 +48,7 @@ def width_alignment_problem(cfg: Config) -> str | None:
 
 
 def folder_problems(cfg: Config) -> tuple[list[Folder], list[str]]:
-    """(the folders read, what cannot work) for an endpoints=pretrained run, before any data or
-    weights are loaded. The folders are read only when the list of paths itself is usable."""
+    """(the folders read, what cannot work), before any data or weights are loaded."""
     paths = [str(p) for p in cfg.endpoints.paths]
     if len(paths) < 2:
         return [], [
@@ -94,8 +84,7 @@ def folder_problems(cfg: Config) -> tuple[list[Folder], list[str]]:
 
 
 def command_line_value(key: str) -> Any:
-    """The value the command line gave `key` (e.g. data.tokenizer=char), or None where it gave none or the
-    config was not composed from a command line (the Python API)."""
+    """The value the command line gave `key`, or None (none given, or no command line)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
@@ -111,8 +100,7 @@ def command_line_value(key: str) -> Any:
 
 
 def _tokenizer_kind_problems(cfg: Config, info: DatasetInfo) -> list[str]:
-    """A tokenizer built from the corpus (data.tokenizer=char, or wordpiece without data.tokenizer_path),
-    asked for on the command line: its ids are not those the folders' embedding tables were trained on."""
+    """A tokenizer built from the corpus, asked for on the command line: not the folders' ids."""
     kind = str(cfg.data.tokenizer)
     if not info.is_text or command_line_value("data.tokenizer") != kind:
         return []  # a dataset's own default is replaced by the folders' tokenizer (evaluation_config)
@@ -127,8 +115,7 @@ def _tokenizer_kind_problems(cfg: Config, info: DatasetInfo) -> list[str]:
 
 
 def _folder_tokenizer_problems(cfg: Config, folders: list[Folder]) -> list[str]:
-    """Without data.tokenizer_path, every folder's tokenizer is the one the text is encoded with (the first's)
-    or must map text to its ids: none may ask for code of its own, and all must agree."""
+    """Without data.tokenizer_path: no folder's tokenizer may ask for its own code, and all must agree."""
     problems = [
         f"{f.key}: its tokenizer_config.json asks for the folder's own code (auto_map), and glmc never runs code "
         "from a model folder; save a tokenizer of the transformers library there, or set data.tokenizer_path="
@@ -147,7 +134,7 @@ def _folder_tokenizer_problems(cfg: Config, folders: list[Folder]) -> list[str]:
 
 
 def _data_problems(cfg: Config, info: DatasetInfo, f: Folder) -> list[str]:
-    """The folder's model against the data the run evaluates on (its registry entry, glmc.datasets)."""
+    """The folder's model against the data's registry entry."""
     data = cfg.data
     kind = info.modality
     is_a, own = f"{f.key} is a {f.family.name} model ({f.hf_class})", f.family.data_kind
@@ -179,8 +166,7 @@ def _data_problems(cfg: Config, info: DatasetInfo, f: Folder) -> list[str]:
 
 
 def _image_problems(data: Any, info: Any, f: Folder) -> list[str]:
-    """The folder's image size and channels against the dataset's (a resizable one's size is data.image_size
-    where set)."""
+    """The folder's image size and channels against the dataset's."""
     size, channels = info.image_size, info.channels
     if info.resizable and data.image_size is not None:
         size = data.image_size
@@ -252,7 +238,7 @@ def _shared_problems(cfg: Config, folders: list[Folder]) -> list[str]:
 
 
 def read_folders(cfg: Config) -> list[Folder]:
-    """The folders of an endpoints=pretrained run; FolderError with every problem folder_problems finds."""
+    """The folders; FolderError with every problem folder_problems finds."""
     folders, problems = folder_problems(cfg)
     if problems:
         raise FolderError("endpoints=pretrained:\n  " + "\n  ".join(problems))
@@ -260,8 +246,7 @@ def read_folders(cfg: Config) -> list[Folder]:
 
 
 def check_tokenizer(cfg: Config, vocab_size: int | None) -> None:
-    """The loaded tokenizer's ids must fit every model's embedding (text data only); a folder's own tokenizer
-    that differs from data.tokenizer_path's, named on purpose, is reported as not used."""
+    """The loaded tokenizer's ids must fit every model's embedding; a folder's own other tokenizer is logged."""
     if vocab_size is None:
         return
     source = evaluation_config(cfg).data.tokenizer_path
@@ -297,9 +282,7 @@ def _vocabulary_difference(mine, theirs, me: str, them: str) -> str | None:
 
 
 def tokenizer_differences(cfg: Config, folders: list[Folder]) -> list[str]:
-    """For text data, one line per folder whose saved tokenizer maps text to other ids than the tokenizer the
-    run encodes with (evaluation_config: data.tokenizer_path, else the first folder's), naming both and
-    one token; folders without a tokenizer are not compared."""
+    """One line per folder whose saved tokenizer maps text to other ids than the run's (text data only)."""
     if not dataset(cfg.data.name).is_text:
         return []
     source = Path(str(evaluation_config(cfg).data.tokenizer_path)).expanduser()
@@ -326,8 +309,7 @@ def tokenizer_differences(cfg: Config, folders: list[Folder]) -> list[str]:
 
 
 def check_pairs(cfg: Config, endpoints: list[Endpoint]) -> None:
-    """Every pair's canonical models fit together: the same architecture tensor by tensor, or for
-    different widths, the narrower one embeds exactly into the wider one."""
+    """Every pair's canonical models fit together, or the narrower embeds exactly into the wider."""
     import torch
 
     from glmc.models.compatibility import check_compatible

@@ -1,6 +1,4 @@
-"""What the model settings of a run must satisfy, asked of the model's family (glmc.models.families): the
-keys it reads and their ranges, the values it fixes, its heads and tasks, and its fit to the data's entry
-in glmc.datasets. Called before any work by glmc.pipeline.validate."""
+"""What a run's model settings must satisfy, asked of the model's family: keys, heads, tasks, fit to the data."""
 
 from __future__ import annotations
 
@@ -31,8 +29,7 @@ def model_problems(cfg: Config) -> list[str]:
 
 
 def _image_size_problems(cfg: Config, family: Family, info: DatasetInfo) -> list[str]:
-    """An image model reads the size a resizable dataset loads at (data.image_size, else its native size):
-    the endpoint cache key holds model.image_size, so resized endpoints stay apart from native-size ones."""
+    """An image model reads the size a resizable dataset loads at (its cache key holds model.image_size)."""
     size = cfg.data.image_size
     if not info.resizable or family.data_kind != IMAGES or (size is not None and size < info.image_size):
         return []  # a size below the native one: refused by glmc.data.checks
@@ -47,8 +44,7 @@ def _image_size_problems(cfg: Config, family: Family, info: DatasetInfo) -> list
 
 
 def _head_problems(cfg: Config, family: Family, info: DatasetInfo) -> list[str]:
-    """Families with a head per task (BERT): model.head must be the data's task, and a pretrained start
-    (pretrain.enabled) needs a head of the family trained on pretrain.data's task, with the same ids."""
+    """The family's tasks and heads against data.task, and a pretrained start's head and token ids."""
     heads = family.task_heads
     problems = []
     if cfg.data.task not in family.tasks:
@@ -92,9 +88,7 @@ def _head_problems(cfg: Config, family: Family, info: DatasetInfo) -> list[str]:
 
 
 def model_key_problems(model: Any, prefix: str, keys: set[str] | None = None) -> list[str]:
-    """Keys of `model` that its family does not read, set away from their defaults (the model would
-    ignore them and the endpoint cache key would not tell the runs apart), and the ranges of the keys
-    it reads. `keys`: check only these (an endpoint_models entry's own; the rest are the shared model's)."""
+    """Keys set that the family does not read, and the ranges of those it reads (`keys`: only these)."""
     family = family_named(str(model.family))
     reads, defaults = family.reads_model_keys(), ModelConfig()
     checked = [f.name for f in fields(ModelConfig) if keys is None or f.name in keys]

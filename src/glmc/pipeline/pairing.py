@@ -1,7 +1,4 @@
-"""Which endpoints a run aligns with which: `pairing=disjoint|all|first|universe` over the seeds (or the
-model folders of endpoints=pretrained), as index pairs (A, B), and what the seeds or folders must be for
-the pairing (`seed_problems`, `folder_count_problems`, asked by the config check before any work).
-The config checks and the run (glmc.pipeline.run) read the same pairs."""
+"""Which endpoints a run aligns with which (`pairing`), and what the seeds or folders must be for it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""How a refusal reaches the command line: glmc's own message on stderr, no traceback, exit status 1.
-
-A refusal is an error of REFUSAL_KINDS or of glmc's own classes raised in glmc's source or run.py: a
-setting or folder to change. Any other error (inside torch or another library) keeps Hydra's report and
-traceback, as every error does with HYDRA_FULL_ERROR=1.
-"""
+"""A refusal (an error of REFUSAL_KINDS or glmc's own, raised in glmc) reaches the command line as its message
+on stderr and exit status 1; other errors keep Hydra's report and traceback, as all do with HYDRA_FULL_ERROR=1."""
 
 from __future__ import annotations
 
@@ -33,7 +29,7 @@ def _raised_in_glmc(err: BaseException) -> bool:
 
 
 def is_refusal(err: BaseException) -> bool:
-    """True for an error glmc raised to say what to change (see the module's docstring)."""
+    """True for an error glmc raised to say what to change."""
     own_class = type(err).__module__.split(".")[0] == "glmc"
     return (own_class or isinstance(err, REFUSAL_KINDS)) and _raised_in_glmc(err)
 
@@ -47,8 +43,7 @@ def message_of(err: BaseException) -> str:
 
 
 def exit_if_refused(err: BaseException) -> None:
-    """For a refusal: print its message alone on stderr and exit with status 1 (the traceback too with
-    HYDRA_FULL_ERROR=1). Returns for any other error, which the caller re-raises."""
+    """For a refusal: print its message on stderr and exit 1; returns for any other error."""
     if not is_refusal(err):
         return
     if full_traceback_asked():
@@ -63,9 +58,7 @@ def _hydra_quoted(text: str) -> str:
 
 
 def _quoted_form(value: str) -> tuple[str, object] | None:
-    """(the value with its text quoted for Hydra, what Hydra should read from it): a list's elements are
-    quoted one by one, since a list quoted whole is read as one string; None for a dict or a nested list,
-    whose quoting is left to the user."""
+    """(the value quoted for Hydra, a list element by element; what Hydra should read), None for nested values."""
     if value[:1] == "{":
         return None
     if value[:1] == "[" and value[-1:] == "]":
@@ -83,9 +76,7 @@ def _for_shell(arg: str) -> str:
 
 
 def unquoted_override_problem(arg: str) -> str | None:
-    """Why Hydra's lexer would refuse the override `arg` where a quoted value would pass (a path with
-    accents, brackets or spaces), with the quoted form to use (a list's elements quoted one by one); None
-    for any other argument, and where the quoted form would not read as the intended value."""
+    """Why Hydra's lexer refuses override `arg` where its quoted form would pass, with that form; else None."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 

@@ -1,9 +1,5 @@
-"""The run folder: whether a run may write into it, and what an earlier run left there.
-
-`check_run_dir` refuses a folder that cannot be written, holds a link leading out of it, or holds the
-results of a different config unless overwrite=true (then `remove_previous_outputs` clears what that
-config wrote). `RunFolderGuard` (a Hydra callback) locks the folder for the run and checks it first.
-"""
+"""The run folder: whether a run may write into it (`check_run_dir`, locked by `RunFolderGuard`), and
+what an earlier run of another config left there (`remove_previous_outputs`)."""
 
 from __future__ import annotations
 
@@ -105,9 +101,7 @@ def check_writable(run_dir: Path) -> None:
 
 
 def check_links(run_dir: Path) -> None:
-    """FileExistsError naming the first symbolic link inside `run_dir` that leads out of it: a rerun
-    would write its results, checkpoints or exports through it into a place the run does not own.
-    Links that stay inside (W&B's `latest-run`) are harmless."""
+    """FileExistsError naming the first symbolic link inside `run_dir` that leads out of it."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return
@@ -123,8 +117,7 @@ def check_links(run_dir: Path) -> None:
 
 
 def check_run_dir(cfg: Config, run_dir: Path) -> bool:
-    """PermissionError when `run_dir` cannot be written; FileExistsError when it holds results.json of a
-    different config (up to NOT_RESULTS) and overwrite is false; True when overwrite=true replaces them."""
+    """Refuses `run_dir` holding another config's results unless overwrite=true; True when it replaces them."""
     check_writable(run_dir)
     check_links(run_dir)
     results = Path(run_dir) / "results.json"
@@ -160,8 +153,7 @@ CHECKPOINT_FOLDER = re.compile(r"(pair|universe)_[0-9a-f]{12}")
 
 
 def _pair_labels(saved: dict[str, Any]) -> set[str]:
-    """The labels of every pair in `saved`'s methods (`<a>-<b>`: seeds, or the folders' names), which
-    name the diagnostics files and exports that run wrote."""
+    """The `<a>-<b>` labels of every pair in `saved`'s methods, which name its files."""
     labels = set()
     for method in (saved.get("methods") or {}).values():
         for pair in (method.get("pairs") or []) if isinstance(method, dict) else []:
@@ -172,8 +164,7 @@ def _pair_labels(saved: dict[str, Any]) -> set[str]:
 
 
 def _method_outputs(folder: Path, labels: set[str]) -> list[Path]:
-    """What a run wrote inside a method folder: `diagnostics_<label>.json`, `hf_<label>` exports and
-    checkpoint folders. Anything else there (the user's own files) is not listed."""
+    """A run's diagnostics, exports and checkpoint folders in a method folder (not the user's files)."""
     files = {f"diagnostics_{label}.json" for label in labels}
     exports = {f"hf_{label}" for label in labels}
     found = []
@@ -208,8 +199,7 @@ def method_folders(run_dir: Path) -> list[Path]:
 
 
 def previous_outputs(run_dir: Path) -> list[Path]:
-    """What the run recorded in `run_dir`/results.json wrote there: `_method_outputs` of each method
-    folder, then its result files."""
+    """What the run recorded in `run_dir`/results.json wrote there."""
     run_dir = Path(run_dir)
     labels = _pair_labels(_saved_results(run_dir))
     inside = [p for folder in method_folders(run_dir) for p in _method_outputs(folder, labels)]
@@ -234,9 +224,7 @@ LOCK_NAME = ".glmc-run.lock"  # hidden: never a result, and kept after the run (
 
 
 def hold_run_dir(run_dir: Path) -> tuple[FileLock, bool]:
-    """Lock `run_dir` for one run: (the held lock, whether this call created its file LOCK_NAME there).
-    The holder writes its pid into the file. FileExistsError naming the folder and that pid when another
-    run holds it; release with `release_run_dir`, or the lock goes with the process."""
+    """(the lock on `run_dir`, whether this call created its file); FileExistsError naming another holder."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
@@ -260,23 +248,20 @@ def hold_run_dir(run_dir: Path) -> tuple[FileLock, bool]:
 
 
 def release_run_dir(lock: FileLock, remove: bool = False) -> None:
-    """Release `hold_run_dir`'s lock; `remove`: also delete its file (a refused run that created it leaves
-    the folder as it was)."""
+    """Release `hold_run_dir`'s lock; `remove`: delete its file too."""
     if remove:
         Path(lock.lock_file).unlink(missing_ok=True)  # while held: no other run is between the two
     lock.release(force=True)
 
 
 def _first_rank() -> bool:
-    """Whether this process is a run's first: the other ranks of a multi-process run (torchrun, SLURM,
-    Lightning's DDP launcher starting run.py again) write into the folder rank 0 holds."""
+    """Whether this process is rank 0 of its run (the others write into the folder it holds)."""
     return all(int(os.environ.get(name, 0)) == 0 for name in ("RANK", "LOCAL_RANK", "NODE_RANK"))
 
 
 class RunFolderGuard(Callback):
-    """Before Hydra saves .hydra/ in the run folder: locks it until the run ends (`hold_run_dir`) and runs
-    `check_run_dir` on the config as run_pipeline resolves it. A refused run leaves the folder as it was;
-    Hydra would turn a callback's exception into a warning, so a refusal exits here."""
+    """Locks the run folder until the run ends and checks it before Hydra writes there; a refusal exits here
+    (Hydra would make it a warning) and leaves the folder as it was."""
 
     def __init__(self) -> None:
         self._lock: tuple[FileLock, bool] | None = None  # (the held lock, whether its file is this run's)

@@ -1,18 +1,6 @@
-"""What a `_target_` in the run config may name: the classes glmc builds from it, nothing else.
-
-`hydra.utils.instantiate` calls whatever a `_target_` names, so a config could otherwise run any
-function (`+trainer.callbacks=[{_target_: shutil.copy, ...}]` would copy a file while the Trainer is
-built). `target_problems` walks the whole composed config (except the `hydra` node, which Hydra itself
-reads) and refuses, by key path and value, every `_target_` that is not on the allow-list:
-
-- `matcher.<method>._target_`: a matcher class, as glmc.matching.registry's `matcher_target_problem`
-  decides (the registry's classes, or a class that declares the matcher interface);
-- `trainer._target_`: Lightning's Trainer;
-- anywhere else (`trainer.callbacks`, `trainer.plugins`, ...): a callback class of
-  lightning.pytorch.callbacks or a plugin class of lightning.pytorch.plugins.
-
-A name outside the `lightning` package is refused without importing it; nothing named is called.
-"""
+"""What a `_target_` may name, since instantiate calls whatever it names: at matcher.<method> a matcher class,
+at trainer Lightning's Trainer, elsewhere a Lightning callback or plugin class. Nothing named is called, and
+nothing outside `lightning` is imported."""
 
 from __future__ import annotations
 
@@ -57,9 +45,7 @@ def _targets(node: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
 
 
 def _child(node: DictConfig | ListConfig, key: Any) -> Any:
-    """node[key] as instantiate reads it (interpolations resolved) where it is or may be a container; None
-    for a plain value (which holds no `_target_`, and resolving every value would parse each interpolation)
-    and where it cannot be read."""
+    """node[key] resolved where it may be a container; None for a plain value or one that cannot be read."""
     raw = node._get_node(key)
     if not isinstance(raw, (DictConfig, ListConfig)):
         if raw is None or not raw._is_interpolation():
@@ -106,8 +92,7 @@ def _reason(target: Any, trainer: bool) -> str | None:
 
 
 def target_problems(cfg: DictConfig) -> list[str]:
-    """One message per `_target_` of `cfg` that the allow-list (module docstring) refuses, each naming the
-    key path and the value; nothing named is called."""
+    """One message per `_target_` of `cfg` the allow-list refuses, naming its key path and value."""
     problems = []
     for path, node, target in _targets(cfg, ""):
         head, _, rest = path.partition(".")
@@ -124,8 +109,7 @@ def target_problems(cfg: DictConfig) -> list[str]:
 
 
 def trainer_arguments(trainer: DictConfig) -> set[str] | None:
-    """The keyword arguments of Lightning's Trainer, which `+trainer.<argument>=...` reaches; None where
-    trainer._target_ names another class (refused by target_problems, and not imported)."""
+    """The keyword arguments of Lightning's Trainer; None where trainer._target_ names another class."""
     if _reason(OmegaConf.select(trainer, TARGET, default=TRAINER), trainer=True) is not None:
         return None
     import lightning.pytorch as pl
