@@ -119,8 +119,9 @@ def check_loader(loader: Any, name: str) -> None:
         )
 
 
-def batch_pair(batch: Any, name: str) -> tuple[Any, Any]:
-    """The (inputs, targets) of a batch that `name` yields; TypeError for any other batch."""
+def check_pair(family: Family | None, batch: Any, task: str, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch that `name` yields, as (inputs, targets) checked against what `family` reads (None: not
+    checked) and `task` compares: TypeError for another kind of batch or tensor, ValueError for a shape."""
     if isinstance(batch, Mapping):
         raise TypeError(
             f"{name} yields dicts (keys {list(batch)}): yield (inputs, targets) pairs, e.g. "
@@ -132,12 +133,7 @@ def batch_pair(batch: Any, name: str) -> tuple[Any, Any]:
             f"{name} yields {what or type(batch).__name__ + ' batches'}: each batch must be an (inputs, targets) "
             "pair (a single batch goes in a list: [(inputs, targets)])"
         )
-    return batch[0], batch[1]
-
-
-def check_batch_form(family: Family | None, inputs: Any, targets: Any, task: str, name: str) -> None:
-    """The batch's tensors against what `family` reads and `task` compares (TypeError for the wrong kind
-    of tensor, ValueError for the wrong shape); inputs of a model of no known family are not checked."""
+    inputs, targets = batch
     for what, t in (("inputs", inputs), ("targets", targets)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}'s {what} are a {type(t).__name__}, not a torch.Tensor")
@@ -146,6 +142,7 @@ def check_batch_form(family: Family | None, inputs: Any, targets: Any, task: str
     if inputs.dim() == 0:
         raise ValueError(f"{name}'s inputs are a single number: batches have a leading batch axis")
     _check_targets(inputs, targets, task, name)
+    return inputs, targets
 
 
 def _check_inputs(family: Family, inputs: torch.Tensor, name: str) -> None:
@@ -186,11 +183,3 @@ def _check_targets(inputs: torch.Tensor, targets: torch.Tensor, task: str, name:
             f"{name}'s targets of shape {got} do not fit inputs of shape {shape}: for task={task!r} the targets "
             f"are one label per input, shape [batch] = {shape[:1]}{hint}"
         )
-
-
-def check_pair(family: Family | None, batch: Any, task: str, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch that `name` yields, as (inputs, targets) checked against `family` and `task` (batch_pair,
-    check_batch_form)."""
-    inputs, targets = batch_pair(batch, name)
-    check_batch_form(family, inputs, targets, task, name)
-    return inputs, targets

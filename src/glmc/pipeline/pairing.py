@@ -27,19 +27,16 @@ def seed_pairs(seeds: list[int], pairing: str) -> list[tuple[int, int]]:
 
 def seed_problems(seeds: list[int], pairing: str) -> list[str]:
     """Seeds repeated, negative or too large, and seeds the pairing cannot pair."""
-    problems = []
-    repeated = sorted(s for s, n in Counter(seeds).items() if n > 1)
-    if repeated:
-        problems.append(
-            f"seeds={seeds}: seed {repeated[0]} appears more than once; a pair of one seed is one model twice, "
-            "so give every endpoint its own seed (e.g. seeds=[0,1])"
-        )
-    negative = [s for s in seeds if s < 0]
-    if negative:
-        problems.append(f"seeds={seeds}: seed {negative[0]} is negative; use seeds >= 0")
-    large = [s for s in seeds if s >= SEED_LIMIT]
-    if large:
-        problems.append(f"seeds={seeds}: seed {large[0]} is too large; use seeds in [0, 2^32)")
+    bad = (
+        (
+            sorted(s for s, n in Counter(seeds).items() if n > 1),
+            "appears more than once; a pair of one seed is one model twice, so give every endpoint its own seed "
+            "(e.g. seeds=[0,1])",
+        ),
+        ([s for s in seeds if s < 0], "is negative; use seeds >= 0"),
+        ([s for s in seeds if s >= SEED_LIMIT], "is too large; use seeds in [0, 2^32)"),
+    )
+    problems = [f"seeds={seeds}: seed {found[0]} {fix}" for found, fix in bad if found]
     try:
         seed_pairs(seeds, pairing)
     except ValueError as err:

@@ -18,20 +18,15 @@ def full_traceback_asked() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0")
 
 
-def _raised_in_glmc(err: BaseException) -> bool:
+def is_refusal(err: BaseException) -> bool:
+    """True for an error glmc raised to say what to change."""
     tb = err.__traceback__
-    if tb is None:
+    if tb is None or not (type(err).__module__.split(".")[0] == "glmc" or isinstance(err, REFUSAL_KINDS)):
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
     where = Path(tb.tb_frame.f_code.co_filename).resolve()
     return where.is_relative_to(PACKAGE_DIR) or where.name in ENTRY_POINTS
-
-
-def is_refusal(err: BaseException) -> bool:
-    """True for an error glmc raised to say what to change."""
-    own_class = type(err).__module__.split(".")[0] == "glmc"
-    return (own_class or isinstance(err, REFUSAL_KINDS)) and _raised_in_glmc(err)
 
 
 def message_of(err: BaseException) -> str:
@@ -70,11 +65,6 @@ def _quoted_form(value: str) -> tuple[str, object] | None:
     return _hydra_quoted(value), value
 
 
-def _for_shell(arg: str) -> str:
-    """`arg` quoted for a POSIX shell: in double quotes where nothing in it is special there."""
-    return f'"{arg}"' if not any(c in arg for c in '"$`\\!') else shlex.quote(arg)
-
-
 def unquoted_override_problem(arg: str) -> str | None:
     """Why Hydra's lexer refuses override `arg` where its quoted form would pass, with that form; else None."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -101,8 +91,10 @@ def unquoted_override_problem(arg: str) -> str | None:
     odd = sorted({c for c in value if not c.isascii()})
     holds = f" (it holds {''.join(odd)})" if odd else ""
     what = "each element of the list" if isinstance(form[1], list) else "its value"
+    # for the shell: in double quotes where nothing in it is special there
+    shell = f'"{quoted}"' if not any(c in quoted for c in '"$`\\!') else shlex.quote(quoted)
     return (
-        f"the override {arg} cannot be read unquoted{holds}: quote {what}, e.g. {_for_shell(quoted)} "
+        f"the override {arg} cannot be read unquoted{holds}: quote {what}, e.g. {shell} "
         "(the outer quotes are for the shell, the inner ones for Hydra)"
     )
 

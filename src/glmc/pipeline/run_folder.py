@@ -46,10 +46,6 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def _ignored(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in NOT_RESULTS)
-
-
 def config_as_saved(cfg: Config) -> dict[str, Any]:
     """The resolved config as results.json stores it (plain JSON values)."""
     from glmc.pipeline.outputs import finite_or_none
@@ -75,7 +71,7 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     return [
         f"{k}: {json.dumps(old.get(k, missing))} -> {json.dumps(new.get(k, missing))}"
         for k in keys
-        if not _ignored(k) and old.get(k, missing) != new.get(k, missing)
+        if not any(k == n or k.startswith(n + ".") for n in NOT_RESULTS) and old.get(k, missing) != new.get(k, missing)
     ]
 
 
@@ -247,18 +243,6 @@ def hold_run_dir(run_dir: Path) -> tuple[FileLock, bool]:
     return lock, created
 
 
-def release_run_dir(lock: FileLock, remove: bool = False) -> None:
-    """Release `hold_run_dir`'s lock; `remove`: delete its file too."""
-    if remove:
-        Path(lock.lock_file).unlink(missing_ok=True)  # while held: no other run is between the two
-    lock.release(force=True)
-
-
-def _first_rank() -> bool:
-    """Whether this process is rank 0 of its run (the others write into the folder it holds)."""
-    return all(int(os.environ.get(name, 0)) == 0 for name in ("RANK", "LOCAL_RANK", "NODE_RANK"))
-
-
 class RunFolderGuard(Callback):
     """Locks the run folder until the run ends and checks it before Hydra writes there; a refusal exits here
     (Hydra would make it a warning) and leaves the folder as it was."""
@@ -284,7 +268,9 @@ class RunFolderGuard(Callback):
         if self._lock is not None:
             lock, created = self._lock
             self._lock = None
-            release_run_dir(lock, remove=refused and created)
+            if refused and created:  # a refused run leaves the folder as it was
+                Path(lock.lock_file).unlink(missing_ok=True)  # while held: no other run is between the two
+            lock.release(force=True)
 
     def _check(self, config: DictConfig) -> None:
         from glmc.symmetry.family_defaults import check_residual_classes, resolve_run_symmetry
@@ -296,7 +282,8 @@ class RunFolderGuard(Callback):
         with read_write(task), open_dict(task):
             del task["hydra"]
         check_residual_classes(task)  # before the folder is touched
-        if _first_rank():
+        # the other ranks of a multi-process run write into the folder rank 0 holds
+        if all(int(os.environ.get(name, 0)) == 0 for name in ("RANK", "LOCAL_RANK", "NODE_RANK")):
             self._lock = hold_run_dir(run_dir)
         if not (run_dir / "results.json").is_file():
             return

@@ -59,23 +59,16 @@ def _child(node: DictConfig | ListConfig, key: Any) -> Any:
         return None
 
 
-def _lightning_class(target: str) -> Any:
-    """The class `target` names, imported only when it lies in the lightning package; None otherwise."""
-    from hydra.utils import get_class
-
-    if not target.startswith("lightning."):
-        return None
-    try:
-        return get_class(target)
-    except Exception:  # not importable, or not a class
-        return None
-
-
 def _reason(target: Any, trainer: bool) -> str | None:
     """Why `target` is refused at a node outside matcher.<method> (`trainer`: at trainer._target_)."""
     if not isinstance(target, str):
         return f"is a {type(target).__name__}, not the dotted path of a class"
-    found = _lightning_class(target)
+    from hydra.utils import get_class
+
+    try:  # imported only from the lightning package
+        found = get_class(target) if target.startswith("lightning.") else None
+    except Exception:  # not importable, or not a class
+        found = None
     if trainer:
         import lightning.pytorch as pl
 

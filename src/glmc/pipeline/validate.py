@@ -68,7 +68,7 @@ def _problems(cfg: Config) -> tuple[list[str], Any]:
         folders, problems = ([], loops) if loops else folder_problems(cfg)
         family = folders[0].family if folders else None
         where = f"the {family.name} family (endpoints.paths)" if family else ""
-        problems += _pretrained_setting_problems(cfg)
+        problems += [refusal for key, refusal in TRAINED_ONLY if OmegaConf.select(cfg, key)]
         cfg = evaluation_config(cfg)  # the data as the run reads them: text with the folders' tokenizer
     else:
         family = family_named(str(cfg.model.family))
@@ -145,20 +145,19 @@ def _path_problems(cfg: Config) -> list[str]:
     return []
 
 
-def _pretrained_setting_problems(cfg: Config) -> list[str]:
-    """Settings of trained endpoints that an endpoints=pretrained run cannot honour."""
-    problems = []
-    if cfg.endpoint_models:
-        problems.append(
-            "endpoint_models: read with endpoints=trained only; the folders of endpoints.paths bring their own "
-            "models (leave endpoint_models empty)"
-        )
-    if cfg.pretrain.enabled:
-        problems.append(
-            "pretrain.enabled=true: fine-tunes trained endpoints from a pretrained model; endpoints=pretrained "
-            "trains nothing (set pretrain.enabled=false)"
-        )
-    return problems
+# settings of trained endpoints that an endpoints=pretrained run cannot honour: (key, refusal where set)
+TRAINED_ONLY = (
+    (
+        "endpoint_models",
+        "endpoint_models: read with endpoints=trained only; the folders of endpoints.paths bring their own "
+        "models (leave endpoint_models empty)",
+    ),
+    (
+        "pretrain.enabled",
+        "pretrain.enabled=true: fine-tunes trained endpoints from a pretrained model; endpoints=pretrained "
+        "trains nothing (set pretrain.enabled=false)",
+    ),
+)
 
 
 def _endpoint_model_problems(cfg: Config) -> list[str]:
@@ -286,17 +285,12 @@ def _multi_problems(cfg: Config) -> list[str]:
     return problems
 
 
-def _known_keys(schema: type, node: Any) -> set[str]:
+def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
+    """Keys `+section.key=...` added to `node` that no setting of `schema` reads, in every section."""
     known = {f.name for f in fields(schema)}
     if schema is TrainerConfig:  # and the Trainer's own arguments (any key where its target is refused)
         arguments = trainer_arguments(node)
-        return known | (set(node.keys()) if arguments is None else arguments)
-    return known
-
-
-def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
-    """Keys `+section.key=...` added to `node` that no setting of `schema` reads, in every section."""
-    known = _known_keys(schema, node)
+        known |= set(node.keys()) if arguments is None else arguments
     extra = [k for k in node.keys() if k not in known]
     where = prefix[:-1] or "the config"
     problems = []
