@@ -36,7 +36,13 @@ def _task_problems(cfg: Any, info: DatasetInfo, pretrained: bool) -> list[str]:
             "<folder written by save_pretrained> (endpoints=pretrained reads its first folder's)"
         )
     if data.task not in info.tasks:
-        problems.append(_task_refusal(data.task, info))
+        maskable = " or ".join(d.name for d in datasets_for(MASKED_LM, TEXT))
+        problems.append(
+            f"data.task=masked_lm: data={info.name} has no masked-LM windows; use data="
+            f"{example_option(MASKED_LM, TEXT)} (or data.name={maskable})"
+            if data.task == MASKED_LM
+            else f"data.task={data.task}: data={info.name} is a {' or '.join(info.tasks)} task"
+        )
     if data.task == MASKED_LM:
         if data.tokenizer not in ("wordpiece", "pretrained"):
             problems.append(
@@ -69,17 +75,6 @@ def _dataset_problems(cfg: Any, info: DatasetInfo) -> list[str]:
             f"data={' or data='.join(readers)}); use data={readers[0]} to evaluate on that file, or remove the setting"
         ]
     return [] if info.checks is None else list(info.checks(cfg))
-
-
-def _task_refusal(task: str, info: DatasetInfo) -> str:
-    """data.task=`task` on a dataset that does not serve it: what serves it instead."""
-    if task == MASKED_LM:
-        maskable = [d.name for d in datasets_for(MASKED_LM, TEXT)]
-        return (
-            f"data.task=masked_lm: data={info.name} has no masked-LM windows; use data="
-            f"{example_option(MASKED_LM, TEXT)} (or data.name={' or '.join(maskable)})"
-        )
-    return f"data.task={task}: data={info.name} is a {' or '.join(info.tasks)} task"
 
 
 def _subset_problems(data: Any, info: DatasetInfo) -> list[str]:

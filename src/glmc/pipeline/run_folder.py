@@ -159,21 +159,6 @@ def _pair_labels(saved: dict[str, Any]) -> set[str]:
     return labels
 
 
-def _method_outputs(folder: Path, labels: set[str]) -> list[Path]:
-    """A run's diagnostics, exports and checkpoint folders in a method folder (not the user's files)."""
-    files = {f"diagnostics_{label}.json" for label in labels}
-    exports = {f"hf_{label}" for label in labels}
-    found = []
-    for path in sorted(folder.iterdir()):
-        if path.is_symlink():
-            continue  # never followed (check_links refuses those leading out)
-        if path.is_file() and path.name in files:
-            found.append(path)
-        elif path.is_dir() and (path.name in exports or CHECKPOINT_FOLDER.fullmatch(path.name)):
-            found.append(path)
-    return found
-
-
 def _saved_results(run_dir: Path) -> dict[str, Any]:
     try:
         saved = json.loads((Path(run_dir) / "results.json").read_text())
@@ -195,10 +180,21 @@ def method_folders(run_dir: Path) -> list[Path]:
 
 
 def previous_outputs(run_dir: Path) -> list[Path]:
-    """What the run recorded in `run_dir`/results.json wrote there."""
+    """What the run recorded in `run_dir`/results.json wrote there: in each method folder its diagnostics,
+    exports and checkpoint folders (never a link, nor the user's files), then its result files."""
     run_dir = Path(run_dir)
     labels = _pair_labels(_saved_results(run_dir))
-    inside = [p for folder in method_folders(run_dir) for p in _method_outputs(folder, labels)]
+    files, exports = {f"diagnostics_{label}.json" for label in labels}, {f"hf_{label}" for label in labels}
+    inside = [
+        path
+        for folder in method_folders(run_dir)
+        for path in sorted(folder.iterdir())
+        if not path.is_symlink()
+        and (
+            (path.is_file() and path.name in files)
+            or (path.is_dir() and (path.name in exports or CHECKPOINT_FOLDER.fullmatch(path.name)))
+        )
+    ]
     return inside + [run_dir / f for f in RESULT_FILES if (run_dir / f).is_file()]
 
 
