@@ -203,10 +203,7 @@ def remove_previous_outputs(run_dir: Path) -> None:
     folders = method_folders(run_dir)
     for path in previous_outputs(run_dir):
         log.info("overwrite=true: removing %s of the replaced results", path)
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     for folder in folders:
         if not any(folder.iterdir()):
             folder.rmdir()
@@ -234,8 +231,7 @@ def hold_run_dir(run_dir: Path) -> tuple[FileLock, bool]:
             f"another run{holder} is writing into the run folder {run_dir} (it holds {path}): wait for it to "
             "finish, or choose another folder (hydra.run.dir=...)"
         ) from None
-    with open(path, "w") as file:  # the holder's pid, for the refusal above
-        file.write(f"{os.getpid()}\n")
+    path.write_text(f"{os.getpid()}\n")  # the holder's pid, for the refusal above
     return lock, created
 
 

@@ -162,15 +162,14 @@ TRAINED_ONLY = (
 
 def _endpoint_model_problems(cfg: Config) -> list[str]:
     """endpoint_models against the first, which every narrower endpoint is embedded into."""
-    problems: list[str] = []
-    entries = list(cfg.endpoint_models or [])
-    if not entries:
-        return problems
-    if len(entries) != len(cfg.seeds):
-        return problems + [
+    problems, entries = [], list(cfg.endpoint_models or [])
+    if entries and len(entries) != len(cfg.seeds):
+        return [
             f"endpoint_models has {len(entries)} entries for {len(cfg.seeds)} seeds: give one per seed "
             "({} keeps the shared model)"
         ]
+    if not entries:
+        return []
     if cfg.pairing == "universe":
         problems.append(
             "endpoint_models: pairing=universe needs endpoints of one shape; leave endpoint_models empty "
@@ -188,8 +187,7 @@ def _endpoint_model_problems(cfg: Config) -> list[str]:
         try:
             models.append(endpoint_config(cfg, index).model)
         except ValueError as err:
-            first_line = (str(err).splitlines() or [""])[0]
-            problems.append(f"{first_line}; endpoint_models[{index}] takes the keys of model")
+            problems.append(f"{(str(err).splitlines() or [''])[0]}; endpoint_models[{index}] takes the keys of model")
     if len(models) < len(entries):
         return problems
     where = [f"endpoint_models[{i}] (seed {s})" for i, s in enumerate(cfg.seeds)]
@@ -230,11 +228,11 @@ def _endpoint_model_problems(cfg: Config) -> list[str]:
             continue
         from glmc.symmetry.embed_width import planned_width_problems
 
-        for problem in planned_width_problems(str(models[a].family), models[a], models[b]):
-            problems.append(
-                f"{where[b]} ({models[b].family}) cannot be embedded exactly into {where[a]}, which it is aligned to: "
-                f"{problem}; choose endpoint_models whose heads the first model's hold"
-            )
+        problems += [
+            f"{where[b]} ({models[b].family}) cannot be embedded exactly into {where[a]}, which it is aligned to: "
+            f"{problem}; choose endpoint_models whose heads the first model's hold"
+            for problem in planned_width_problems(str(models[a].family), models[a], models[b])
+        ]
     return problems
 
 
