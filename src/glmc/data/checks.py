@@ -13,13 +13,14 @@ def data_problems(cfg: Any, pretrained: bool = False) -> list[str]:
     """Every data.* setting that cannot work with data.name's dataset."""
     data = cfg.data
     problems = setting_problems(DataConfig, data, "data")  # the ranges DataConfig declares
-    for key in ("limit_train", "limit_test"):
-        value = data[key]
-        if value is not None and value < 1:
-            problems.append(f"data.{key}={value}: keep at least 1 example, or null for the whole split")
-    for key in ("batch_size", "eval_batch_size"):
-        if data[key] < 1:
-            problems.append(f"data.{key}={data[key]}: use a batch size of at least 1")
+    problems += [
+        f"data.{key}={data[key]}: keep at least 1 example, or null for the whole split"
+        for key in ("limit_train", "limit_test")
+        if data[key] is not None and data[key] < 1
+    ]
+    problems += [
+        f"data.{k}={data[k]}: use a batch size of at least 1" for k in ("batch_size", "eval_batch_size") if data[k] < 1
+    ]
     info = dataset(data.name)  # the entry, read once: every check below asks it
     problems += _fraction_problems(data, info) + _task_problems(cfg, info, pretrained)
     return problems + _dataset_problems(cfg, info) + _image_size_problems(data, info)

@@ -77,14 +77,13 @@ def _head_problems(cfg: Config, family: Family, info: DatasetInfo) -> list[str]:
     elif heads[pre.head] != pre.data.task:
         problems.append(f"pretrain.head={pre.head} trains on {heads[pre.head]}, pretrain.data.task={pre.data.task}")
     same = ("tokenizer", "tokenizer_vocab", "tokenizer_path", "val_fraction", "test_fraction")
-    if pre.data.tokenizer == "wordpiece" or cfg.data.tokenizer == "wordpiece":
-        for key in same:  # WordPiece ids are learned from the corpus' training block: all of these fix them
-            if pre.data[key] != cfg.data[key]:
-                problems.append(
-                    f"pretrain.data.{key}={pre.data[key]} but data.{key}={cfg.data[key]}: the pretrained model's "
-                    "token ids would not be the fine-tuning data's; set both alike"
-                )
-    return problems
+    wordpiece = "wordpiece" in (pre.data.tokenizer, cfg.data.tokenizer)  # its ids are learned from these
+    return problems + [
+        f"pretrain.data.{key}={pre.data[key]} but data.{key}={cfg.data[key]}: the pretrained model's "
+        "token ids would not be the fine-tuning data's; set both alike"
+        for key in same
+        if wordpiece and pre.data[key] != cfg.data[key]
+    ]
 
 
 def model_key_problems(model: Any, prefix: str, keys: set[str] | None = None) -> list[str]:

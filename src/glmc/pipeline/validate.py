@@ -268,8 +268,7 @@ def _multi_problems(cfg: Config) -> list[str]:
     m = cfg.multi
     problems = setting_problems(MultiConfig, m, "multi")  # the ranges MultiConfig and UniverseTraining declare
     methods = list(m.methods)
-    unknown = [x for x in methods if x not in MULTI_METHODS]
-    if unknown or not methods:
+    if not methods or set(methods) - set(MULTI_METHODS):
         problems.append(f"multi.methods={methods}: choose one or more of {', '.join(MULTI_METHODS)}")
     if m.pairwise not in METHODS:
         problems.append(f"multi.pairwise={m.pairwise}: not a method; choose from {', '.join(METHODS)}")
@@ -311,7 +310,6 @@ def validate_config(cfg: Config) -> Any:
     """ConfigError listing every setting that cannot work; returns the endpoints' model family."""
     targets = target_problems(cfg)  # first: what a `_target_` names is imported by no other check
     problems, family = _problems(cfg)
-    problems = targets + problems
-    if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    if targets + problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(targets + problems))
     return family
