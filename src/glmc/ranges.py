@@ -101,12 +101,8 @@ def declared(schema: type) -> list[Declared]:
 
 def setting_problems(schema: type, values: Mapping[str, Any], where: str) -> list[str]:
     """`<where>.<key>=<value>: <fix>` for every declared setting of `schema` in `values` that is out of range."""
-    problems = []
-    for d in declared(schema):
-        if d.name in values:
-            problem = d.problem(f"{where}.{d.name}", values[d.name])
-            problems += [problem] if problem else []
-    return problems
+    found = (d.problem(f"{where}.{d.name}", values[d.name]) for d in declared(schema) if d.name in values)
+    return [problem for problem in found if problem]
 
 
 def check_settings(schema: type, where: str, values: Mapping[str, Any]) -> None:

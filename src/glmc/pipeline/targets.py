@@ -90,8 +90,7 @@ def target_problems(cfg: DictConfig) -> list[str]:
     for path, node, target in _targets(cfg, ""):
         head, _, rest = path.partition(".")
         if head == "matcher" and rest and "." not in rest and "[" not in rest:
-            name = rest
-            problem = matcher_target_problem(node, path, default_target(name) if name in METHODS else None)
+            problem = matcher_target_problem(node, path, default_target(rest) if rest in METHODS else None)
             problems += [problem] if problem else []
             continue
         trainer = path == "trainer"
