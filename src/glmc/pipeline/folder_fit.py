@@ -135,8 +135,7 @@ def _folder_tokenizer_problems(cfg: Config, folders: list[Folder]) -> list[str]:
 
 def _data_problems(cfg: Config, info: DatasetInfo, f: Folder) -> list[str]:
     """The folder's model against the data's registry entry."""
-    data = cfg.data
-    kind = info.modality
+    data, kind = cfg.data, info.modality
     is_a, own = f"{f.key} is a {f.family.name} model ({f.hf_class})", f.family.data_kind
     if own != kind:
         return [f"{is_a} for {own}, data={data.name} is {kind}: choose a dataset of {own}"]
@@ -167,10 +166,8 @@ def _data_problems(cfg: Config, info: DatasetInfo, f: Folder) -> list[str]:
 
 def _image_problems(data: Any, info: Any, f: Folder) -> list[str]:
     """The folder's image size and channels against the dataset's."""
-    size, channels = info.image_size, info.channels
-    if info.resizable and data.image_size is not None:
-        size = data.image_size
-    image, own_channels = f.size("image_size"), f.size("num_channels")
+    size = data.image_size if info.resizable and data.image_size is not None else info.image_size
+    channels, image, own_channels = info.channels, f.size("image_size"), f.size("num_channels")
     problems = []
     if size is not None and image is not None and image != size:
         fix = f"set data.image_size={image}" if info.resizable else "use a checkpoint for that size"
