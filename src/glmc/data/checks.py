@@ -23,14 +23,22 @@ def data_problems(cfg: Any, pretrained: bool = False) -> list[str]:
     ]
     info = dataset(data.name)  # the entry, read once: every check below asks it
     problems += _fraction_problems(data, info) + _task_problems(cfg, info, pretrained)
-    return problems + _dataset_problems(cfg, info) + _image_size_problems(data, info)
+    if data.path is not None and not info.reads_path:
+        readers = [d.name for d in datasets_for() if d.reads_path]
+        problems.append(
+            f"data.path={data.path}: data={info.name} does not read it (data.path is the text file of "
+            f"data={' or data='.join(readers)}); use data={readers[0]} to evaluate on that file, or remove the setting"
+        )
+    elif info.checks is not None:  # the entry's own (a file it needs)
+        problems += list(info.checks(cfg))
+    return problems + _image_size_problems(data, info)
 
 
 def _task_problems(cfg: Any, info: DatasetInfo, pretrained: bool) -> list[str]:
     """The task and tokenizer against the data (masked LM needs [CLS] and [MASK]), its labels and subsets."""
     data = cfg.data
     problems = []
-    # the user's own file says which tokenizer it needs in its own check (_dataset_problems)
+    # the user's own file says which tokenizer it needs in its own check (the entry's `checks`, asked by data_problems)
     if data.tokenizer == "pretrained" and not data.tokenizer_path and not info.reads_path:
         problems.append(
             "data.tokenizer=pretrained: reads the tokenizer saved in data.tokenizer_path; set data.tokenizer_path="
@@ -65,17 +73,6 @@ def _task_problems(cfg: Any, info: DatasetInfo, pretrained: bool) -> list[str]:
             f"({', '.join(labels)}); set model.num_labels={len(labels)}"
         )
     return problems + _subset_problems(data, info)
-
-
-def _dataset_problems(cfg: Any, info: DatasetInfo) -> list[str]:
-    """data.path where the dataset reads no file of the user's, and the entry's own `checks`."""
-    if cfg.data.path is not None and not info.reads_path:
-        readers = [d.name for d in datasets_for() if d.reads_path]
-        return [
-            f"data.path={cfg.data.path}: data={info.name} does not read it (data.path is the text file of "
-            f"data={' or data='.join(readers)}); use data={readers[0]} to evaluate on that file, or remove the setting"
-        ]
-    return [] if info.checks is None else list(info.checks(cfg))
 
 
 def _subset_problems(data: Any, info: DatasetInfo) -> list[str]:

@@ -277,8 +277,7 @@ class RunFolderGuard(Callback):
         # the other ranks of a multi-process run write into the folder rank 0 holds
         if all(int(os.environ.get(name, 0)) == 0 for name in ("RANK", "LOCAL_RANK", "NODE_RANK")):
             self._lock = hold_run_dir(run_dir)
-        if not (run_dir / "results.json").is_file():
-            return
-        with read_write(task):  # compared as run_pipeline compares it: validated, symmetry=auto resolved
-            resolve_run_symmetry(task, validate_config(task))
-        check_run_dir(task, run_dir)
+        if (run_dir / "results.json").is_file():
+            with read_write(task):  # compared as run_pipeline compares it: validated, symmetry=auto resolved
+                resolve_run_symmetry(task, validate_config(task))
+            check_run_dir(task, run_dir)
