@@ -24,23 +24,18 @@ def model_problems(cfg: Config) -> list[str]:
             "choose a width that is a multiple of the number of heads"
         )
     family, info = family_named(str(model.family)), dataset(cfg.data.name)
-    problems += _image_size_problems(cfg, family, info) + _head_problems(cfg, family, info)
-    return problems + model_key_problems(model, "model") + fits_data(cfg, model, "model")
-
-
-def _image_size_problems(cfg: Config, family: Family, info: DatasetInfo) -> list[str]:
-    """An image model reads the size a resizable dataset loads at (its cache key holds model.image_size)."""
+    # an image model reads the size a resizable dataset loads at (its cache key holds model.image_size); a
+    # size below the native one is refused by glmc.data.checks
     size = cfg.data.image_size
-    if not info.resizable or family.data_kind != IMAGES or (size is not None and size < info.image_size):
-        return []  # a size below the native one: refused by glmc.data.checks
     loaded = info.image_size if size is None else size
-    if cfg.model.image_size != loaded:
-        return [
+    if info.resizable and family.data_kind == IMAGES and loaded >= info.image_size and model.image_size != loaded:
+        problems.append(
             f"data.image_size={size}: data={info.name} would load at {loaded}x{loaded} but model.image_size="
-            f"{cfg.model.image_size}; set data.image_size={cfg.model.image_size} (or choose a model for "
+            f"{model.image_size}; set data.image_size={model.image_size} (or choose a model for "
             f"{loaded}x{loaded} images)"
-        ]
-    return []
+        )
+    problems += _head_problems(cfg, family, info)
+    return problems + model_key_problems(model, "model") + fits_data(cfg, model, "model")
 
 
 def _head_problems(cfg: Config, family: Family, info: DatasetInfo) -> list[str]:
