@@ -50,6 +50,21 @@ def run_script(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def make_read_only(monkeypatch, folder: Path) -> None:
+    """Make write probes in `folder` fail as a folder without write permission does, also when the tests
+    run as root (who may write anywhere)."""
+    import tempfile
+
+    real = tempfile.TemporaryFile
+
+    def read_only(*args, dir=None, **kwargs):
+        if dir is not None and os.path.samefile(dir, folder):
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+
+
 def load_script(relative: str):
     """A command-line script of the repository (e.g. experiments/summarize.py) as a module, to call its
     main() in this process."""

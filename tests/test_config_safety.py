@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 
 import pytest
 from omegaconf import OmegaConf
@@ -19,7 +18,7 @@ from glmc.pipeline.targets import target_problems
 from glmc.pipeline.tracking import WANDB_FOLDERS, Tracker
 from glmc.pipeline.validate import ConfigError, validate_config
 
-from conftest import compose_config, run_script
+from conftest import compose_config, make_read_only, run_script
 
 CALLS: list[tuple] = []
 LOOP = "a symbolic link on this path leads back to itself (a loop)"
@@ -153,14 +152,7 @@ def test_a_cache_dir_that_loops_or_is_a_file_is_refused_by_name(tmp_path, loop):
 def test_a_read_only_cache_dir_is_refused_before_any_work(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     cache.mkdir()
-    real = tempfile.TemporaryFile
-
-    def read_only(*args, dir=None, **kwargs):  # what a folder without write permission does, also as root
-        if dir is not None and os.path.samefile(dir, cache):
-            raise PermissionError(13, "Permission denied")
-        return real(*args, dir=dir, **kwargs)
-
-    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    make_read_only(monkeypatch, cache)
     _refused(tmp_path, f"cache_dir={cache}: is not writable (Permission denied)", f"cache_dir={cache}")
     _refused(tmp_path, f"cache_dir={cache}/new: cannot be created in {cache}", f"cache_dir={cache}/new")
     assert list(cache.iterdir()) == []

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from glmc.pipeline.run import run_pipeline
 from glmc.pipeline.run_folder import check_run_dir, config_differences
 from glmc.pipeline.validate import ConfigError, validate_config
 
-from conftest import compose_config
+from conftest import compose_config, make_read_only
 from tiny_hf import tiny_gpt2, tiny_vit
 
 TEXT = ("data=pydoc", "model=gpt2_text")
@@ -166,14 +165,7 @@ def test_run_folder_that_cannot_be_created_fails_at_start(tmp_path, tiny_overrid
 def test_read_only_run_folder_fails_at_start(tmp_path, tiny_overrides, monkeypatch):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    real = tempfile.TemporaryFile
-
-    def read_only(*args, dir=None, **kwargs):  # what a folder without write permission does, also as root
-        if dir is not None and os.path.samefile(dir, run_dir):
-            raise PermissionError(13, "Permission denied")
-        return real(*args, dir=dir, **kwargs)
-
-    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    make_read_only(monkeypatch, run_dir)
     with pytest.raises(PermissionError, match=re.escape(f"the run folder {run_dir} is not writable")):
         run_pipeline(compose_config(*tiny_overrides), run_dir)
     assert not (tmp_path / "endpoints").exists()
