@@ -11,15 +11,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import read_write
 
+from glmc.pipeline.outputs import config_as_saved
+from glmc.pipeline.previous_outputs import previous_outputs, remove_previous_outputs
 from glmc.pipeline.run import run_pipeline
-from glmc.pipeline.run_folder import (
-    LOCK_NAME,
-    RunFolderGuard,
-    check_run_dir,
-    config_as_saved,
-    previous_outputs,
-    remove_previous_outputs,
-)
+from glmc.pipeline.run_folder import LOCK_NAME, RunFolderGuard, check_run_dir
 from glmc.pipeline.validate import validate_config
 from glmc.symmetry.family_defaults import resolve_run_symmetry
 

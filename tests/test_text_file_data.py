@@ -23,8 +23,9 @@ from glmc.models.build import build_model
 from glmc.pipeline import outputs
 from glmc.pipeline.endpoints import cache_key
 from glmc.pipeline.hf_folders import evaluation_config
+from glmc.pipeline.outputs import config_as_saved
 from glmc.pipeline.refusals import is_refusal
-from glmc.pipeline.run_folder import config_as_saved, config_differences
+from glmc.pipeline.run_folder import config_differences
 from glmc.pipeline.validate import ConfigError, validate_config
 
 from conftest import compose_config, run_script

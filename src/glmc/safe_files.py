@@ -1,8 +1,10 @@
 """Safe file handling: atomic writes (a temporary file renamed into place, so a reader sees the old file or the
-new one, never half of one), and damaged files moved aside to `<name>.corrupt-<timestamp>` with a warning."""
+new one, never half of one), damaged files moved aside to `<name>.corrupt-<timestamp>` with a warning, and why a folder
+cannot be written (a link loop, a file on the way, no permission)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 import time
@@ -64,3 +66,30 @@ def move_aside(path: Path, reason: str) -> Path:
     os.replace(path, target)
     warnings.warn(f"{path} {reason}: moved it aside to {target.name}", RuntimeWarning, stacklevel=2)
     return target
+
+
+def symlink_loop(path: str | Path) -> bool:
+    """Whether `path`, or a folder on the way to it, is a symbolic link that leads back to itself."""
+    try:
+        os.stat(Path(path).expanduser())
+    except OSError as err:
+        return err.errno == errno.ELOOP
+    return False
+
+
+def unwritable(path: Path) -> tuple[str, Path, str] | None:
+    """Why folder `path` cannot be created or written: ("loop" | "file" | "denied", the nearest existing
+    path, the system's reason), or None."""
+    if symlink_loop(path):  # exists() would read a loop as "missing"
+        return "loop", path, ""
+    existing = path
+    while not existing.exists() and existing != existing.parent:  # the folder is created below this one
+        existing = existing.parent
+    if not existing.is_dir():
+        return "file", existing, ""
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".glmc-write-probe-"):
+            pass
+    except OSError as err:
+        return "denied", existing, str(err.strerror or err)
+    return None

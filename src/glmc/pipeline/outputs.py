@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from glmc.eval.barrier_plot import plot_barrier_curves
 from glmc.metrics import is_token_task
 from glmc.safe_files import atomic_path, atomic_write_text
@@ -31,6 +33,11 @@ def finite_or_none(value: Any) -> Any:
 class ResultsNotWritten(OSError):
     """Some result files could not be written (a full disk, a folder turned read-only); the message
     says which were written, which were not, and why."""
+
+
+def config_as_saved(cfg: Any) -> dict[str, Any]:
+    """The resolved config as results.json stores it (plain JSON values)."""
+    return json.loads(json.dumps(finite_or_none(OmegaConf.to_container(cfg, resolve=True))))
 
 
 def write_results(results: dict[str, Any], run_dir: Path) -> None:

@@ -42,7 +42,8 @@ from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
 from glmc.pipeline.multi import format_multi, model_name, run_multi
 from glmc.pipeline.outputs import format_table, write_results
 from glmc.pipeline.pairing import seed_pairs
-from glmc.pipeline.run_folder import check_run_dir, remove_previous_outputs
+from glmc.pipeline.previous_outputs import remove_previous_outputs
+from glmc.pipeline.run_folder import check_run_dir
 from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import validate_config
 from glmc.safe_files import atomic_write_text

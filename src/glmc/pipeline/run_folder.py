@@ -1,5 +1,5 @@
-"""The run folder: whether a run may write into it (`check_run_dir`, locked by `RunFolderGuard`), and
-what an earlier run of another config left there (`remove_previous_outputs`)."""
+"""The run folder: whether a run may write into it (`check_run_dir`), locked for the run by `RunFolderGuard`;
+what an earlier run wrote there is listed by glmc.pipeline.previous_outputs."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ import copy
 import json
 import logging
 import os
-import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, open_dict, read_write
 
 from glmc.config import Config
-from glmc.pipeline.validate import unwritable, validate_config
+from glmc.pipeline.outputs import config_as_saved
+from glmc.pipeline.validate import validate_config
+from glmc.safe_files import unwritable
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +44,6 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
             out.update(_flatten(v, f"{prefix}{k}."))
         return out if out or not prefix else {prefix[:-1]: {}}
     return {prefix[:-1]: node}
-
-
-def config_as_saved(cfg: Config) -> dict[str, Any]:
-    """The resolved config as results.json stores it (plain JSON values)."""
-    from glmc.pipeline.outputs import finite_or_none
-
-    return json.loads(json.dumps(finite_or_none(OmegaConf.to_container(cfg, resolve=True))))
 
 
 # keys added to the schema after runs were recorded, with the value those runs had: a results.json
@@ -138,75 +131,6 @@ def check_run_dir(cfg: Config, run_dir: Path) -> bool:
         "each method folder its diagnostics_*.json, hf_* exports and checkpoint folders; your own files "
         "there are kept), or choose another folder (hydra.run.dir=...)"
     )
-
-
-# what a run writes into its folder besides one folder per method (glmc.pipeline.run, .outputs, .multi)
-RESULT_FILES = ("results.json", "barrier.csv", "barrier.png", "simplex.png")
-KEPT_FOLDERS = ("logs", "wandb", ".hydra")  # logs of earlier runs and Hydra's record stay
-# checkpoint folders of learned matching (pair_<hash>) and of the universe refinement (universe_<hash>),
-# named by glmc.matching.base.settings_hash
-CHECKPOINT_FOLDER = re.compile(r"(pair|universe)_[0-9a-f]{12}")
-
-
-def _pair_labels(saved: dict[str, Any]) -> set[str]:
-    """The `<a>-<b>` labels of every pair in `saved`'s methods, which name its files."""
-    labels = set()
-    for method in (saved.get("methods") or {}).values():
-        for pair in (method.get("pairs") or []) if isinstance(method, dict) else []:
-            ends = (pair.get("endpoints") or pair.get("seeds")) if isinstance(pair, dict) else None
-            if isinstance(ends, list) and ends:
-                labels.add("-".join(str(e) for e in ends))
-    return labels
-
-
-def _saved_results(run_dir: Path) -> dict[str, Any]:
-    try:
-        saved = json.loads((Path(run_dir) / "results.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return saved if isinstance(saved, dict) else {}
-
-
-def method_folders(run_dir: Path) -> list[Path]:
-    """The folders of the methods recorded in `run_dir`/results.json (and universe/ of a multi-model run)."""
-    saved = _saved_results(run_dir)
-    names = list(saved.get("methods") or {}) + (["universe"] if saved.get("multi") else [])
-    folders = [
-        Path(run_dir) / n
-        for n in names
-        if isinstance(n, str) and n and Path(n).name == n and not n.startswith(".") and n not in KEPT_FOLDERS
-    ]
-    return [p for p in folders if p.is_dir() and not p.is_symlink()]
-
-
-def previous_outputs(run_dir: Path) -> list[Path]:
-    """What the run recorded in `run_dir`/results.json wrote there: in each method folder its diagnostics,
-    exports and checkpoint folders (never a link, nor the user's files), then its result files."""
-    run_dir = Path(run_dir)
-    labels = _pair_labels(_saved_results(run_dir))
-    files, exports = {f"diagnostics_{label}.json" for label in labels}, {f"hf_{label}" for label in labels}
-    inside = [
-        path
-        for folder in method_folders(run_dir)
-        for path in sorted(folder.iterdir())
-        if not path.is_symlink()
-        and (
-            (path.is_file() and path.name in files)
-            or (path.is_dir() and (path.name in exports or CHECKPOINT_FOLDER.fullmatch(path.name)))
-        )
-    ]
-    return inside + [run_dir / f for f in RESULT_FILES if (run_dir / f).is_file()]
-
-
-def remove_previous_outputs(run_dir: Path) -> None:
-    """Remove `previous_outputs`, and the method folders left empty (the user's own files stay)."""
-    folders = method_folders(run_dir)
-    for path in previous_outputs(run_dir):
-        log.info("overwrite=true: removing %s of the replaced results", path)
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    for folder in folders:
-        if not any(folder.iterdir()):
-            folder.rmdir()
 
 
 LOCK_NAME = ".glmc-run.lock"  # hidden: never a result, and kept after the run (a name other runs share)

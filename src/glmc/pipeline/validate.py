@@ -3,9 +3,6 @@ methods, Trainer, `_target_`s, unknown keys) what in the config cannot work."""
 
 from __future__ import annotations
 
-import errno
-import os
-import tempfile
 import typing
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -21,6 +18,7 @@ from glmc.pipeline.model_checks import fits_data, model_key_problems, model_prob
 from glmc.pipeline.pairing import seed_pairs, seed_problems
 from glmc.pipeline.targets import target_problems, trainer_arguments
 from glmc.ranges import RULES, setting_problems
+from glmc.safe_files import symlink_loop, unwritable
 from glmc.settings.methods import METHODS, MULTI_METHODS
 
 # endpoints of different widths (endpoint_models) share these with the first, and the keys their
@@ -91,34 +89,7 @@ def _problems(cfg: Config) -> tuple[list[str], Any]:
     return problems, family
 
 
-def symlink_loop(path: str | Path) -> bool:
-    """Whether `path`, or a folder on the way to it, is a symbolic link that leads back to itself."""
-    try:
-        os.stat(Path(path).expanduser())
-    except OSError as err:
-        return err.errno == errno.ELOOP
-    return False
-
-
 LOOP = "a symbolic link on this path leads back to itself (a loop), so nothing can be read or written there"
-
-
-def unwritable(path: Path) -> tuple[str, Path, str] | None:
-    """Why folder `path` cannot be created or written: ("loop" | "file" | "denied", the nearest existing
-    path, the system's reason), or None."""
-    if symlink_loop(path):  # exists() would read a loop as "missing"
-        return "loop", path, ""
-    existing = path
-    while not existing.exists() and existing != existing.parent:  # the folder is created below this one
-        existing = existing.parent
-    if not existing.is_dir():
-        return "file", existing, ""
-    try:
-        with tempfile.TemporaryFile(dir=existing, prefix=".glmc-write-probe-"):
-            pass
-    except OSError as err:
-        return "denied", existing, str(err.strerror or err)
-    return None
 
 
 def _path_problems(cfg: Config) -> list[str]:
