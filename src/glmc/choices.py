@@ -80,6 +80,13 @@ class EndpointSource(StrEnum):
     trained = "trained"  # trained here from `seeds` (or read from the endpoint cache)
     pretrained = "pretrained"  # Hugging Face model folders (endpoints.paths), loaded and never trained
     finetuned = "finetuned"  # children fine-tuned from one parent (pretrain.*) on each task of endpoints.tasks
+    spawn = "spawn"  # children continued from one parent's state at each step of endpoints.steps
+
+
+class SeedVary(StrEnum):
+    both = "both"  # an endpoint's seed draws its initialisation, data order and dropout
+    init = "init"  # the initialisation; data order and dropout from seed_fixed
+    data = "data"  # data order and dropout; the initialisation from seed_fixed
 
 
 class Pairing(StrEnum):

@@ -20,6 +20,7 @@ from glmc.choices import (
     LoggerMode,
     MergeKind,
     Pairing,
+    SeedVary,
     Task,
     TokenizerKind,
 )
@@ -199,17 +200,23 @@ class EndpointsConfig:
     (data.tokenizer_path, else the first folder's). Pairs are formed over the folders in order, as over
     seeds (glmc.pipeline.hf_folders).
     finetuned: children fine-tuned from one parent (`pretrain`), one per seed of `seeds` on each task of
-    `tasks` (each a set of overrides of `data`); pairs within and across tasks (glmc.pipeline.children)."""
+    `tasks` (each a set of overrides of `data`); pairs within and across tasks (glmc.pipeline.children).
+    spawn: a parent trained from `seed_fixed`, and at each optimizer step of `steps` one child per seed of
+    `seeds` continued from its state to the parent's budget (glmc.pipeline.children)."""
 
     source: EndpointSource = EndpointSource.trained
     paths: list[str] = field(default_factory=list)
     tasks: list[Any] = field(default_factory=list)  # finetuned: one override of `data` per task
+    steps: list[int] = setting([0], "steps")  # spawn: the parent's optimizer steps the children start from
 
 
 @dataclass
 class Config:
     experiment: str = "demo"
     seeds: list[int] = field(default_factory=lambda: [0, 1])
+    # what an endpoint's seed draws (both: initialisation, data order and dropout); the rest from seed_fixed
+    seed_vary: SeedVary = SeedVary.both
+    seed_fixed: int = setting(0, "seed")
     endpoints: EndpointsConfig = field(default_factory=EndpointsConfig)
     pairing: Pairing = Pairing.disjoint  # disjoint: (s0,s1),(s2,s3),...; all: every pair
     cache_dir: str = "outputs/endpoints"

@@ -49,6 +49,11 @@ RULES: dict[str, Rule] = {
         lambda v: finite_number(v) and 0 < v <= 1, "use a grid step in (0, 1] (e.g. {key}=0.1)", (0, -1, 1.5, NAN)
     ),
     "flag": Rule(lambda v: isinstance(v, bool), "use true or false", ("yes",)),
+    "steps": Rule(
+        lambda v: all(finite_number(s) and s >= 0 for s in v) and list(v) == sorted(set(v)),
+        "use optimizer steps >= 0 in increasing order, each once (e.g. {key}=[0,10,50])",
+        ([-1], [10, 0], [0, 0]),
+    ),
 }
 
 
@@ -57,6 +62,8 @@ def setting(default: Any = dataclasses.MISSING, rule: str | None = None, *, choi
     if (rule is None) == (not choices) or (rule is not None and rule not in RULES):
         raise ValueError(f"declare one rule of {', '.join(RULES)}, or choices (got {rule!r}, {choices!r})")
     metadata = {"range": rule} if rule else {"choices": tuple(choices)}
+    if isinstance(default, list):  # a fresh list per instance
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 

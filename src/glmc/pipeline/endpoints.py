@@ -46,8 +46,9 @@ from glmc.pipeline.side_by_side import SeedFailed, train_side_by_side
 from glmc.pipeline.tracking import Tracker
 from glmc.train.best_epoch import BestEpochWeights
 from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
-from glmc.train.endpoint import EndpointModule
+from glmc.train.endpoint import EndpointModule, SpawnPoint
 from glmc.train.resume import EpochCheckpoint, resumable
+from glmc.train.snapshots import Snapshots, snapshot_dir
 from glmc.train.trainer import quiet_lightning, resolve_device, trained_precision, trainer_factory
 from glmc.train.warm_start import load_encoder
 
@@ -59,6 +60,21 @@ def endpoint_ids(cfg: Config) -> list[int]:
     if str(cfg.endpoints.source) == "pretrained":
         return list(range(len(cfg.endpoints.paths)))
     return list(cfg.seeds)
+
+
+def endpoint_seeds(cfg: Config, seed: int) -> tuple[int, int]:
+    """(initialisation seed, data-order and dropout seed) of endpoint `seed` by `seed_vary`; a spawned child
+    varies its data order only (its weights are the parent's)."""
+    return {"both": (seed, seed), "init": (seed, cfg.seed_fixed), "data": (cfg.seed_fixed, seed)}[seed_vary(cfg)]
+
+
+def seeds_of(cfg: Config, seed: int) -> dict[str, int]:
+    """Endpoint `seed`'s two seeds as results.json records them."""
+    return dict(zip(("init_seed", "data_seed"), endpoint_seeds(cfg, seed)))
+
+
+def seed_vary(cfg: Config) -> str:
+    return "data" if str(cfg.endpoints.source) == "spawn" else str(cfg.seed_vary)
 
 
 def cache_key(cfg: Config) -> dict[str, Any]:
@@ -78,7 +94,10 @@ def cache_key(cfg: Config) -> dict[str, Any]:
                     model.pop(key, None)
     trainer = as_dict(cfg.trainer)
     trainer["precision"] = trained_precision(cfg.trainer)  # auto: keyed by what it trains in here
-    return endpoint_key(model, as_dict(cfg.data), train, trainer, sources)
+    key = endpoint_key(model, as_dict(cfg.data), train, trainer, sources)
+    if str(cfg.seed_vary) != "both":  # the seed the entry's does not vary (seed_vary=both: keys as before)
+        key["seeds"] = {"vary": str(cfg.seed_vary), "fixed": cfg.seed_fixed}
+    return key
 
 
 def pretrain_config(cfg: Config) -> Config:
@@ -120,19 +139,30 @@ def train_endpoint(
     logger: Any,
     checkpoint_dir: Path | None = None,
     start_from: torch.nn.Module | None = None,
+    callbacks: tuple[Any, ...] = (),
 ) -> tuple[torch.nn.Module, dict[str, Any] | None]:
     """Train one endpoint; returns it and, with early stopping, which epoch's weights it holds (the
     lowest validation loss's: glmc.train.best_epoch), else None. With `checkpoint_dir`, write last.ckpt
     there after every epoch and resume from an intact one found there (a damaged one is moved aside and
-    training starts afresh). With `start_from`, the model starts from that model's encoder (fine-tuning)."""
-    L.seed_everything(seed, workers=True, verbose=False)  # seed 0 is a seed like any other
+    training starts afresh). With `start_from`, the model starts from that model's encoder (fine-tuning),
+    or a SpawnPoint's whole training state (a spawned child, trained for the rest of the parent's budget).
+    `callbacks` join the trainer's (e.g. SpawnPoints along a spawn parent's training)."""
+    init_seed, data_seed = endpoint_seeds(cfg, seed)
+    L.seed_everything(init_seed, workers=True, verbose=False)  # seed 0 is a seed like any other
     model = build_model(cfg.model)
-    if start_from is not None:
+    if seed_vary(cfg) != "both":  # dropout drawn from the data-order seed
+        L.seed_everything(data_seed, workers=True, verbose=False)
+    spawned = start_from if isinstance(start_from, SpawnPoint) else None
+    if spawned is not None:
+        model = spawned.model
+        if spawned.step == spawned.total:  # nothing left of the budget: the parent itself
+            return model.eval(), None
+    elif start_from is not None:
         load_encoder(model, start_from)
-    module = EndpointModule(model, cfg.train, cfg.data.task)
-    data = DataModule(cfg.data, seed)
+    module = EndpointModule(model, cfg.train, cfg.data.task, spawned)
+    data = DataModule(cfg.data, data_seed)
     data.setup()
-    callbacks: list[Any] = [DivergenceGuard(f"seed {seed}", divergence_hint(cfg))]
+    callbacks = [DivergenceGuard(f"seed {seed}", divergence_hint(cfg)), *callbacks]
     best = None
     resume = None
     if checkpoint_dir is not None:
@@ -141,6 +171,8 @@ def train_endpoint(
         if resume is not None:
             log.info("seed %d: resuming training from %s", seed, resume)
         callbacks.append(EpochCheckpoint(last, data))
+        if cfg.train.save_steps is not None:  # beside the cache entry the checkpoints belong to
+            callbacks.append(Snapshots(snapshot_dir(Path(checkpoint_dir).parent, seed), cfg.train.save_steps))
     if cfg.train.early_stopping_patience is not None:
         if not data.has_validation_split:
             raise ValueError(
@@ -155,7 +187,8 @@ def train_endpoint(
     trainer = trainer_factory(cfg.trainer)(
         default_root_dir=str(run_dir),
         logger=logger,
-        max_epochs=cfg.train.max_epochs,
+        max_epochs=cfg.train.max_epochs if spawned is None else -1,
+        max_steps=-1 if spawned is None else spawned.total - spawned.step,
         gradient_clip_val=cfg.train.gradient_clip_val,
         accumulate_grad_batches=cfg.train.accumulate_grad_batches,
         callbacks=callbacks,
@@ -201,7 +234,7 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
         key = cache_key(cfg)
         with cache.lock(key, seed) as waited:
             model, metrics, cached = load_or_train(
-                cfg, seed, key, cache, run_dir, tracker, evaluator, waited, pretrained
+                cfg, seed, key, cache, run_dir, tracker, evaluator, waited, pretrained if cfg.pretrain.enabled else None
             )
         model.eval()
         cached = cached and seed not in fresh  # trained side by side by this run: not a cache hit
@@ -253,10 +286,11 @@ def load_or_train(
     tracker,
     evaluator,
     waited: bool,
-    pretrained=None,
+    start=None,
 ) -> tuple[torch.nn.Module, dict[str, Any], bool]:
     """The cached endpoint, or one trained and cached now; the caller holds the entry's lock.
-    `pretrained()` gives the model to start from when `pretrain.enabled` (called only to train)."""
+    `start()` gives what training starts from, called only to train: the pretrained model whose encoder
+    a fine-tuned endpoint starts from, or the SpawnPoint a spawned child continues."""
     training_dir = cache.training_dir(key, seed)
     meta = None
     if cache.has(key, seed):
@@ -275,8 +309,8 @@ def load_or_train(
     else:
         log.info("seed %d: training (cache entry %s)", seed, cache.entry(key, seed))
         logger = tracker.lightning_logger(f"seed_{seed}", "train")
-        start = pretrained() if cfg.pretrain.enabled and pretrained is not None else None
-        model, kept = train_endpoint(cfg, seed, run_dir, logger, checkpoint_dir=training_dir, start_from=start)
+        begin = None if start is None else start()
+        model, kept = train_endpoint(cfg, seed, run_dir, logger, checkpoint_dir=training_dir, start_from=begin)
         loss, acc = evaluator.evaluate(model)
         metrics, cached = {"test_loss": loss, "test_accuracy": acc, **({"kept": kept} if kept else {})}, False
         if kept:
@@ -319,8 +353,8 @@ def _train_and_cache(cfg: Config, index: int, key: dict[str, Any], run_dir: Path
     test, _ = run_evaluators(cfg, data, resolve_device(cfg.trainer.accelerator))
     cache, seed = EndpointCache(Path(cfg.cache_dir)), cfg.seeds[index]
     with Tracker(cfg, run_dir) as tracker, cache.lock(key, seed) as waited:
-        pretrained = functools.partial(pretrained_model, cfg, run_dir, tracker)
-        load_or_train(endpoint_config(cfg, index), seed, key, cache, run_dir, tracker, test, waited, pretrained)
+        start = functools.partial(pretrained_model, cfg, run_dir, tracker) if cfg.pretrain.enabled else None
+        load_or_train(endpoint_config(cfg, index), seed, key, cache, run_dir, tracker, test, waited, start)
 
 
 def load_endpoints(cfg: Config, evaluator) -> list[Endpoint]:

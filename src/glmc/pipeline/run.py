@@ -35,7 +35,7 @@ from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.cache import config_hash
 from glmc.pipeline.children import run_children
 from glmc.pipeline.endpoint_record import Endpoint
-from glmc.pipeline.endpoints import cache_key, endpoint_ids, get_endpoints, training_kept
+from glmc.pipeline.endpoints import cache_key, endpoint_ids, get_endpoints, seeds_of, training_kept
 from glmc.pipeline.folder_fit import check_tokenizer
 from glmc.pipeline.hf_folders import evaluation_config, is_pretrained
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
@@ -357,7 +357,7 @@ def _results(
         "endpoints": [
             {
                 "seed": e.seed,
-                **({"name": e.name, "path": e.path} if e.name is not None else {}),
+                **({"name": e.name, "path": e.path} if e.name is not None else seeds_of(cfg, e.seed)),
                 "stored_dtype": e.dtype,
                 "width": e.canonical.width,
                 "test_loss": e.test_loss,

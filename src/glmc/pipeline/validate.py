@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from glmc.config import Config, MergeConfig, MultiConfig, TrainConfig, TrainerConfig
+from glmc.config import Config, EndpointsConfig, MergeConfig, MultiConfig, TrainConfig, TrainerConfig
 from glmc.data.checks import data_problems
 from glmc.models.compatibility import residual_class_problem
 from glmc.models.families import family_named
@@ -36,6 +36,7 @@ class ConfigError(ValueError):
 # (key, whether a value holds, what to do) for the run's settings that no rule of RULES says
 RUN_CHECKS = (
     ("threads", lambda v: v is None or v >= 1, "use at least 1, or null for torch's default"),
+    ("seed_fixed", RULES["seed"].holds, RULES["seed"].fix),
     (
         "eval.num_lambdas",
         lambda v: v >= 3,
@@ -52,6 +53,7 @@ def _run_problems(cfg: Config) -> list[str]:
     values = [(key, OmegaConf.select(cfg, key), holds, fix) for key, holds, fix in RUN_CHECKS]
     problems = [f"{key}={value}: {fix}" for key, value, holds, fix in values if not holds(value)]
     problems += setting_problems(TrainConfig, cfg.train, "train")  # the ranges declared with the settings
+    problems += setting_problems(EndpointsConfig, cfg.endpoints, "endpoints")
     return problems + setting_problems(MergeConfig, cfg.merge, "merge")
 
 

@@ -1,13 +1,16 @@
 """LightningModule that trains one endpoint model: a HF ViT or encoder (classification), GPT-2 (causal LM)
-or an encoder with a masked-LM head."""
+or an encoder with a masked-LM head; and the training state a spawned child continues from (SpawnPoint),
+captured along a parent's training (SpawnPoints)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback
 
 from glmc.config import TrainConfig
 from glmc.metrics import IGNORE_INDEX, flat_predictions, logits_of, loss_and_correct
@@ -23,12 +26,76 @@ def training_loss(logits: torch.Tensor, targets: torch.Tensor, task: str, label_
     return F.cross_entropy(logits, targets, label_smoothing=label_smoothing, ignore_index=IGNORE_INDEX)
 
 
+class SpawnPoint(torch.nn.Module):
+    """A parent's training state after `step` of its `total` optimizer steps: its model, and AdamW's two
+    moments of each parameter (in the model's parameter order) as buffers, so that the endpoint cache
+    stores it as one model. The learning rate schedule's state follows from (step, total)."""
+
+    def __init__(self, model: torch.nn.Module, step: int, total: int):
+        super().__init__()
+        self.model, self.step, self.total = model, step, total
+        for i, p in enumerate(model.parameters()):
+            self.register_buffer(f"exp_avg_{i}", torch.zeros_like(p))
+            self.register_buffer(f"exp_avg_sq_{i}", torch.zeros_like(p))
+
+    def moments(self, i: int) -> dict[str, torch.Tensor]:
+        return {"exp_avg": getattr(self, f"exp_avg_{i}"), "exp_avg_sq": getattr(self, f"exp_avg_sq_{i}")}
+
+
+class SpawnPoints(Callback):
+    """Hands the training state after each optimizer step of `steps` (0: before the first) to
+    `save(step, SpawnPoint)`, a copy on the CPU."""
+
+    def __init__(self, steps: list[int], save):
+        self.pending, self.save = set(steps), save
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._capture(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        self._capture(trainer, pl_module)
+
+    def _capture(self, trainer, pl_module) -> None:
+        step = trainer.global_step
+        if step not in self.pending:
+            return
+        self.pending.discard(step)
+        live = list(pl_module.model.parameters())
+        point = SpawnPoint(copy.deepcopy(pl_module.model).cpu(), step, int(trainer.estimated_stepping_batches))
+        state = trainer.optimizers[0].state
+        with torch.no_grad():
+            for i, p in enumerate(live):
+                for name, buffer in point.moments(i).items():
+                    if p in state:
+                        buffer.copy_(state[p][name])
+        self.save(step, point)
+
+
+def continue_from(point: SpawnPoint, optimizer: torch.optim.Optimizer, scheduler) -> None:
+    """Set a fresh AdamW and its warmup_cosine schedule (built over `point.total` steps) to where the
+    parent's stood after `point.step` steps."""
+    if point.step:
+        index = {p: i for i, p in enumerate(point.model.parameters())}
+        saved = optimizer.state_dict()
+        ordered = [p for group in optimizer.param_groups for p in group["params"]]  # state_dict's numbering
+        step = torch.tensor(float(point.step))
+        saved["state"] = {n: {"step": step.clone(), **point.moments(index[p])} for n, p in enumerate(ordered)}
+        optimizer.load_state_dict(saved)
+    lrs = [base * factor(point.step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler.last_epoch, scheduler._last_lr = point.step, lrs
+
+
 class EndpointModule(L.LightningModule):
-    def __init__(self, model: torch.nn.Module, train_cfg: TrainConfig, task: str):
+    """`start`: a spawned child's training state, continued from (`model` is `start.model`)."""
+
+    def __init__(self, model: torch.nn.Module, train_cfg: TrainConfig, task: str, start: SpawnPoint | None = None):
         super().__init__()
         self.model = model
         self.train_cfg = train_cfg
         self.task = task
+        object.__setattr__(self, "start", start)  # not a submodule: the model is its own, and is saved as such
         self.fused_adamw: bool | None = None  # None: where every parameter is on CUDA (_fused_adamw)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -59,7 +126,10 @@ class EndpointModule(L.LightningModule):
             lr=cfg.lr,
             **({"fused": True} if self._fused_adamw() else {}),
         )
-        scheduler = warmup_cosine(optimizer, self.trainer.estimated_stepping_batches, cfg.warmup_fraction)
+        total = self.trainer.estimated_stepping_batches if self.start is None else self.start.total
+        scheduler = warmup_cosine(optimizer, total, cfg.warmup_fraction)
+        if self.start is not None:
+            continue_from(self.start, optimizer, scheduler)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _fused_adamw(self) -> bool:
