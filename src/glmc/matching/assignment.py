@@ -11,6 +11,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from glmc.matching.device_assignment import device_project
 from glmc.matching.warm_assignment import WarmAssignments
 from glmc.symmetry import Permutation
 
@@ -20,8 +21,8 @@ PARALLEL_UNITS = 1024
 
 
 def projected(similarity: Callable[[int], Tensor], layer: int) -> Permutation:
-    """The assignment maximising similarity(layer) (Permutation.project)."""
-    return Permutation.project(similarity(layer))
+    """The assignment maximising similarity(layer) (Permutation.project; on the device where that wins)."""
+    return device_project(similarity(layer))
 
 
 def assign_layers(
@@ -61,8 +62,9 @@ def group_assignment(cost: Tensor, groups: int) -> tuple[Permutation, Permutatio
     size = cost.shape[0] // groups
     blocks = cost.reshape(groups, size, groups, size).permute(0, 2, 1, 3)  # (K_A, K_B, G, G)
     inner = [[Permutation.project(-blocks[i, j]).perm for j in range(groups)] for i in range(groups)]
-    pair_cost = torch.tensor(
-        [[float(blocks[i, j][torch.arange(size), inner[i][j]].sum()) for j in range(groups)] for i in range(groups)]
-    )
+    rows = torch.arange(size, device=cost.device)
+    # float32 as before: the group costs are compared at the precision they always were
+    pair = lambda i, j: blocks[i, j][rows, inner[i][j]].sum()  # noqa: E731
+    pair_cost = torch.stack([torch.stack([pair(i, j) for j in range(groups)]) for i in range(groups)]).float()
     outer = Permutation.project(-pair_cost).perm
     return Permutation(outer), Permutation(torch.stack([inner[i][int(outer[i])] for i in range(groups)]))

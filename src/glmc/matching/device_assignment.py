@@ -310,3 +310,27 @@ class DeviceAssignments:
                 self.states[key] = (found.prices[i], found.perm[i])
                 out[key] = Permutation(found.perm[i])
         return out
+
+
+# where the auction beats SciPy on the host: CUDA only (on a CPU it loses at every size, see
+# benchmarks/assignment_solver.py), and only problems large enough that a host copy and SciPy cost more
+# than the auction's synchronising rounds (heads and small MLPs stay on the host)
+DEVICE_SOLVER_TYPES = ("cuda",)
+DEVICE_UNITS = 512
+
+
+def solves_on_device(similarity: Tensor) -> bool:
+    """Whether a square problem of this size on this device is solved by the auction there."""
+    shape = similarity.shape
+    return (
+        similarity.device.type in DEVICE_SOLVER_TYPES and similarity.dim() == 2 and shape[0] == shape[1] >= DEVICE_UNITS
+    )
+
+
+def device_project(similarity: Tensor) -> Permutation:
+    """Permutation.project on the similarity's device where that wins (solves_on_device): the rows'
+    distinct maxima, else the certified auction, SciPy deciding what it does not certify."""
+    if not solves_on_device(similarity):
+        return Permutation.project(similarity)
+    shortcut = Permutation.from_row_maxima(similarity.detach())
+    return shortcut if shortcut is not None else Permutation(auction_assignment(similarity).perm)

@@ -32,6 +32,7 @@ class HiddenHead:
         self.spec_readers = spec.restricted_to(set(self.readers))
         self.pa = {name: pa[name] for name in self.axis}
         self.pb = {name: pb[name] for name in self.axis}
+        self.device = next(iter(self.pa.values())).device
         rest = [name for name in self.axis if name not in on_stream]
         # float64: the distance is |A|^2 + |B|^2 - 2 <A, B>, which cancels when the head is matched
         self.cross = sum((self._rows(self.pa, n) @ self._rows(self.pb, n).T for n in rest), self._zeros())
@@ -40,7 +41,7 @@ class HiddenHead:
         self.norm = sum(float(a.double().pow(2).sum()) for a in self.pa.values())  # ||A||^2 over the head
 
     def _zeros(self) -> Tensor:
-        return torch.zeros(self.size, self.size, dtype=torch.float64)
+        return torch.zeros(self.size, self.size, dtype=torch.float64, device=self.device)
 
     def _rows(self, p: Params, name: str) -> Tensor:
         """Tensor `name` of `p` as (hidden units, rest), in float64."""
@@ -61,7 +62,8 @@ class HiddenHead:
     def squared_difference(self, residual: Element | None, hidden: Permutation) -> float:
         """||head_A - T(head_B)||^2 for the residual map and hidden permutation of T."""
         perm = hidden.perm
-        diff = self.rest_aa + self.rest_bb - 2 * float(self.cross[torch.arange(self.size), perm].sum())
+        rows = torch.arange(self.size, device=perm.device)
+        diff = self.rest_aa + self.rest_bb - 2 * float(self.cross[rows, perm].sum())
         moved = apply_params(Transform({HEAD_HIDDEN: hidden}), self.spec_readers, self._readers_at(residual))
         for name in self.readers:
             diff += float((self.pa[name].double() - moved[name].double()).pow(2).sum())
@@ -71,7 +73,7 @@ class HiddenHead:
         """The readers' share of the residual map's cross-covariance, B's hidden units in the order of
         `hidden`: sum A M^T over the (D, n) blocks, the residual axis first, each divided by n unless `raw`."""
         moved = apply_params(Transform({HEAD_HIDDEN: hidden}), self.spec_readers, {n: self.pb[n] for n in self.readers})
-        c = torch.zeros(width, width, dtype=torch.float64)
+        c = torch.zeros(width, width, dtype=torch.float64, device=self.device)
         for name in self.readers:
             axis = next(ax.axis for ax in self.spec_readers["residual"].acts_on if ax.param == name)
             a, b = (t.movedim(axis, 0).reshape(width, -1).double() for t in (self.pa[name], moved[name]))

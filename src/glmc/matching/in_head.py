@@ -54,7 +54,7 @@ def optimal_scales(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, rotations: Te
     xx, yy = xb.pow(2).sum((1, 2)), yb.pow(2).sum((1, 2))
     xy, yx = (xa * rxb).sum((1, 2)), (ya * ryb).sum((1, 2))
     scales = [_best_scale(*(float(t[h]) for t in (xx, xy, yx, yy))) for h in range(len(r))]
-    return torch.tensor(scales, dtype=torch.float64)
+    return torch.tensor(scales, dtype=torch.float64, device=r.device)
 
 
 def rotary_head_cost(pa: Params, pb: Params, layer: int, rotary_dims: int | None = None) -> Tensor:

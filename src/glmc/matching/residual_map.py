@@ -129,7 +129,7 @@ def block_cross_covariance(
 def factored_cross_covariance(pa: Params, pb: Params, layout: dict, width: int) -> Tensor:
     """C = sum_t A_t B_t^T over the tensors with a residual axis, that axis first and the rest flattened:
     <O, C> is the factored inner product of A with B's tensors mapped by O (float64)."""
-    c = torch.zeros(width, width, dtype=torch.float64)
+    c = torch.zeros(width, width, dtype=torch.float64, device=next(iter(pa.values())).device)
     for name, a in pa.items():
         axis = residual_axis(layout, name, "out")
         axis = residual_axis(layout, name, "in") if axis is None else axis
@@ -140,9 +140,9 @@ def factored_cross_covariance(pa: Params, pb: Params, layout: dict, width: int) 
     return c
 
 
-def ones_complement(width: int) -> Tensor:
+def ones_complement(width: int, device: torch.device | str | None = None) -> Tensor:
     """Orthonormal basis (width, width - 1) of the hyperplane orthogonal to the all-ones vector, float64."""
-    m = torch.eye(width, dtype=torch.float64)
+    m = torch.eye(width, dtype=torch.float64, device=device)
     m[:, 0] = 1.0  # columns 1, e_1, ..., e_{D-1}: QR's first column spans 1, the others its complement
     return torch.linalg.qr(m).Q[:, 1:]
 
@@ -152,7 +152,7 @@ def mean_keeping_projection(c: Tensor, basis: Tensor) -> Tensor:
     with Q = `basis` (from ones_complement)."""
     width = basis.shape[0]
     inner = Orthogonal.project(basis.T @ c.double() @ basis).matrix
-    return basis @ inner @ basis.T + torch.full((width, width), 1.0 / width, dtype=torch.float64)
+    return basis @ inner @ basis.T + torch.full((width, width), 1.0 / width, dtype=torch.float64, device=basis.device)
 
 
 @dataclass
@@ -179,7 +179,7 @@ def outside_terms(
     hidden state, whose tensors HiddenHead compares)."""
     c_raw, c, aa, bb = 0.0, 0.0, 0.0, 0.0
     for a, b in _embedding_blocks(pa, pb, residual_only, tokens):  # float64, each block converted once
-        product = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float64)
+        product = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float64, device=a.device)
         # a large vocabulary's columns in slices: a whole table in float64 is twice the model's own copy
         for start in range(0, a.shape[1], OUTSIDE_COLUMNS):
             a64, b64 = (t[:, start : start + OUTSIDE_COLUMNS].double() for t in (a, b))

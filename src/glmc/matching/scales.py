@@ -26,7 +26,7 @@ def best_scales(P: Tensor, p: Tensor, Q: Tensor, q: Tensor) -> Tensor:
     valid = (P > 0) & (Q > 0)
     safe = torch.where(valid, P, torch.ones_like(P))
     # companion matrix of a^4 - (p/P) a^3 + (q/P) a - Q/P
-    companion = torch.zeros(len(P), 4, 4, dtype=torch.float64)
+    companion = torch.zeros(len(P), 4, 4, dtype=torch.float64, device=P.device)
     companion[:, 0, 0] = p / safe
     companion[:, 0, 2] = -q / safe
     companion[:, 0, 3] = Q / safe
@@ -34,8 +34,8 @@ def best_scales(P: Tensor, p: Tensor, Q: Tensor, q: Tensor) -> Tensor:
     roots = torch.linalg.eigvals(companion)
     real = roots.real.clamp_min(1e-12)
     usable = (roots.imag.abs() <= 1e-8 * roots.abs().clamp_min(1.0)) & (roots.real > 0)
-    candidates = torch.cat([torch.ones(len(P), 1, dtype=torch.float64), real], 1)
-    usable = torch.cat([torch.ones(len(P), 1, dtype=torch.bool), usable], 1)
+    candidates = torch.cat([torch.ones(len(P), 1, dtype=torch.float64, device=P.device), real], 1)
+    usable = torch.cat([torch.ones(len(P), 1, dtype=torch.bool, device=P.device), usable], 1)
     values = scale_objective(candidates, *(t[:, None] for t in (P, p, Q, q)))
     values = torch.where(usable, values, torch.full_like(values, float("inf")))
     best = candidates.gather(1, values.argmin(1, keepdim=True))[:, 0]

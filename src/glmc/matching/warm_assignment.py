@@ -24,6 +24,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 from torch import Tensor
 
+from glmc.matching.device_assignment import device_project, solves_on_device
 from glmc.symmetry import Permutation
 
 # relaxation rounds before a certificate (or, sooner, a radius) is given up (measured: under twenty)
@@ -161,8 +162,9 @@ def fresh_assignment(similarity: Tensor) -> tuple[Permutation, Tensor | None, in
     of the certificate that proved it where one did (None, 0 after the dense solver)."""
     s = similarity.detach()
     shortcut = Permutation.from_row_maxima(s)
-    # (a non-finite entry fails the certificate, and the dense solver reports it)
-    if shortcut is None and s.dim() == 2 and s.shape[0] == s.shape[1] >= SPARSE_UNITS:
+    # (a non-finite entry fails the certificate, and the dense solver reports it); the device's own
+    # solver, where it wins, rather than a host copy for the sparse one
+    if shortcut is None and s.dim() == 2 and not solves_on_device(s) and s.shape[0] == s.shape[1] >= SPARSE_UNITS:
         found = candidate_assignment(s)
         if found is not None:
             perm, values, columns = found
@@ -173,7 +175,7 @@ def fresh_assignment(similarity: Tensor) -> tuple[Permutation, Tensor | None, in
                 rounds += more
             if v is not None:
                 return Permutation(perm), v, rounds
-    return shortcut or Permutation.project(s), None, 0
+    return shortcut or device_project(s), None, 0
 
 
 def spectral_norm_bound(matrix: Tensor) -> float:

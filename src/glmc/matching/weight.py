@@ -13,6 +13,7 @@ fix the all-ones vector, so merges of mean-zero streams still export to LayerNor
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -111,30 +112,67 @@ def weight_matching(
     threads: int | None = None,
     reuse: bool = True,
     layerwise: bool | None = None,
+    device: str | torch.device | None = None,
 ) -> tuple[Transform, dict[str, Any]]:
-    """Transform T (float32 elements) with T(B) close to A in weight space; diagnostics hold the
-    per-iteration objective. The search runs in `dtype` (Procrustes and cancellations in float64).
-    `tokens`: the vocabulary rows compared (None: all). `threads`: layers' MLP assignments solved at once
-    (None: torch's thread count; the same solutions). `reuse`: skip work whose inputs did not change.
-    `layerwise`: B's transformed weights built layer by layer (the same floats; None: by size)."""
+    """Transform T (float32 elements, on B's device) with T(B) close to A in weight space; diagnostics hold
+    the per-iteration objective. The search runs in `dtype` (Procrustes and cancellations in float64) on
+    `device` (None: where A's weights are). `tokens`: the vocabulary rows compared (None: all). `threads`:
+    layers' MLP assignments solved at once (None: torch's thread count; the same solutions). `reuse`: skip
+    work whose inputs did not change. `layerwise`: B's transformed weights built layer by layer (the same
+    floats; None: by size)."""
     if residual not in ("orthogonal", "permutation", "none"):
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
         raise ValueError("weight matching reads factored heads: pass models before .to_circuit()")
-    problem = MatchingProblem.build(model_a, model_b, dtype, tokens, layerwise)
-    state = start_state(problem, residual, heads, mlp)
-    carried = Reuse.build(problem, residual, heads, mlp, reuse)
-    steps = iteration_steps(problem, carried, residual, keep_mean, heads, mlp, threads)
-    best_t, best, values, per_iteration = _search(steps, Objective(problem, carried), state, max_iter, tol)
-    best_t = best_t.to(dtype=torch.float32)
-    return best_t, _diagnostics(best_t, best, values, per_iteration, state, carried)
+    with full_float32():
+        problem = MatchingProblem.build(model_a, model_b, dtype, tokens, layerwise, device)
+        state = start_state(problem, residual, heads, mlp)
+        carried = Reuse.build(problem, residual, heads, mlp, reuse)
+        steps = iteration_steps(problem, carried, residual, keep_mean, heads, mlp, threads)
+        best_t, best, values, per_iteration = _search(steps, Objective(problem, carried), state, max_iter, tol)
+    best_t = best_t.to(device=_device_of(model_b), dtype=torch.float32)
+    diagnostics = _diagnostics(best_t, best, values, per_iteration, state, carried)
+    diagnostics["device"] = str(problem.device)
+    return best_t, diagnostics
+
+
+@contextmanager
+def full_float32():
+    """float32 products in full precision for the search's duration: TF32 (or bfloat16) products, where a
+    caller allowed them, lose the digits the assignments and certificates compare."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def _device_of(model: CanonicalTransformer) -> torch.device:
+    return next(iter(model.params().values())).device
+
+
+def search_device(setting: str, model: CanonicalTransformer, context: MatchContext | None) -> torch.device:
+    """Where weight matching runs for `matcher.weight.device`: cpu, cuda, or auto (where the models are,
+    or the run's CUDA device, trainer=gpu, when the models are on the host)."""
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            "matcher.weight.device=cuda but torch sees no CUDA device: use matcher.weight.device=auto or cpu"
+        )
+    if setting != "auto":
+        return torch.device(setting)
+    device = _device_of(model)
+    if device.type == "cpu" and context is not None and context.device.type == "cuda":
+        return context.device
+    return device
 
 
 class WeightMatcher(Matcher):
     """`weight`: orthogonal residual + head and MLP permutations; `weight_perm`: all permutations.
 
     qk / vo: "circuit" interpolates those pairs as circuits, "none" factored. keep_mean: "auto" fixes the
-    all-ones vector when both streams are mean-zero, "always" requires that, "never" does not."""
+    all-ones vector when both streams are mean-zero, "always" requires that, "never" does not. device:
+    where the search runs (search_device)."""
 
     def __init__(
         self,
@@ -148,9 +186,10 @@ class WeightMatcher(Matcher):
         tol: float = 1e-6,
         vocabulary: str = "train",
         keep_mean: str = "never",
+        device: str = "auto",
     ):
         check_settings(WeightMatcherConfig, f"matcher.{name}", locals())  # the ranges glmc.settings declares
-        self.keep_mean = keep_mean
+        self.keep_mean, self.device = keep_mean, device
         self.name, self.residual, self.heads, self.mlp = name, residual, heads != "none", mlp != "none"
         self.circuits, self.max_iter, self.tol, self.vocabulary = circuit_pairs(qk, vo), max_iter, tol, vocabulary
 
@@ -159,8 +198,18 @@ class WeightMatcher(Matcher):
         tokens = used_tokens(b, context) if self.vocabulary == "train" else None
         residual = resolve_residual(self.residual, family_named(a.config.family))[0]  # auto: the family's widest
         keep_mean = self.resolve_keep_mean(a, b, residual)
+        device = search_device(self.device, a, context)
         transform, diagnostics = weight_matching(
-            a, b, residual, self.heads, self.mlp, self.max_iter, self.tol, tokens=tokens, keep_mean=keep_mean
+            a,
+            b,
+            residual,
+            self.heads,
+            self.mlp,
+            self.max_iter,
+            self.tol,
+            tokens=tokens,
+            keep_mean=keep_mean,
+            device=device,
         )
         diagnostics["keep_mean"] = keep_mean
         if tokens is not None:

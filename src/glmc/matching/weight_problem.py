@@ -49,6 +49,7 @@ class MatchingProblem:
     layers: range
     width: int
     dtype: torch.dtype
+    device: torch.device  # where every product of the search runs (assignments: glmc.matching.assignment)
     factored: bool  # no circuit form (grouped rotary heads): the factored distance itself is matched
     grouped: bool  # grouped-query attention: key/value groups, query heads within them
     rotary_dims: int | None  # partial rotary: the leading dims of each query/key head that rotate
@@ -67,10 +68,17 @@ class MatchingProblem:
         dtype: torch.dtype,
         tokens: Tensor | None,
         layerwise: bool | None = None,
+        device: str | torch.device | None = None,
     ) -> MatchingProblem:
+        """The problem in `dtype` on `device` (None: where A's weights are); tensors already there in that
+        dtype are not copied."""
         spec = SymmetrySpec.from_model(model_b)
-        pa = {k: v.detach().to(dtype) for k, v in model_a.params().items()}
-        pb = {k: v.detach().to(dtype) for k, v in model_b.params().items()}
+        params_a = model_a.params()
+        device = torch.device(device) if device is not None else next(iter(params_a.values())).device
+        pa = {k: v.detach().to(device=device, dtype=dtype) for k, v in params_a.items()}
+        pb = {k: v.detach().to(device=device, dtype=dtype) for k, v in model_b.params().items()}
+        if tokens is not None:
+            tokens = tokens.to(device)
         hidden = HiddenHead(spec, pa, pb) if HEAD_HIDDEN in spec.spaces else None
         # embeddings and classifier see only the residual map: their share is computed once
         outside = outside_terms(pa, pb, residual_only_tensors(model_b), hidden, tokens)
@@ -86,6 +94,7 @@ class MatchingProblem:
             layers=range(model_a.num_layers),
             width=model_a.width,
             dtype=dtype,
+            device=device,
             factored=not family.circuit_form,
             grouped=family.attention_kind == "grouped",
             rotary_dims=model_b.config.rotary_dims,
@@ -112,7 +121,7 @@ class MatchingProblem:
         """The residual map of t as a dense matrix (the identity without one)."""
         g = t.get("residual")
         if g is None:
-            return torch.eye(self.width, dtype=self.dtype)
+            return torch.eye(self.width, dtype=self.dtype, device=self.device)
         return g.dense(self.dtype) if isinstance(g, Permutation) else g.matrix.to(self.dtype)
 
 
@@ -133,7 +142,7 @@ class SearchState:
 
 def start_state(problem: MatchingProblem, residual: str, heads: bool, mlp: bool) -> SearchState:
     """The identity of every space searched over."""
-    spec, layers = problem.spec, problem.layers
+    spec, layers, device = problem.spec, problem.layers, problem.device
     perms = Transform()
     if heads:
         perms.update({f"heads.{l}": Permutation.identity(spec[f"heads.{l}"].size) for l in layers})
@@ -144,13 +153,14 @@ def start_state(problem: MatchingProblem, residual: str, heads: bool, mlp: bool)
         perms.update({f"mlp.{l}": Permutation.identity(spec[f"mlp.{l}"].size) for l in layers})
         if problem.gated:
             perms.update({f"mlp_scale.{l}": Diagonal.identity(spec[f"mlp_scale.{l}"].size) for l in layers})
+    perms = perms.to(device=device)  # the solved elements live there too: compared with these
     res = {}
     if residual == "orthogonal":
-        res = {"residual": Orthogonal(torch.eye(problem.width, dtype=problem.dtype))}
+        res = {"residual": Orthogonal(torch.eye(problem.width, dtype=problem.dtype, device=device))}
     elif residual == "permutation":
-        res = {"residual": Permutation.identity(problem.width)}
+        res = {"residual": Permutation.identity(problem.width).to(device=device)}
     hidden = problem.hidden
-    head = {} if hidden is None else {HEAD_HIDDEN: Permutation.identity(hidden.size)}
+    head = {} if hidden is None else {HEAD_HIDDEN: Permutation.identity(hidden.size).to(device=device)}
     # the identity leaves every weight exactly as it is: B's own weights
     return SearchState(res, perms, head, dict(problem.pb))
 

@@ -48,7 +48,8 @@ class ResidualStep(Step):
     def __init__(self, problem: MatchingProblem, reuse: Reuse, residual: str, keep_mean: bool):
         super().__init__(problem, reuse)
         self.residual = residual
-        self.basis = ones_complement(problem.width) if keep_mean and residual == "orthogonal" else None
+        keeps = keep_mean and residual == "orthogonal"
+        self.basis = ones_complement(problem.width, problem.device) if keeps else None
 
     def __call__(self, state: SearchState, it: int) -> None:
         p = self.problem

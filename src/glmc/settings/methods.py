@@ -57,6 +57,8 @@ class WeightMatcherConfig:
     vocabulary: str = setting("train", choices=("train", "all"))
     # auto: the residual map fixes the all-ones vector of mean-zero streams (LayerNorm export); always: or an error
     keep_mean: str = setting("never", choices=("auto", "always", "never"))
+    # where the search's products run: auto = where the models are (or trainer=gpu's device)
+    device: str = setting("auto", choices=("auto", "cpu", "cuda"))
 
 
 @dataclass
