@@ -110,6 +110,9 @@ class TrainConfig:
     early_stopping_patience: int | None = None  # validations without a better val_loss before stopping
     # endpoints trained at once, each in its own process; 1: one after another. Not part of the cache key
     parallel_endpoints: int = setting(1, "count")
+    # snapshots along training (glmc.train.snapshots): null, every N optimizer steps, or a list of steps.
+    # Not part of the cache key: they sit beside the endpoint, which is the same with them or without
+    save_steps: Any = None
 
 
 @dataclass

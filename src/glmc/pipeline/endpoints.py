@@ -48,6 +48,7 @@ from glmc.train.best_epoch import BestEpochWeights
 from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
 from glmc.train.endpoint import EndpointModule, SpawnPoint
 from glmc.train.resume import EpochCheckpoint, resumable
+from glmc.train.snapshots import Snapshots, snapshot_dir
 from glmc.train.trainer import quiet_lightning, resolve_device, trained_precision, trainer_factory
 from glmc.train.warm_start import load_encoder
 
@@ -170,6 +171,8 @@ def train_endpoint(
         if resume is not None:
             log.info("seed %d: resuming training from %s", seed, resume)
         callbacks.append(EpochCheckpoint(last, data))
+        if cfg.train.save_steps is not None:  # beside the cache entry the checkpoints belong to
+            callbacks.append(Snapshots(snapshot_dir(Path(checkpoint_dir).parent, seed), cfg.train.save_steps))
     if cfg.train.early_stopping_patience is not None:
         if not data.has_validation_split:
             raise ValueError(

@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +38,14 @@ from glmc.pipeline.endpoint_record import Endpoint
 from glmc.pipeline.endpoints import cache_key, endpoint_ids, get_endpoints, seeds_of, training_kept
 from glmc.pipeline.folder_fit import check_tokenizer
 from glmc.pipeline.hf_folders import evaluation_config, is_pretrained
+from glmc.pipeline.matrix import barrier_matrices
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
 from glmc.pipeline.multi import format_multi, model_name, run_multi
 from glmc.pipeline.outputs import format_table, write_results
 from glmc.pipeline.pairing import seed_pairs
 from glmc.pipeline.previous_outputs import remove_previous_outputs
 from glmc.pipeline.run_folder import check_run_dir
+from glmc.pipeline.series import measure_series, snapshot_folders, write_connectivity
 from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import validate_config
 from glmc.safe_files import atomic_write_text
@@ -326,6 +328,21 @@ def pair_paths(
     return result
 
 
+def measure_methods(
+    run: PairRun, matchers: dict[str, Any], pairs: list[tuple[int, int]], stage: dict[str, str], export: bool = False
+) -> dict[str, Any]:
+    """Every method's summary over the pairs of `run`'s endpoints (`export`: the first pair's midpoint too)."""
+    methods = {}
+    for name, matcher in matchers.items():
+        pair_results = [
+            align_pair(run, name, matcher, ia, ib, stage, export and (ia, ib) == pairs[0]) for ia, ib in pairs
+        ]
+        stage.clear()
+        methods[name] = summarise(pair_results)
+        log.info("%s: barrier %.4f", name, methods[name]["barrier"])
+    return methods
+
+
 # what the barrier's losses were computed in, by eval.precision: the models are float32 throughout (a
 # folder stored in bfloat16 or float16 is converted exactly at load), and autocast runs matmuls in half
 EVAL_DTYPES = {"32": "float32", "bf16": "bfloat16 autocast", "16": "float16 autocast"}
@@ -407,12 +424,14 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
             own = [e.test_loss if evaluator is test else evaluator.evaluate(e.model)[0] for e in endpoints]
         make_trainer = trainer_factory(cfg.trainer)
         run = PairRun(cfg, run_dir, data, evaluator, endpoints, own, lambdas, tracker, device, make_trainer)
-        methods: dict[str, Any] = {}
-        for name, matcher in matchers.items():
-            pair_results = [align_pair(run, name, matcher, ia, ib, stage, (ia, ib) == pairs[0]) for ia, ib in pairs]
-            stage.clear()
-            methods[name] = summarise(pair_results)
-            log.info("%s: barrier %.4f", name, methods[name]["barrier"])
+        methods = measure_methods(run, matchers, pairs, stage, export=True)
+        series = None
+        if cfg.train.save_steps is not None:  # the same methods between the snapshots of every saved step
+            folders, steps = snapshot_folders(cfg, run_dir, tracker)
+            at_step = lambda ends, own, folder: measure_methods(  # noqa: E731
+                replace(run, endpoints=ends, own=own, run_dir=run_dir / folder), matchers, pairs, stage
+            )
+            series = measure_series(cfg, endpoints, folders, steps, evaluator, at_step)
         multi = None
         if universe:
             stage.update(name="matching", method="universe", pair="all")
@@ -421,9 +440,12 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
             stage.clear()
         results = _results(cfg, endpoints, device, methods, multi)
         results["symmetry"] = symmetry  # the residual class used and whether the family chose it
+        matrices = barrier_matrices(cfg, endpoints, pairs, methods, multi)  # three or more endpoints
+        results.update({"series": series} if series else {}, **({"matrix": matrices} if matrices else {}))
         if is_global_zero():
             write_results(results, run_dir)
             tracker.log_results(results)
+            write_connectivity(results, run_dir, tracker)  # series.png, matrix_*.csv, matrix.png
     if is_global_zero():
         _print_summary(results, multi, run_dir, endpoints)
     return results

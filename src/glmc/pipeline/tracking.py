@@ -233,6 +233,27 @@ class Tracker:
                 runs.append(run)
         return runs
 
+    def log_lines(self, key: str, xs: list[float], lines: dict[str, list[float | None]], xname: str) -> None:
+        """With W&B, a line plot `key` in the open run: one line per entry of `lines` against `xs` (a line
+        with a missing value is left out); nothing with csv/none."""
+        if self.kind != "wandb" or self.run is None:
+            return
+        import wandb
+
+        full = {name: ys for name, ys in lines.items() if all(y is not None for y in ys)}
+        if full:
+            plot = wandb.plot.line_series(
+                xs=[list(xs)] * len(full), ys=list(full.values()), keys=list(full), xname=xname, title=key
+            )
+            self.run.log({key: plot})
+
+    def log_image(self, key: str, path: Path) -> None:
+        """With W&B, the PNG at `path` as image `key` in the open run; nothing with csv/none."""
+        if self.kind == "wandb" and self.run is not None and Path(path).exists():
+            import wandb
+
+            self.run.log({key: wandb.Image(str(path))})
+
     def _fresh_version(self, name: str) -> str:
         """`name`, or `name.2`, `name.3`, ... where the folder already holds logs of an earlier run
         (Lightning's CSVLogger deletes the metrics.csv of a non-empty folder it writes to)."""

@@ -84,6 +84,9 @@ def _problems(cfg: Config) -> tuple[list[str], Any]:
         problems += model_problems(cfg) + _endpoint_model_problems(cfg)
     problems += _method_problems(cfg, family, where)
     problems += _multi_problems(cfg)
+    from glmc.pipeline.series import series_problems  # train.save_steps: imports the endpoint stage
+
+    problems += series_problems(cfg)
     from glmc.train.trainer import trainer_problems  # Lightning: imported where a Trainer is checked
 
     problems += trainer_problems(cfg)

@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt
 
-from glmc.report.bands import save
+from glmc.eval.bands import save
 from glmc.report.results import Curve
 
 STYLES = ("-", "--", ":", "-.")

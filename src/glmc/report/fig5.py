@@ -9,8 +9,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
+from glmc.eval.bands import save
 from glmc.report.artefact import Artefact
-from glmc.report.bands import save
 from glmc.report.results import run_results
 from glmc.report.section import write_section
 from glmc.report.table2 import DIGITS_STEP

@@ -11,8 +11,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from glmc.eval.bands import band, save
 from glmc.report.artefact import Artefact, Step
-from glmc.report.bands import band, save
 from glmc.report.results import grid_results
 from glmc.report.section import write_section
 from glmc.report.tables import markdown, mean_pm, number, write_csv

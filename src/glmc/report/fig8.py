@@ -11,8 +11,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from glmc.choices import LambdaScheme
+from glmc.eval.bands import at_lambda, band, mean_spread, save
 from glmc.report.artefact import Artefact, Step
-from glmc.report.bands import at_lambda, band, mean_spread, save
 from glmc.report.results import grid_jobs, run_results
 from glmc.report.section import write_section
 from glmc.report.tables import markdown, mean_pm, write_csv

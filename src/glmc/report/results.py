@@ -129,7 +129,7 @@ class Curve:
 
 def curve(pairs: list[dict[str, Any]], key: str, label: str = "", group: str = "", scale: float = 1.0) -> Curve:
     """Mean and s.e. of `pairs[i][key]` at every lambda (no band for a single pair)."""
-    from glmc.report.bands import mean_spread  # plotting module: loaded only where curves are drawn
+    from glmc.eval.bands import mean_spread  # plotting module: loaded only where curves are drawn
 
     mean, se = mean_spread([p[key] for p in pairs], "se")
     return Curve(list(pairs[0]["lambdas"]), mean * scale, se * scale if len(pairs) > 1 else None, label, group)

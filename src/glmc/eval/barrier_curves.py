@@ -8,7 +8,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from glmc.report.bands import band, save
+from glmc.eval.bands import band, save
 
 Rows = Sequence[Sequence[float | None]]
 

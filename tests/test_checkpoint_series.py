@@ -1,0 +1,102 @@
+"""Checkpoint series (train.save_steps): snapshots beside the cached endpoint leave it the same bit for bit,
+the last one is the endpoint, a run measures every method at every saved step, and a rerun trains nothing."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import glmc.pipeline.endpoints as endpoint_stage
+from glmc.models.build import build_model
+from glmc.pipeline.cache import EndpointCache
+from glmc.pipeline.endpoints import cache_key, train_endpoint
+from glmc.pipeline.matrix import read_matrix_csv
+from glmc.pipeline.run import run_pipeline
+from glmc.pipeline.series import series_problems
+from glmc.train.snapshots import load_snapshot, planned_steps, recorded_total, snapshot_dir
+
+from conftest import compose_config
+
+
+def same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_planned_steps_every_n_or_listed_and_always_the_last():
+    assert planned_steps(4, 10) == [0, 4, 8, 10]
+    assert planned_steps([3, 1], 10) == [1, 3, 10]
+    with pytest.raises(ValueError, match=r"train.save_steps=\[5, 12\]: step 12 is past the end of training \(10"):
+        planned_steps([5, 12], 10)
+
+
+@pytest.mark.parametrize(
+    ("settings", "refusal"),
+    [
+        ({"train.save_steps": 0}, "save every N >= 1"),
+        ({"train.save_steps": [0, 5, 5]}, "list distinct steps >= 0"),
+        ({"train.save_steps": [-1]}, "list distinct steps >= 0"),
+        ({"train.save_steps": [1.5]}, "give an int N"),
+        ({"train.save_steps": 2, "train.early_stopping_patience": 1}, "set train.early_stopping_patience=null"),
+        ({"train.save_steps": 2, "endpoints.source": "pretrained"}, "endpoints=trained"),
+        ({"train.save_steps": 2, "pairing": "universe"}, "use pairing=disjoint, all or first"),
+    ],
+)
+def test_settings_a_series_cannot_honour_are_refused_by_name(settings, refusal):
+    cfg = compose_config()
+    for key, value in settings.items():
+        OmegaConf.update(cfg, key, value)
+    problems = series_problems(cfg)
+    assert len(problems) == 1 and problems[0].startswith("train.save_steps=") and refusal in problems[0]
+
+
+def test_a_run_measures_every_method_at_every_saved_step_and_a_rerun_trains_nothing(
+    tmp_path, tiny_overrides, monkeypatch
+):
+    cfg = compose_config(
+        *tiny_overrides,
+        "seeds=[0,1,2]",
+        "pairing=all",
+        "matcher.methods=[vanilla,weight]",
+        "train.max_epochs=1",
+        "train.save_steps=2",
+    )
+    results = run_pipeline(cfg, tmp_path / "run")
+    series = results["series"]
+    assert series["steps"] == [0, 2, 4]
+    for name, method in results["methods"].items():  # the last step is the finished endpoints
+        assert series["barrier"]["4"][name] == pytest.approx(method["barrier"], abs=1e-9)
+        assert series["pair_barriers"]["4"][name] == pytest.approx([p["barrier"] for p in method["pairs"]])
+    last = [losses[-1] for losses in series["endpoint_loss"].values()]
+    assert last == pytest.approx([e["test_loss"] for e in results["endpoints"]], abs=1e-6)
+    assert series["barrier"]["0"]["vanilla"] != series["barrier"]["4"]["vanilla"]
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["series"]["barrier"] == series["barrier"]
+    vanilla = saved["matrix"]["pairwise"]["vanilla"]
+    assert read_matrix_csv(tmp_path / "run" / "matrix_vanilla.csv") == (["0", "1", "2"], vanilla["barriers"])
+    pair_12 = results["methods"]["vanilla"]["pairs"][2]
+    assert pair_12["seeds"] == [1, 2] and vanilla["barriers"][1][2] == vanilla["barriers"][2][1] == pair_12["barrier"]
+    assert (tmp_path / "run" / "series.png").is_file() and (tmp_path / "run" / "matrix.png").is_file()
+
+    # the cached endpoint is its last snapshot, and what training without snapshots gives, bit for bit
+    cached = build_model(cfg.model)
+    EndpointCache(Path(cfg.cache_dir)).load(cache_key(cfg), 0, cached)
+    folder = snapshot_dir(EndpointCache(Path(cfg.cache_dir)).entry(cache_key(cfg), 0).parent, 0)
+    assert recorded_total(folder) == 4 and same(load_snapshot(build_model(cfg.model), folder, 4), cached)
+    assert not same(load_snapshot(build_model(cfg.model), folder, 0), cached)  # training moved it
+    plain = copy.deepcopy(cfg)
+    plain.train.save_steps = None
+    trained, _ = train_endpoint(plain, 0, tmp_path / "plain", logger=False, checkpoint_dir=tmp_path / "h" / ".t")
+    assert same(trained, cached) and not (tmp_path / "h" / "steps_seed_0").exists()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(endpoint_stage, "train_endpoint", no_training)
+    monkeypatch.setattr("glmc.pipeline.series.train_endpoint", no_training)
+    again = run_pipeline(cfg, tmp_path / "again")
+    assert again["series"]["barrier"] == series["barrier"]
