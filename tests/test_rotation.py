@@ -9,6 +9,7 @@ import torch
 from glmc.matching.in_head import closed_form_rotations, optimal_scales, pair_objective
 from glmc.matching.rotation import RotationMatcher, factored_distance
 from glmc.models import to_canonical
+from glmc.models.blocks import full
 from glmc.models.families.roles import pair_factors
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
@@ -66,8 +67,8 @@ def test_closed_form_is_optimal_per_head(pair):
     pa, pb = _double(to_canonical(tiny_vit(seed=0))), _double(to_canonical(tiny_vit(seed=1)))
     g = torch.Generator().manual_seed(0)
     for layer in (0, 1):
-        xa, ya = pair_factors(pa, layer, pair)
-        xb, yb = pair_factors(pb, layer, pair)
+        xa, ya = pair_factors(pa, layer, pair, full.ROLES)
+        xb, yb = pair_factors(pb, layer, pair, full.ROLES)
         heads, d = xa.shape[:2]
         r = closed_form_rotations(xa, ya, xb, yb)
         assert torch.allclose(r @ r.transpose(1, 2), torch.eye(d, dtype=torch.float64).expand(heads, d, d), atol=1e-10)

@@ -11,7 +11,8 @@ import torch
 from transformers.masking_utils import sliding_window_causal_mask_function
 
 from glmc.models import to_canonical
-from glmc.models.canonical import CanonicalConfig, CanonicalTransformer, window_mask
+from glmc.models.blocks.grouped import window_mask
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.compatibility import check_compatible
 from glmc.models.export import export_hf
 from glmc.models.families.llama import sliding_window

@@ -9,29 +9,41 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections import defaultdict
 from collections.abc import Sequence
 from functools import cache
 
 import torch
 from torch import Tensor
 
+from glmc.models.blocks import block_kind, kind_names
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
-from glmc.models.families.roles import GATED_GROUPED, HEAD_PAIRS, Acts, block_roles, role_key
+from glmc.models.families.roles import HEAD_PAIRS, Acts, Role, layer_of, role_key
 
-# the factored block layouts by (role name, number of axes): grouped-query tensors carry one axis more
-_FACTORED = {
-    (role.name, 1 + max(a.axis for a in role.acts)): role
-    for layout in (block_roles("factored"), GATED_GROUPED)
-    for role in layout
-    if role.acts
-}
+
+def _shape_key(role: Role) -> tuple[str, int | None]:
+    """(role name, its number of axes where a space acts on it, else None)."""
+    return role.name, 1 + max(a.axis for a in role.acts) if role.acts else None
 
 
 @cache
-def _pair_axis(name: str, ndim: int) -> Acts | None:
-    """Where a head pair (qk or vo) acts on the tensor `name` of `ndim` axes; None for other tensors."""
-    role = _FACTORED.get((role_key(name), ndim))
-    return next((a for a in role.acts if a.space in HEAD_PAIRS), None) if role else None
+def _pair_axes(layer: frozenset[tuple[str, int | None]]) -> dict[str, Acts]:
+    """Role key -> where a head pair (qk or vo) acts on it, for the factored attention kind whose tensors a
+    layer holds (`layer`: each tensor's (role key, number of axes), and (role key, None)); the kind with the
+    most roles where several fit. A kind without a pair's space (query/key norms) interpolates it linearly."""
+    kinds = [block_kind(name) for name in kind_names()]
+    fits = [k for k in kinds if k.sublayer == "attention" and all(_shape_key(r) in layer for r in k.roles)]
+    kind = max(fits, key=lambda k: len(k.roles), default=None)
+    roles = kind.roles if kind else ()
+    return {r.name: a for r in roles for a in r.acts if a.space in HEAD_PAIRS}
+
+
+def _layer_keys(params: dict[str, Tensor]) -> dict[int | None, frozenset[tuple[str, int | None]]]:
+    """Per layer, its tensors' (role key, number of axes) and (role key, None): what _pair_axes reads."""
+    keys: dict[int | None, set[tuple[str, int | None]]] = defaultdict(set)
+    for name, t in params.items():
+        keys[layer_of(name)] |= {(role_key(name), t.dim()), (role_key(name), None)}
+    return {layer: frozenset(k) for layer, k in keys.items()}
 
 
 def merge_configs(configs: Sequence[CanonicalConfig], weights: Sequence[float]) -> CanonicalConfig:
@@ -70,8 +82,9 @@ def merge_params(
     if len(kept) == 1 and kept[0][0] == 1.0:  # an endpoint: its own tensors
         return dict(kept[0][1])
     out, plain = {}, []
-    for name, t in kept[0][1].items():
-        acts = _pair_axis(name, t.dim())
+    layers = _layer_keys(kept[0][1]) if circuits else {}
+    for name in kept[0][1]:
+        acts = _pair_axes(layers[layer_of(name)]).get(role_key(name)) if circuits else None
         if acts is None or acts.space not in circuits:
             plain.append(name)
         elif acts.space == "qk":  # q and k (H, dh, D), (H, dh): sqrt(w) on each side of q k^T

@@ -299,7 +299,7 @@ class ActivationMatcher(Matcher):
 
     def check_family(self, b: CanonicalTransformer) -> None:
         family = family_named(b.config.family)
-        if self.heads == "ignore" and family.attention_kind == "grouped":
+        if self.heads == "ignore" and family.attention_block().grouped:
             raise ValueError(
                 f"matcher.{self.name}.heads=ignore: model.family={family.name} has grouped-query attention, whose "
                 "query heads share their group's keys and values, so features cannot be assigned across heads one "

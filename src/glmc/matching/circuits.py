@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from glmc.models.blocks import full
 from glmc.models.families.roles import in_head_pair, layer_of, pair_factors
 
 Params = dict[str, Tensor]
@@ -29,7 +30,7 @@ def head_inner_diag(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
 def circuit_factors(p: Params, layer: int) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
     """QK = Q~^T K~ and OV = W_o V~, each as a pair (x, y) with circuit x^T y or y^T x: the head
     costs and distances below are symmetric in x and y."""
-    return pair_factors(p, layer, "qk"), pair_factors(p, layer, "vo")
+    return pair_factors(p, layer, "qk", full.ROLES), pair_factors(p, layer, "vo", full.ROLES)
 
 
 def circuit_cost(pa: Params, pb: Params, layer: int) -> Tensor:

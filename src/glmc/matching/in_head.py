@@ -10,7 +10,8 @@ from torch import Tensor
 
 from glmc.matching.rotary_pairs import as_complex, pair_distance, passthrough_cost, rotary_scales, solve_pairs
 from glmc.matching.scales import best_scales, scale_objective
-from glmc.models.families.roles import GATED_GROUPED, pair_factors
+from glmc.models.blocks import grouped
+from glmc.models.families.roles import pair_factors
 from glmc.symmetry import OrthogonalScale, Permutation, Transform
 
 Params = dict[str, Tensor]
@@ -100,9 +101,9 @@ def in_head_maps(pa: Params, pb: Params, layers: range, rotary_dims: int | None 
     with rescaling (per group) moving B's heads onto A's."""
     out = Transform()
     for layer in layers:
-        (xa, ya), (xb, yb) = (pair_factors(p, layer, "qk", GATED_GROUPED) for p in (pa, pb))
+        (xa, ya), (xb, yb) = (pair_factors(p, layer, "qk", grouped.ROLES) for p in (pa, pb))
         out[f"qk.{layer}"] = rotary_scales(xa, ya, xb, yb, rotary_dims=rotary_dims).to(dtype=torch.float32)
-        (xa, ya), (xb, yb) = (pair_factors(p, layer, "vo", GATED_GROUPED) for p in (pa, pb))
+        (xa, ya), (xb, yb) = (pair_factors(p, layer, "vo", grouped.ROLES) for p in (pa, pb))
         rotations = closed_form_rotations(xa, ya, xb, yb)
         scales = optimal_scales(xa, ya, xb, yb, rotations)
         out[f"vo.{layer}"] = OrthogonalScale(rotations.float(), scales.float())

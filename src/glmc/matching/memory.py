@@ -184,7 +184,7 @@ def _merged(model: CanonicalTransformer, contractions: dict[str, int], circuits:
     numel = {name: t.numel() for name, t in model.params().items()}
     pairs = _pair_tensors(model)
     merged = {name: numel[name] * (2 if pairs.get(name) in circuits else 1) for name in numel}
-    grouped = family_named(model.config.family).attention_kind == "grouped"
+    grouped = family_named(model.config.family).attention_block().grouped
     copied = {f"blocks.{{l}}.{w}" for w in (("o_w",) if grouped else ("q_w", "k_w", "v_w", "o_w"))}
     return {
         "aligned": sum(numel[name] for name in contractions),
@@ -209,7 +209,7 @@ def model_shapes(model: CanonicalTransformer) -> list[dict[str, int]]:
                 "width": model.width,
                 "query_heads": groups * per_group,
                 "kv_heads": groups,
-                "qk_dim": sizes["qk"][layer],
+                "qk_dim": model.params()[f"blocks.{layer}.k_w"].shape[-2],  # also where no qk space acts
                 "vo_dim": sizes["vo"][layer],
                 "mlp": sizes["mlp"][layer],
             }
@@ -224,7 +224,7 @@ def activation_entries(
     logits (3 B T V) and the last layer's backward (D + F, gated D + 2 F per position)."""
     family = family_named(model.config.family)
     gated = family.mlp_kind == "gated"
-    v_saved = V_ACTIVATIONS[family.attention_kind]
+    v_saved = V_ACTIVATIONS["grouped" if family.attention_block().grouped else "full"]
     positions = batch * seq
     mlp_saved = GATED_MLP_ACTIVATIONS if gated else PLAIN_MLP_ACTIVATIONS
     per_position = END_ACTIVATIONS * model.width

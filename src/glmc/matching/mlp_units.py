@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from glmc.matching.scales import best_scales, scale_objective
+from glmc.models.blocks import plain
 from glmc.models.families.roles import unit_rows
 from glmc.symmetry import Diagonal
 
@@ -14,7 +15,7 @@ Params = dict[str, Tensor]
 
 
 def mlp_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
-    fa, fb = unit_rows(pa, layer, "mlp"), unit_rows(pb, layer, "mlp")
+    fa, fb = unit_rows(pa, layer, "mlp", plain.ROLES), unit_rows(pb, layer, "mlp", plain.ROLES)
     fa = fa / fa.norm(dim=1, keepdim=True).clamp_min(1e-12)
     fb = fb / fb.norm(dim=1, keepdim=True).clamp_min(1e-12)
     return fa @ fb.T

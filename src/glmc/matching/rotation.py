@@ -25,9 +25,10 @@ from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_fac
 from glmc.matching.in_head import closed_form_rotations, optimal_scales
 from glmc.matching.rotary_pairs import rotary_scales
 from glmc.matching.weight import used_tokens, weight_matching
+from glmc.models.blocks import full
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
-from glmc.models.families.roles import PRE_NORM_FACTORED, Role, pair_factors
+from glmc.models.families.roles import Role, pair_factors
 from glmc.ranges import check_settings
 from glmc.settings.methods import RotationMatcherConfig
 from glmc.symmetry import OrthogonalScale, RotaryScale, SymmetrySpec, Transform, apply, apply_params
@@ -52,7 +53,7 @@ def head_transforms(
     pb: Params,
     rescale: bool = True,
     group: str = "orthogonal",
-    roles: tuple[Role, ...] = PRE_NORM_FACTORED,
+    roles: tuple[Role, ...] = full.ROLES,
     rotary: bool = False,
     rotary_dims: int | None = None,
 ) -> Transform:

@@ -96,7 +96,7 @@ class MatchingProblem:
             dtype=dtype,
             device=device,
             factored=not family.circuit_form,
-            grouped=family.attention_kind == "grouped",
+            grouped=family.attention_block().grouped,
             rotary_dims=model_b.config.rotary_dims,
             layout=family.layout(model_b.config),
             vectors=residual_vectors(model_b),

@@ -33,6 +33,7 @@ from glmc.matching.latent_apply import LatentApplier
 from glmc.matching.mlp_units import mlp_similarity
 from glmc.matching.residual_map import eigen_angles
 from glmc.matching.weight import used_tokens, weight_matching
+from glmc.models.blocks import full
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.models.families.base import residual_axis
@@ -143,7 +144,7 @@ def _embedding_moment(p: Params, stream: Stream) -> Tensor:
 def _attention(p: Params, layer: int, n: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """One attention block on a stream of normalised moment n: the QK gain sum_h ||n^1/2 QK_h n^1/2||^2,
     the OV gain sum_h tr(OV_h n OV_h^T) and the moment it writes into the stream."""
-    (q, k), (v, o) = pair_factors(p, layer, "qk"), pair_factors(p, layer, "vo")
+    (q, k), (v, o) = pair_factors(p, layer, "qk", full.ROLES), pair_factors(p, layer, "vo", full.ROLES)
     qk = ((q @ n @ q.mT) * (k @ n @ k.mT)).sum()
     vnv = v @ n @ v.mT  # (H, d, d); OV_h = o_h^T v_h
     written = torch.einsum("hdi,hde,hej->ij", o, vnv, o)
@@ -213,8 +214,8 @@ class Moments:
 def _pair_error(pa: Params, pb: Params, layer: int, n: Tensor) -> tuple[Tensor, Tensor]:
     """sum_h ||n^1/2 (QK_A,h - QK_B,h) n^1/2||^2 and sum_h ||(OV_A,h - OV_B,h) n^1/2||^2, from the
     factors (d x d products per head, no circuit built)."""
-    (qa, ka), (va, oa) = pair_factors(pa, layer, "qk"), pair_factors(pa, layer, "vo")
-    (qb, kb), (vb, ob) = pair_factors(pb, layer, "qk"), pair_factors(pb, layer, "vo")
+    (qa, ka), (va, oa) = (pair_factors(pa, layer, pair, full.ROLES) for pair in ("qk", "vo"))
+    (qb, kb), (vb, ob) = (pair_factors(pb, layer, pair, full.ROLES) for pair in ("qk", "vo"))
     qk = lambda x, y: ((x[0] @ n @ y[0].mT) * (x[1] @ n @ y[1].mT)).sum()  # noqa: E731
     ov = lambda x, y: ((x[0] @ n @ y[0].mT) * (x[1] @ y[1].mT)).sum()  # noqa: E731
     errors = []

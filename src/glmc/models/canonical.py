@@ -11,7 +11,8 @@ ln2_*), so only permutations are. Names and shapes (D width, H heads, dh/dv head
   blocks.{l}.o_b (D), in_w (F, D), in_b (F), out_w (D, F), out_b (D)
 
 The 1/sqrt(dh) scale is folded into q; sizes are read from the tensors, so layers may differ in H and F.
-Grouped-query families lay out their blocks as roles.GATED_GROUPED and roles.GROUPED_PLAIN say.
+Each sublayer is a block kind of the family (glmc.models.blocks: its forward and its tensors' roles), so
+grouped-query and other attention kinds lay out their tensors as their own module says.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from glmc.models.families.registry import family_named, family_names
-from glmc.models.rotary import apply_rotary
 
 Recorder = Callable[[str, Tensor], None]
 
@@ -122,96 +122,6 @@ def num_layers(params: dict[str, Tensor]) -> int:
     return len(layers)
 
 
-def head_projections(h: Tensor, p: dict[str, Tensor], pre: str, names: tuple[str, ...]) -> list[Tensor]:
-    """(B, H, T, e) per name of h's per-head projections by p[pre + name + "_w"] (H, e, D) and "_b", in one product."""
-    weights = [p[pre + n + "_w"] for n in names]
-    y = F.linear(
-        h, torch.cat([w.flatten(0, 1) for w in weights]), torch.cat([p[pre + n + "_b"].flatten() for n in names])
-    )
-    out = []
-    for w, part in zip(weights, y.split([w.shape[0] * w.shape[1] for w in weights], -1)):
-        out.append(part.unflatten(-1, w.shape[:2]).transpose(1, 2))
-    return out
-
-
-def head_output(z: Tensor, o_w: Tensor) -> Tensor:
-    """sum_h z[:, h] o_w[h]^T for z (B, H, T, e) and o_w (H, D, e), as one product."""
-    return F.linear(z.transpose(1, 2).flatten(2), o_w.transpose(0, 1).flatten(1))
-
-
-def _attention_factored(config, p, pre, h, record=None):
-    q, k, v = head_projections(h, p, pre, ("q", "k", "v"))
-    z = F.scaled_dot_product_attention(q, k, v, is_causal=config.causal, scale=1.0)
-    if record is not None:
-        record(pre + "heads", z)
-    return head_output(z, p[pre + "o_w"])
-
-
-def _attention_grouped(config, p, pre, h, record=None):
-    """Grouped-query attention: q_w (K, G, dh, D), o_w (K, G, D, dv), query head k * G + g reading head k."""
-    q = torch.einsum("btd,kged->bkgte", h, p[pre + "q_w"]) + p[pre + "q_b"][:, :, None]
-    group = q.shape[2]
-    q = q.flatten(1, 2)
-    k = torch.einsum("btd,hed->bhte", h, p[pre + "k_w"]) + p[pre + "k_b"][:, None]
-    v = torch.einsum("btd,hed->bhte", h, p[pre + "v_w"]) + p[pre + "v_b"][:, None]
-    if config.rope_theta is not None:
-        rotary = (config.rope_theta, config.rope_dim, config.rotary_dims, config.rope_scaling, config.rotary_freq_dim)
-        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    window = layer_window(config, pre)
-    mask = None if window is None else window_mask(q.shape[-2], window, h.device)
-    z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=config.causal and mask is None, scale=1.0)
-    if record is not None:
-        record(pre + "heads", z)
-    return torch.einsum("bhte,hde->btd", z, p[pre + "o_w"].flatten(0, 1))
-
-
-def layer_window(config: CanonicalConfig, pre: str) -> int | None:
-    """The sliding window of the layer whose tensors start with `pre` ("blocks.{l}."), None for full attention."""
-    if config.sliding_window is None:
-        return None
-    if config.sliding_layers is not None and int(pre.split(".")[1]) not in config.sliding_layers:
-        return None
-    return config.sliding_window
-
-
-def window_mask(length: int, window: int, device: torch.device) -> Tensor:
-    """(T, T) True where query i attends to key j: 0 <= i - j < window (as Hugging Face's mask)."""
-    positions = torch.arange(length, device=device)
-    offset = positions[:, None] - positions[None, :]
-    return (offset >= 0) & (offset < window)
-
-
-def _attention_circuit(config, p, pre, h, record=None):
-    ht = torch.cat([h, h.new_ones(*h.shape[:-1], 1)], dim=-1)  # x~ = [x; 1]
-    scores = torch.einsum("bid,hde,bje->bhij", ht, p[pre + "qk"], ht)
-    if config.causal:
-        t = scores.shape[-1]
-        mask = torch.ones(t, t, dtype=torch.bool, device=h.device).tril()
-        scores = scores.masked_fill(~mask, float("-inf"))
-    att = scores.softmax(-1)
-    values = torch.einsum("bjd,hed->bhje", ht, p[pre + "ov"])  # (B, H, T, D)
-    return torch.einsum("bhij,bhjd->bid", att, values)
-
-
-def _mlp_plain(p, pre, h, act, rec):
-    a = act(F.linear(h, p[pre + "in_w"], p[pre + "in_b"]))
-    rec(pre + "mlp_act", a)
-    return F.linear(a, p[pre + "out_w"], p[pre + "out_b"])
-
-
-def _mlp_gated(p, pre, h, act, rec):
-    """SwiGLU and kin: the gate branch goes through the activation, the in (up) branch stays linear."""
-    a = act(F.linear(h, p[pre + "gate_w"], p[pre + "gate_b"])) * F.linear(h, p[pre + "in_w"], p[pre + "in_b"])
-    rec(pre + "mlp_act", a)
-    return F.linear(a, p[pre + "out_w"], p[pre + "out_b"])
-
-
-# a family's attention_kind and mlp_kind -> the sublayer's forward (factored form)
-ATTENTION_KINDS = {"full": _attention_factored, "grouped": _attention_grouped}
-MLP_KINDS = {"plain": _mlp_plain, "gated": _mlp_gated}
-
-
 def canonical_forward(
     config: CanonicalConfig, params: dict[str, Tensor], inputs: Tensor, record: Recorder | None = None
 ) -> Tensor:
@@ -226,8 +136,7 @@ def canonical_forward(
     rec = record or (lambda name, t: None)
 
     family = family_named(config.family)
-    attention = _attention_circuit if config.form == "circuit" else ATTENTION_KINDS[family.attention_kind]
-    mlp = MLP_KINDS[family.mlp_kind]
+    attention, mlp = (kind.forward for kind in family.block_kinds(config.form))
     x = family.embed(config, p, inputs)
     rec("embed", x)
     if family.norm == "post":

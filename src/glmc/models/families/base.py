@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from glmc.models.families.roles import LAYER_SPACES, Role, block_roles, role_key, writer
+from glmc.models.blocks.registry import BlockKind, block_kind
+from glmc.models.families.roles import LAYER_SPACES, POST_NORMS, Role, role_key, writer
 
 if TYPE_CHECKING:
     from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
@@ -44,14 +45,13 @@ class Family:
     residual_classes: tuple[str, ...] = ("orthogonal", "permutation")
     # "pre": a parameter-free RMS norm before every reader; "post": each sublayer's LayerNorm kept (BERT)
     norm: str = "pre"
-    # the sublayers' forward (glmc.models.canonical.ATTENTION_KINDS, MLP_KINDS)
+    # the block kinds of its layers' sublayers (glmc.models.blocks): their forward, roles and symmetry
     attention_kind: str = "full"
     mlp_kind: str = "plain"
     # a stream kept mean-zero, which an export to LayerNorms needs (RMSNorm families need none)
     mean_zero_stream: bool = True
     # whether the (D+1) x (D+1) QK/OV circuit form exists (not under rotary positions)
     circuit_form: bool = True
-    block_layout: tuple[Role, ...] = ()  # a layout of its own (factored form only); empty: roles.block_roles
     embed_roles: tuple[Role, ...] = ()
     head_roles: tuple[Role, ...] = ()
     # a head per task (model.head): head -> its data task; empty where the family has one head
@@ -105,16 +105,29 @@ class Family:
         return (*COMMON_MODEL_KEYS, *self.model_keys)
 
     # ---- derived from the roles ----
+    def block_kinds(self, form: str) -> tuple[BlockKind, BlockKind]:
+        """The attention and MLP kinds of every layer, attention in circuit form where `form` is "circuit"."""
+        if form not in ("factored", "circuit"):
+            raise ValueError(f"unknown form {form!r}; known: factored, circuit")
+        attention, mlp = block_kind(self.attention_kind), block_kind(self.mlp_kind)
+        if form == "circuit":
+            if not self.circuit_form or attention.circuit is None:
+                raise ValueError(
+                    f"the {self.name} family has no circuit form: under rotary positions the query/key circuit "
+                    "W_q^T W_k is not what the model computes (interpolation stacks its rotary heads instead: "
+                    "glmc.interpolation)"
+                )
+            attention = attention.circuit
+        return attention, mlp
+
+    def attention_block(self) -> BlockKind:
+        """The attention kind of its layers in factored form."""
+        return block_kind(self.attention_kind)
+
     def blocks(self, form: str) -> tuple[Role, ...]:
-        if not self.block_layout:
-            return block_roles(form, self.norm)
-        if form != "factored":
-            raise ValueError(
-                f"the {self.name} family has no circuit form: under rotary positions the query/key circuit "
-                "W_q^T W_k is not what the model computes (interpolation stacks its rotary heads instead: "
-                "glmc.interpolation)"
-            )
-        return self.block_layout
+        """One layer's roles: its block kinds' in order, then a post-norm family's LayerNorms."""
+        attention, mlp = self.block_kinds(form)
+        return (*attention.roles, *mlp.roles, *(POST_NORMS if self.norm == "post" else ()))
 
     def roles(self, config: CanonicalConfig) -> tuple[Role, ...]:
         return (*self.embed_roles, *self.blocks(config.form), *self.heads(config))

@@ -3,7 +3,7 @@
 LayerNorms fold as GPT-2's do (fold.py); the fused query_key_value rows are (head, [q, k, v], dim);
 rotary positions on the first int(head_dim * partial_rotary_factor) dims (an odd count rotates one more,
 CanonicalConfig.rotary_dims and rotary_freq_dim); a plain MLP; a parallel or sequential residual. The
-canonical block is grouped-query attention with one query head per key/value head (roles.GROUPED_PLAIN).
+canonical block is grouped-query attention with one query head per key/value head (blocks.grouped).
 Embedding and head: embed.tokens (V, D); head.w (V, D), head.b (V), final_layer_norm folded in (an
 export moves head.b back into that norm's offset).
 """
@@ -21,7 +21,7 @@ from glmc.models.export import check_model, check_template, fresh, head_bias_off
 from glmc.models.families.base import TokenRotaryFamily, layer_sizes
 from glmc.models.families.fold import bias64, center, common_eps, fold_norm
 from glmc.models.families.llama import rope_scaling, rope_theta
-from glmc.models.families.roles import GROUPED_PLAIN, linear_head
+from glmc.models.families.roles import linear_head
 from glmc.models.rotary import rotating_dims
 
 QKV = ("q", "k", "v")
@@ -194,7 +194,6 @@ class GPTNeoXFamily(TokenRotaryFamily):
     shared_model_keys = ("vocab_size", "max_positions", "rope_theta", "rotary_pct", "parallel_residual")
     own_model_keys = ("rotary_pct", "parallel_residual")
     model_keys = ("vocab_size", "max_positions", "rope_theta", "rotary_pct", "parallel_residual")
-    block_layout = GROUPED_PLAIN
     head_roles = linear_head(vocab_rows=True)
 
     def build(self, cfg) -> GPTNeoXForCausalLM:

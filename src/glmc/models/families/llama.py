@@ -3,7 +3,7 @@ canonical Transformer.
 
 RMSNorm has no mean subtraction and no offset: its gains fold into the readers, the stream needs no
 centring and every orthogonal residual map is a symmetry. Blocks are gated and grouped-query
-(roles.GATED_GROUPED) with rotate-half rotary positions; biases the HF layout lacks are zeros here (an
+(blocks.grouped, blocks.gated) with rotate-half rotary positions; biases the HF layout lacks are zeros here (an
 export refuses non-zero ones). Sliding windows convert as CanonicalConfig.sliding_window (and
 sliding_layers). Gemma (gemma.py) changes the norm's gain offset and the embedding scale.
 """
@@ -21,7 +21,7 @@ from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, set_linear, set_param
 from glmc.models.families.base import TokenRotaryFamily, layer_sizes
 from glmc.models.families.fold import bias64
-from glmc.models.families.roles import GATED_GROUPED, linear_head
+from glmc.models.families.roles import linear_head
 from glmc.models.rotary import SCALED_TYPES
 from glmc.ranges import finite_number
 
@@ -231,7 +231,6 @@ class LlamaFamily(TokenRotaryFamily):
     model_keys = ("vocab_size", "max_positions", "num_kv_heads", "tie_embeddings", "rope_theta")
     mlp_kind = "gated"
     mean_zero_stream = False
-    block_layout = GATED_GROUPED
     head_roles = linear_head(bias=False, vocab_rows=True)
     # an RMSNorm's gain is norm_offset + its weight (Gemma stores the gain less one)
     norm_offset = 0.0

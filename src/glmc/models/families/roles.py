@@ -3,8 +3,8 @@
 A `Role` names one canonical tensor ("{l}" for the layer) and lists its `Acts`: for a space kind
 (residual, heads, qheads, qk, vo, mlp, mlp_scale, head_hidden), the axis the group acts on and the side,
 "out" for a writer into the space (gets g), "in" for a reader (gets g's inverse transpose). `stage` says
-where in the stream the tensor sits. The block layouts below are shared by the families; a family lists
-its embedding and head roles. A space's axes are listed (and applied) in role order.
+where in the stream the tensor sits. Each block kind lists the roles of its tensors (glmc.models.blocks); a
+family lists its embedding and head roles. A space's axes are listed (and applied) in role order.
 """
 
 from __future__ import annotations
@@ -62,102 +62,28 @@ def linear_head(bias: bool = True, vocab_rows: bool = False) -> tuple[Role, ...]
     return (w, Role("head.b", "head")) if bias else (w,)
 
 
-def _block(name: str, stage: str, *acts: Acts, reads: str | None = None) -> Role:
+def block_role(name: str, stage: str, *acts: Acts, reads: str | None = None) -> Role:
+    """The role of block tensor `name` ("q_w" for blocks.{l}.q_w); a linear map names the state it reads
+    (its bias is the same name ending in "b")."""
     bias = "blocks.{l}." + name[:-1] + "b" if reads else None
     return Role("blocks.{l}." + name, stage, acts, reads=reads and "blocks.{l}." + reads, bias=bias)
 
 
-R, H, QH, QK, VO, M, MS = "residual", "heads", "qheads", "qk", "vo", "mlp", "mlp_scale"
-
-_MLP = (
-    _block("in_w", "mlp", Acts(R, 1, "in"), Acts(M, 0, "out"), reads="mlp_in"),
-    _block("in_b", "mlp", Acts(M, 0, "out")),
-    _block("out_w", "mlp", Acts(R, 0, "out"), Acts(M, 1, "in"), reads="mlp_act"),
-    _block("out_b", "mlp", Acts(R, 0, "out")),
-)
-
-# q k^T is unchanged by q -> A q, k -> A^-T k; o_w v by v -> B v, o_w -> o_w B^-1
-PRE_NORM_FACTORED = (
-    _block("q_w", "attn", Acts(R, 2, "in"), Acts(H, 0, "out"), Acts(QK, 1, "out", head_axis=0), reads="attn_in"),
-    _block("q_b", "attn", Acts(H, 0, "out"), Acts(QK, 1, "out", head_axis=0)),
-    _block("k_w", "attn", Acts(R, 2, "in"), Acts(H, 0, "out"), Acts(QK, 1, "in", head_axis=0), reads="attn_in"),
-    _block("k_b", "attn", Acts(H, 0, "out"), Acts(QK, 1, "in", head_axis=0)),
-    _block("v_w", "attn", Acts(R, 2, "in"), Acts(H, 0, "out"), Acts(VO, 1, "out", head_axis=0), reads="attn_in"),
-    _block("v_b", "attn", Acts(H, 0, "out"), Acts(VO, 1, "out", head_axis=0)),
-    _block("o_w", "attn", Acts(R, 1, "out"), Acts(H, 0, "in"), Acts(VO, 2, "in", head_axis=0), reads="heads"),
-    _block("o_b", "attn", Acts(R, 0, "out")),
-    *_MLP,
-)
-
-# QK (H, D+1, D+1) reads [x; 1] on both sides; OV (H, D, D+1) writes D and reads [x; 1]
-PRE_NORM_CIRCUIT = (
-    _block("qk", "attn", Acts(R, 1, "in", extra=1), Acts(R, 2, "in", extra=1), Acts(H, 0, "out")),
-    _block("ov", "attn", Acts(R, 1, "out"), Acts(R, 2, "in", extra=1), Acts(H, 0, "in")),
-    _block("o_b", "attn", Acts(R, 0, "out")),
-    *_MLP,
-)
-
-BLOCKS = {"factored": PRE_NORM_FACTORED, "circuit": PRE_NORM_CIRCUIT}
-
 # Post-norm blocks (BERT): the stream is the LayerNorms' output, so their gains and offsets write it
-_POST_NORMS = (
-    _block("ln1_w", "attn", Acts(R, 0, "out")),
-    _block("ln1_b", "attn", Acts(R, 0, "out")),
-    _block("ln2_w", "mlp", Acts(R, 0, "out")),
-    _block("ln2_b", "mlp", Acts(R, 0, "out")),
-)
-POST_NORM_BLOCKS = {form: (*roles, *_POST_NORMS) for form, roles in BLOCKS.items()}
-
-# Gated grouped-query blocks (Llama), K key/value heads each shared by G query heads: q_w (K, G, dh, D),
-# k_w, v_w (K, dh, D), o_w (K, G, D, dv). heads: the groups; qheads: the query heads within a group; qk, vo:
-# one element per group; mlp_scale: the linear up branch's unit rows may be scaled against out_w's columns.
-GATED_GROUPED = (
-    _block(
-        "q_w",
-        "attn",
-        Acts(R, 3, "in"),
-        Acts(H, 0, "out"),
-        Acts(QH, 1, "out", head_axis=0),
-        Acts(QK, 2, "out", head_axis=0),
-        reads="attn_in",
-    ),
-    _block("q_b", "attn", Acts(H, 0, "out"), Acts(QH, 1, "out", head_axis=0), Acts(QK, 2, "out", head_axis=0)),
-    *PRE_NORM_FACTORED[2:6],  # k and v: one head per group
-    _block(
-        "o_w",
-        "attn",
-        Acts(R, 2, "out"),
-        Acts(H, 0, "in"),
-        Acts(QH, 1, "in", head_axis=0),
-        Acts(VO, 3, "in", head_axis=0),
-        reads="heads",
-    ),
-    _block("o_b", "attn", Acts(R, 0, "out")),
-    _block("gate_w", "mlp", Acts(R, 1, "in"), Acts(M, 0, "out"), reads="mlp_in"),
-    _block("gate_b", "mlp", Acts(M, 0, "out")),
-    _block("in_w", "mlp", Acts(R, 1, "in"), Acts(M, 0, "out"), Acts(MS, 0, "out"), reads="mlp_in"),
-    _block("in_b", "mlp", Acts(M, 0, "out"), Acts(MS, 0, "out")),
-    _block("out_w", "mlp", Acts(R, 0, "out"), Acts(M, 1, "in"), Acts(MS, 1, "in"), reads="mlp_act"),
-    _block("out_b", "mlp", Acts(R, 0, "out")),
+POST_NORMS = (
+    block_role("ln1_w", "attn", Acts("residual", 0, "out")),
+    block_role("ln1_b", "attn", Acts("residual", 0, "out")),
+    block_role("ln2_w", "mlp", Acts("residual", 0, "out")),
+    block_role("ln2_b", "mlp", Acts("residual", 0, "out")),
 )
 
-# Grouped-query attention with a plain MLP (GPT-NeoX: one query head per key/value head)
-GROUPED_PLAIN = (*GATED_GROUPED[:8], *_MLP)
+# the block tensors of a per-head pair (qk or vo) in factored form, whichever attention kind holds them
+_PAIR_TENSORS = frozenset(f"blocks.{{l}}.{n}" for n in ("q_w", "q_b", "k_w", "k_b", "v_w", "v_b", "o_w"))
 
 _LAYER = re.compile(r"blocks\.(\d+)\.")
-_FACTORED_BY_KEY = {role.name: role for role in PRE_NORM_FACTORED}
 
 
-def block_roles(form: str, norm: str = "pre") -> tuple[Role, ...]:
-    """The roles of one block's tensors, pre-norm or post-norm."""
-    if form not in BLOCKS:
-        raise ValueError(f"unknown form {form!r}; known: {', '.join(BLOCKS)}")
-    return (BLOCKS if norm == "pre" else POST_NORM_BLOCKS)[form]
-
-
-def pair_factors(
-    params: dict[str, Tensor], layer: int, pair: str, roles: tuple[Role, ...] = PRE_NORM_FACTORED
-) -> tuple[Tensor, Tensor]:
+def pair_factors(params: dict[str, Tensor], layer: int, pair: str, roles: tuple[Role, ...]) -> tuple[Tensor, Tensor]:
     """One per-head pair (qk or vo) of a factored block as (X, Y), each (H, d, n): the tensors writing
     into the pair (X = [W_q | b_q]) and reading it, head axis first, pair axis second, the rest flattened
     and joined in role order; the circuit is X^T Y. `roles`: the block's layout."""
@@ -169,7 +95,7 @@ def pair_factors(
     return torch.cat(sides["out"], -1), torch.cat(sides["in"], -1)
 
 
-def unit_rows(params: dict[str, Tensor], layer: int, space: str, roles: tuple[Role, ...] = PRE_NORM_FACTORED) -> Tensor:
+def unit_rows(params: dict[str, Tensor], layer: int, space: str, roles: tuple[Role, ...]) -> Tensor:
     """Every unit of a per-layer unit space as one row, joined in role order (MLP: [W_in | b_in | W_out^T])."""
     rows = []
     for role in roles:
@@ -181,8 +107,7 @@ def unit_rows(params: dict[str, Tensor], layer: int, space: str, roles: tuple[Ro
 
 def in_head_pair(name: str) -> bool:
     """Whether a factored block tensor belongs to a per-head pair (q, k, v, o weights and q, k, v biases)."""
-    role = _FACTORED_BY_KEY.get(role_key(name))
-    return role is not None and any(a.space in HEAD_PAIRS for a in role.acts)
+    return role_key(name) in _PAIR_TENSORS
 
 
 def layer_of(name: str) -> int | None:
