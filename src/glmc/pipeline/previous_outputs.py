@@ -13,7 +13,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 # what a run writes into its folder besides one folder per method (glmc.pipeline.run, .outputs, .multi)
-RESULT_FILES = ("results.json", "barrier.csv", "barrier.png", "simplex.png")
+RESULT_FILES = ("results.json", "barrier.csv", "barrier.png", "simplex.png", "series.png", "matrix.png")
 KEPT_FOLDERS = ("logs", "wandb", ".hydra")  # logs of earlier runs and Hydra's record stay
 # checkpoint folders of learned matching (pair_<hash>) and of the universe refinement (universe_<hash>),
 # named by glmc.matching.base.settings_hash
@@ -67,7 +67,18 @@ def previous_outputs(run_dir: Path) -> list[Path]:
             or (path.is_dir() and (path.name in exports or CHECKPOINT_FOLDER.fullmatch(path.name)))
         )
     ]
-    return inside + [run_dir / f for f in RESULT_FILES if (run_dir / f).is_file()]
+    saved = _saved_results(run_dir)  # a series' step folders and the matrices' CSVs (glmc.pipeline.series, .matrix)
+    steps = [run_dir / "series" / f"step_{s}" for s in (saved.get("series") or {}).get("steps") or []]
+    csvs = [
+        f"matrix_{n if kind == 'pairwise' else 'universe_' + n}.csv"
+        for kind, m in (saved.get("matrix") or {}).items()
+        for n in m
+    ]
+    return (
+        inside
+        + [p for p in steps if p.is_dir() and not p.is_symlink()]
+        + [run_dir / f for f in (*RESULT_FILES, *csvs) if (run_dir / f).is_file()]
+    )
 
 
 def remove_previous_outputs(run_dir: Path) -> None:
