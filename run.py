@@ -48,7 +48,7 @@ def run(cfg: DictConfig) -> float:
     results = run_pipeline(cfg, HydraConfig.get().runtime.output_dir)
     # The value a sweeper would minimise: the barrier of the last method listed (multi-model runs:
     # the simplex barrier of the last multi method).
-    if "children" in results:  # endpoints=finetuned: merge records, no path to minimise
+    if "children" in results or "spawn" in results:  # finetuned: merge records; spawn: one barrier per step
         return float("nan")
     if "multi" in results:
         return results["multi"][cfg.multi.methods[-1]]["barrier"]

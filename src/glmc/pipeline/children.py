@@ -1,17 +1,27 @@
-"""endpoints=finetuned: children fine-tuned from one parent (`pretrain`: trained once or read from the
-endpoint cache), one per seed on each task of `endpoints.tasks` (overrides of `data`), each cached with the
-parent's key in its own; another source of children differs only in its parent and per-child config.
+"""Endpoints as children of one parent, one per seed of `seeds` in each group, each cached with the parent's
+key in its own (`grow`); the parent is trained or read from the endpoint cache once, when the first child
+needs it.
 
-Pairs: same task (seeds differ) and cross-task (tasks differ, same seed). Each method of matcher.methods
-aligns B to A; the aligned B and each variant merge with A at the midpoint (the average and merge.kinds, each
-model's statistics on its own task's training batches), scored with each task's classifier copied: the
-merged encoder with A's on A's test set, with aligned B's on B's (the mean of the two)."""
+endpoints=finetuned: the parent is `pretrain`'s model and a group is a task of `endpoints.tasks` (overrides
+of `data`). Pairs: same task (seeds differ) and cross-task (tasks differ, same seed). Each method of
+matcher.methods aligns B to A; the aligned B and each variant merge with A at the midpoint (the average and
+merge.kinds, each model's statistics on its own task's training batches), scored with each task's classifier
+copied: the merged encoder with A's on A's test set, with aligned B's on B's (the mean of the two).
+
+endpoints=spawn (instability analysis): the parent is trained from `seed_fixed` and its training state
+(weights, AdamW moments, schedule position) kept at each step k of `endpoints.steps`; a group is one k, whose
+children continue that state with their own data order (and dropout) to the parent's budget of optimizer
+steps. The run's pairs of each group are measured as the pipeline measures endpoints (`run_spawn`)."""
 
 from __future__ import annotations
 
 import copy
 import functools
 import itertools
+import logging
+import math
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,20 +30,26 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf, open_dict
 
+from glmc.choices import EvalPrecision
 from glmc.config import Config
 from glmc.data.module import DataModule
+from glmc.eval.barrier_curves import plot_barrier_against
 from glmc.eval.evaluator import Evaluator
 from glmc.matching.registry import build_matcher, method_config
 from glmc.matching.rotation import factored_distance
+from glmc.models.build import build_model
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.models.convert import to_canonical
 from glmc.pipeline.cache import EndpointCache
 from glmc.pipeline.endpoint_record import Endpoint
-from glmc.pipeline.endpoints import cache_key, load_or_train, pretrained_model
+from glmc.pipeline.endpoints import cache_key, load_or_train, pretrained_model, train_endpoint
 from glmc.pipeline.merges import canonical_pair, own_data_merges, own_statistics
 from glmc.pipeline.outputs import write_results
 from glmc.pipeline.tracking import Tracker
 from glmc.symmetry import Permutation
+from glmc.train.endpoint import SpawnPoint, SpawnPoints
+
+log = logging.getLogger(__name__)
 
 
 def macro_f1(predicted, labels) -> float:
@@ -81,11 +97,23 @@ class Task:
     train: list  # the first merge.batches training batches: the merges' statistics
 
 
+def grow(own: Config, key: dict[str, Any], start, run_dir: Path, tracker, evaluator) -> dict[int, Endpoint]:
+    """seed -> child for every seed of `seeds`, cached under `key`: from the cache, or trained now from
+    `start()` (called only to train)."""
+    cache, children = EndpointCache(Path(own.cache_dir)), {}
+    for seed in own.seeds:
+        with cache.lock(key, seed) as waited:
+            model, metrics, cached = load_or_train(own, seed, key, cache, run_dir, tracker, evaluator, waited, start)
+        loss, accuracy = metrics["test_loss"], metrics["test_accuracy"]
+        children[seed] = Endpoint(seed, model.eval(), to_canonical(model), loss, accuracy, cached)
+    return children
+
+
 def get_children(cfg: Config, run_dir: Path, tracker) -> list[Task]:
     """Every task's children, from the cache or fine-tuned now from the parent (trained or loaded once,
     when the first child needs it)."""
     parent = functools.cache(functools.partial(pretrained_model, cfg, run_dir, tracker))
-    cache, tasks = EndpointCache(Path(cfg.cache_dir)), []
+    tasks = []
     for index in range(len(cfg.endpoints.tasks) or 1):  # none: task_config says what is missing
         own = task_config(cfg, index)
         data = DataModule(own.data, seed=0)
@@ -93,15 +121,81 @@ def get_children(cfg: Config, run_dir: Path, tracker) -> list[Task]:
         train = list(itertools.islice(data.train_dataloader(), cfg.merge.batches))
         task = Task({}, list(data.test_dataloader()), train)
         evaluator = Evaluator(task.test, task=own.data.task, progress=cfg.trainer.enable_progress_bar)
-        key = cache_key(own)
-        for seed in cfg.seeds:
-            with cache.lock(key, seed) as waited:
-                args = (own, seed, key, cache, run_dir / f"task_{index}", tracker, evaluator, waited, parent)
-                model, metrics, cached = load_or_train(*args)
-            loss, accuracy = metrics["test_loss"], metrics["test_accuracy"]
-            task.children[seed] = Endpoint(seed, model.eval(), to_canonical(model), loss, accuracy, cached)
+        task.children = grow(own, cache_key(own), parent, run_dir / f"task_{index}", tracker, evaluator)
         tasks.append(task)
     return tasks
+
+
+def training_budget(cfg: Config) -> int:
+    """The optimizer steps of an endpoint's training, as Lightning counts them on one device: batches per
+    epoch (after trainer.limit_train_batches), over train.accumulate_grad_batches, times train.max_epochs."""
+    data = DataModule(cfg.data)
+    data.setup()
+    n, size = len(data.train_set), cfg.data.batch_size
+    batches = n // size if n > size else 1  # the loader drops a last partial batch where there are several
+    limit = cfg.trainer.limit_train_batches
+    if limit is not None:
+        batches = int(batches * limit) if limit <= 1 else min(batches, int(limit))  # a share, or a count
+    return math.ceil(batches / cfg.train.accumulate_grad_batches) * cfg.train.max_epochs
+
+
+def spawn_problems(cfg: Config, budget: int) -> list[str]:
+    """What endpoints=spawn cannot do with these settings (the budget: the parent's optimizer steps)."""
+    steps = list(cfg.endpoints.steps)
+    problems = [
+        f"endpoints.steps={steps}: step {k} is beyond the parent's budget of {budget} optimizer steps "
+        f"(train.max_epochs={cfg.train.max_epochs} epochs of the training batches); use steps <= {budget}"
+        for k in [k for k in steps if k > budget][:1]
+    ]
+    if cfg.train.early_stopping_patience is not None:
+        problems.append(
+            "endpoints=spawn trains every child to the parent's budget: set train.early_stopping_patience=null"
+        )
+    if cfg.pretrain.enabled or str(cfg.pairing) == "universe":
+        problems.append(
+            "endpoints=spawn pairs children of one trained parent: set pretrain.enabled=false and a pairing "
+            "of pairs (disjoint, all or first)"
+        )
+    return problems
+
+
+def spawn_points(cfg: Config, key: dict[str, Any], run_dir: Path, tracker) -> dict[int, SpawnPoint]:
+    """step -> the parent's training state there, for every step of endpoints.steps: from the cache, those
+    missing captured along one training of the parent (seed_fixed) now."""
+    cache, seed, steps = EndpointCache(Path(cfg.cache_dir)), cfg.seed_fixed, list(cfg.endpoints.steps)
+    at = lambda k: {**key, "spawn_point": k}  # noqa: E731
+    parent = {**key, "spawn_parent": seed}
+    with cache.lock(parent, seed):
+        missing = [k for k in steps if not cache.has(at(k), seed)]
+        if missing:
+            log.info("spawn parent (seed %d): training for its states at steps %s", seed, missing)
+            save = lambda k, point: cache.save(at(k), seed, point, {"step": k, "total": point.total})  # noqa: E731
+            logger = tracker.lightning_logger("spawn_parent", "train")
+            training = cache.training_dir(parent, seed)
+            train_endpoint(cfg, seed, run_dir, logger, training, callbacks=(SpawnPoints(missing, save),))
+            shutil.rmtree(training, ignore_errors=True)
+        points = {}
+        for k in steps:
+            if not cache.has(at(k), seed):
+                raise ValueError(f"endpoints.steps: the parent's training ended before step {k}; use smaller steps")
+            points[k] = SpawnPoint(build_model(cfg.model), k, 0)
+            points[k].total = cache.load(at(k), seed, points[k])["metrics"]["total"]
+    return points
+
+
+def get_spawned(cfg: Config, run_dir: Path, tracker, evaluator) -> dict[int, dict[int, Endpoint]]:
+    """step k -> seed -> the child continued from the parent's state at k, from the cache or trained now."""
+    key = cache_key(cfg)
+    problems = spawn_problems(cfg, training_budget(cfg))
+    if problems:
+        raise ValueError("; ".join(problems))
+    points = functools.cache(functools.partial(spawn_points, cfg, key, run_dir, tracker))
+    groups = {}
+    for k in cfg.endpoints.steps:
+        start = lambda k=k: copy.deepcopy(points()[k])  # noqa: E731  (each child trains its own copy)
+        child = {**key, "spawned_from": {"seed": cfg.seed_fixed, "step": k}}
+        groups[k] = grow(cfg, child, start, run_dir / f"spawn_{k}", tracker, evaluator)
+    return groups
 
 
 def pair_lists(tasks: int, seeds: list[int]) -> dict[str, list[tuple[tuple[int, int], tuple[int, int]]]]:
@@ -178,3 +272,82 @@ def run_children(cfg: Config, run_dir: Path, stage: dict[str, str]) -> dict[str,
     write_results(results, run_dir)
     print(f"{sum(map(len, pairs.values()))} pairs, {len(records)} records\nwrote {run_dir / 'results.json'}")
     return results
+
+
+def run_spawn(cfg: Config, run_dir: Path, stage: dict[str, str], test, evaluator, tracker, measure) -> dict[str, Any]:
+    """The children of every spawn step (the endpoint stage), then each step's pairs measured by
+    `measure(children, their own losses on the path's batches or None, folder)`: every method of
+    matcher.methods, as the pipeline measures its endpoints. results.json's `spawn` holds per step k, per
+    method, the mean barrier, its standard error and each pair's, and each child's test loss; spawn.png
+    draws them; with W&B, the mean barrier per method against k is logged as a line plot."""
+    stage["name"] = "endpoints"
+    groups = get_spawned(cfg, run_dir, tracker, test)
+    stage.clear()
+    steps, summary = list(groups), {"barrier": {}, "barrier_se": {}, "pair_barriers": {}}
+    for k, children in groups.items():
+        ends = list(children.values())
+        own = None  # where every function-preserving path must end (under autocast: not checked)
+        if cfg.eval.precision == EvalPrecision.full:
+            own = [e.test_loss if evaluator is test else evaluator.evaluate(e.model)[0] for e in ends]
+        methods = measure(ends, own, Path(f"spawn/step_{k}"))
+        for field, value in (("barrier", "barrier"), ("barrier_se", "barrier_se")):
+            summary[field][str(k)] = {m: s[value] for m, s in methods.items()}
+        summary["pair_barriers"][str(k)] = {m: [p["barrier"] for p in s["pairs"]] for m, s in methods.items()}
+        log.info("spawn step %d: %s", k, ", ".join(f"{m} barrier {s['barrier']:.4f}" for m, s in methods.items()))
+    losses = {str(s): [groups[k][s].test_loss for k in steps] for s in cfg.seeds}
+    endpoints = [
+        {
+            "step": k,
+            "seed": s,
+            "init_seed": cfg.seed_fixed,
+            "data_seed": s,
+            "test_loss": e.test_loss,
+            "test_accuracy": e.test_accuracy,
+            "cached": e.cached,
+        }
+        for k, children in groups.items()
+        for s, e in children.items()
+    ]
+    spawn = {"steps": steps, "parent_seed": cfg.seed_fixed, "budget": training_budget(cfg), **summary}
+    results = {"experiment": cfg.experiment, "model": cfg.model.name, "dataset": cfg.data.name, "task": cfg.data.task}
+    results.update(endpoints=endpoints, methods={}, spawn={**spawn, "endpoint_loss": losses})
+    results["config"] = OmegaConf.to_container(cfg, resolve=True)
+    if int(os.environ.get("RANK", 0)) == 0:  # one process writes (torchrun, SLURM)
+        write_results(results, run_dir)
+        rows = {m: [list(r) for r in zip(*(summary["pair_barriers"][str(k)][m] for k in steps))] for m in methods}
+        title = f"{cfg.model.name} on {cfg.data.name}: children spawned at step k of {spawn['budget']}"
+        plot_barrier_against(
+            run_dir / "spawn.png",
+            steps,
+            rows,
+            {"child test loss": list(losses.values())},
+            xlabel="spawn step k (optimizer steps)",
+            title=title,
+            log_x=True,
+        )
+        tracker.log_results(results)
+        lines = {m: [summary["barrier"][str(k)][m] for k in steps] for m in methods}
+        tracker.log_lines("spawn/barrier", steps, lines, "spawn step k")
+        print(format_spawn(results) + f"\nwrote {run_dir / 'results.json'}, spawn.png")
+    return results
+
+
+def format_spawn(results: dict[str, Any]) -> str:
+    """One row per spawn step: every method's mean barrier (± s.e. over pairs) and the children's mean loss."""
+    spawn = results["spawn"]
+    steps = spawn["steps"]
+    methods = list(spawn["barrier"][str(steps[0])])
+    header = f"{'k':>8}" + "".join(f"{m:>18}" for m in methods) + f"{'child loss':>12}"
+    lines = [
+        f"children spawned from the parent (seed {spawn['parent_seed']}) at step k of {spawn['budget']}",
+        header,
+        "-" * len(header),
+    ]
+    for i, k in enumerate(steps):
+        cells = ""
+        for m in methods:
+            se = spawn["barrier_se"][str(k)][m]
+            cells += f"{spawn['barrier'][str(k)][m]:.4f}{'' if se is None else f' ± {se:.3f}':<8}".rjust(18)
+        loss = np.mean([losses[i] for losses in spawn["endpoint_loss"].values()])
+        lines.append(f"{k:>8}{cells}{loss:>12.4f}")
+    return "\n".join(lines)

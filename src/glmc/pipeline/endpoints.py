@@ -173,6 +173,8 @@ def train_endpoint(
         callbacks.append(EpochCheckpoint(last, data))
         if cfg.train.save_steps is not None:  # beside the cache entry the checkpoints belong to
             callbacks.append(Snapshots(snapshot_dir(Path(checkpoint_dir).parent, seed), cfg.train.save_steps))
+    if str(cfg.endpoints.source) == "spawn":  # the data order is a function of the step: a child goes on from k
+        data.train_start_step = batch_position(cfg, spawned, resume)
     if cfg.train.early_stopping_patience is not None:
         if not data.has_validation_split:
             raise ValueError(
@@ -200,6 +202,13 @@ def train_endpoint(
     restricted = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
     trainer.fit(module, datamodule=data, ckpt_path=resume, **restricted)
     return module.model.cpu().eval(), None if best is None else best.kept()
+
+
+def batch_position(cfg: Config, spawned: SpawnPoint | None, resume: Path | None) -> int:
+    """The training batch a spawn parent or child starts at in its data order (glmc.data.step_sampler): the
+    parent's optimizer steps before its state (a child's), plus those of the checkpoint it resumes from."""
+    done = 0 if resume is None else torch.load(resume, map_location="cpu", weights_only=True)["global_step"]
+    return ((0 if spawned is None else spawned.step) + done) * cfg.train.accumulate_grad_batches
 
 
 def endpoint_config(cfg: Config, index: int) -> Config:

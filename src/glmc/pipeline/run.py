@@ -33,7 +33,7 @@ from glmc.metrics import is_token_task
 from glmc.models.canonical import relative_deviation
 from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.cache import config_hash
-from glmc.pipeline.children import run_children
+from glmc.pipeline.children import run_children, run_spawn
 from glmc.pipeline.endpoint_record import Endpoint
 from glmc.pipeline.endpoints import cache_key, endpoint_ids, get_endpoints, seeds_of, training_kept
 from glmc.pipeline.folder_fit import check_tokenizer
@@ -415,6 +415,13 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
         data.setup()
         check_vocabulary(cfg, data)
         test, evaluator = run_evaluators(cfg, data, device)
+        if str(cfg.endpoints.source) == "spawn":  # children of one parent at each spawn step, measured per step
+            make_trainer = trainer_factory(cfg.trainer)
+            run = PairRun(cfg, run_dir, data, evaluator, [], None, lambdas, tracker, device, make_trainer)
+            at_step = lambda ends, own, folder: measure_methods(  # noqa: E731
+                replace(run, endpoints=ends, own=own, run_dir=run_dir / folder), matchers, pairs, stage
+            )
+            return run_spawn(cfg, run_dir, stage, test, evaluator, tracker, at_step)
         stage["name"] = "endpoints"
         endpoints = get_endpoints(cfg, run_dir, tracker, test)
         # every endpoint's own loss on the path's batches, where each function-preserving path must end
