@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,11 @@ from glmc.pipeline.matrix import read_matrix_csv
 from glmc.pipeline.previous_outputs import previous_outputs
 from glmc.pipeline.run import run_pipeline
 from glmc.pipeline.series import series_problems
+from glmc.pipeline.validate import ConfigError, validate_config
 from glmc.train.snapshots import load_snapshot, planned_steps, recorded_total, snapshot_dir
 
 from conftest import compose_config
+from tiny_hf import tiny_vit
 
 
 def same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -102,3 +105,35 @@ def test_a_run_measures_every_method_at_every_saved_step_and_a_rerun_trains_noth
     monkeypatch.setattr("glmc.pipeline.series.train_endpoint", no_training)
     again = run_pipeline(cfg, tmp_path / "again")
     assert again["series"]["barrier"] == series["barrier"]
+
+
+def test_folders_given_as_a_series_are_measured_at_every_position(tmp_path, tiny_overrides):
+    lists = []
+    for seed, who in enumerate("ab"):
+        for step in (0, 5):
+            tiny_vit(10 * seed + step).save_pretrained(tmp_path / who / f"step{step}")
+        lists.append(f"[{tmp_path / who / 'step0'},{tmp_path / who / 'step5'}]")
+    paths = f"endpoints.paths=[{','.join(lists)}]"
+    cfg = compose_config(*tiny_overrides, "endpoints=pretrained", paths, "matcher.methods=[vanilla]")
+    results = run_pipeline(cfg, tmp_path / "run")
+    assert [e["path"] for e in results["endpoints"]] == [str(tmp_path / w / "step5") for w in "ab"]
+    series = results["series"]
+    assert series["steps"] == [0, 5]  # the number the folders' names end in
+    assert series["barrier"]["5"]["vanilla"] == pytest.approx(results["methods"]["vanilla"]["barrier"], abs=1e-9)
+    first, last = zip(*series["endpoint_loss"].values())  # each position loads its own folders
+    assert last == pytest.approx([e["test_loss"] for e in results["endpoints"]]) and first != last
+    assert len(results["config"]["endpoints"]["paths"][0]) == 2  # the series as given
+
+
+@pytest.mark.parametrize(
+    ("paths", "refusal"),
+    [
+        ("[[a/1,a/2],b/2]", "endpoints.paths[1]=b/2 is one folder, endpoints.paths[0] a list"),
+        ("[[a/1,a/2],[b/1]]", "endpoints.paths: lists of [2, 1] folders"),
+        ("[[a/1],[]]", "endpoints.paths: lists of [1, 0] folders"),
+        ("[[a/1,[a/2]],[b/1,b/2]]", "endpoints.paths[0]: holds a list or mapping"),
+    ],
+)
+def test_folder_series_of_the_wrong_shape_are_refused_by_name(paths, refusal):
+    with pytest.raises(ConfigError, match=re.escape(refusal)):
+        validate_config(compose_config("endpoints=pretrained", f"endpoints.paths={paths}"))

@@ -208,7 +208,7 @@ class EndpointsConfig:
     `seeds` continued from its state to the parent's budget (glmc.pipeline.children)."""
 
     source: EndpointSource = EndpointSource.trained
-    paths: list[str] = field(default_factory=list)
+    paths: list[Any] = field(default_factory=list)  # folders; a series: one list of checkpoint folders each
     tasks: list[Any] = field(default_factory=list)  # finetuned: one override of `data` per task
     steps: list[int] = setting([0], "steps")  # spawn: the parent's optimizer steps the children start from
 

@@ -45,7 +45,7 @@ from glmc.pipeline.outputs import format_table, write_results
 from glmc.pipeline.pairing import seed_pairs
 from glmc.pipeline.previous_outputs import remove_previous_outputs
 from glmc.pipeline.run_folder import check_run_dir
-from glmc.pipeline.series import measure_series, snapshot_folders, write_connectivity
+from glmc.pipeline.series import folder_series_configs, run_series, write_connectivity
 from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import validate_config
 from glmc.safe_files import atomic_write_text
@@ -404,6 +404,8 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
     run_dir.mkdir(parents=True, exist_ok=True)
     if str(cfg.endpoints.source) == "finetuned":  # children of several tasks, paired within and across tasks
         return run_children(cfg, run_dir, stage)
+    given, configs = cfg, folder_series_configs(cfg)[0]  # a series of folders: one config per step
+    cfg = configs[-1]  # its last step's folders are the run's endpoints
     # a method's own checks of its settings fail here, before any training
     pairs = seed_pairs(endpoint_ids(cfg), cfg.pairing)
     lambdas = lambda_grid(cfg.eval.num_lambdas)
@@ -433,12 +435,11 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
         run = PairRun(cfg, run_dir, data, evaluator, endpoints, own, lambdas, tracker, device, make_trainer)
         methods = measure_methods(run, matchers, pairs, stage, export=True)
         series = None
-        if cfg.train.save_steps is not None:  # the same methods between the snapshots of every saved step
-            folders, steps = snapshot_folders(cfg, run_dir, tracker)
+        if cfg.train.save_steps is not None or len(configs) > 1:  # the same methods at every saved step
             at_step = lambda ends, own, folder: measure_methods(  # noqa: E731
                 replace(run, endpoints=ends, own=own, run_dir=run_dir / folder), matchers, pairs, stage
             )
-            series = measure_series(cfg, endpoints, folders, steps, evaluator, at_step)
+            series = run_series(cfg, configs, run_dir, tracker, endpoints, (test, evaluator), at_step)
         multi = None
         if universe:
             stage.update(name="matching", method="universe", pair="all")
@@ -446,6 +447,7 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
             multi = run_multi(cfg, run_dir, endpoints, evaluator, run.context(run_dir / "universe", logger))
             stage.clear()
         results = _results(cfg, endpoints, device, methods, multi)
+        results["config"] = OmegaConf.to_container(given, resolve=True)  # a series of folders: every step's
         results["symmetry"] = symmetry  # the residual class used and whether the family chose it
         matrices = barrier_matrices(cfg, endpoints, pairs, methods, multi)  # three or more endpoints
         results.update({"series": series} if series else {}, **({"matrix": matrices} if matrices else {}))

@@ -8,7 +8,9 @@ standard error and each pair's barrier; series.png draws them with the snapshots
 
 from __future__ import annotations
 
+import copy
 import logging
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +26,7 @@ from glmc.models.build import build_model
 from glmc.models.convert import to_canonical
 from glmc.pipeline.cache import EndpointCache
 from glmc.pipeline.endpoint_record import Endpoint
-from glmc.pipeline.endpoints import cache_key, endpoint_config, pretrained_model, train_endpoint
+from glmc.pipeline.endpoints import cache_key, endpoint_config, load_endpoints, pretrained_model, train_endpoint
 from glmc.pipeline.matrix import write_matrices
 from glmc.train.snapshots import load_snapshot, missing_steps, planned_steps, recorded_total, snapshot_dir
 
@@ -32,6 +34,59 @@ log = logging.getLogger(__name__)
 
 # (endpoints at one step, their own losses or None, the step's folder) -> method -> that method's summary
 Measure = Callable[[list[Endpoint], "list[float] | None", Path], dict[str, Any]]
+Load = Callable[[int], list[Endpoint]]  # a step -> the endpoints at that step, measured on the test split
+LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")  # "step1000" -> 1000: a checkpoint folder's step
+
+
+def folder_series_configs(cfg: Config) -> tuple[list[Config], list[str]]:
+    """A series of folders (endpoints=pretrained, endpoints.paths a list of checkpoint folders per endpoint:
+    position i of every list is step i): one config per step whose endpoints.paths are that step's
+    folders. [cfg] for anything else; the problems of the lists' shape, if any (then [cfg])."""
+    paths = list(cfg.endpoints.paths) if str(cfg.endpoints.source) == "pretrained" else []
+    is_list = [OmegaConf.is_list(p) or isinstance(p, list) for p in paths]
+    if not any(is_list):
+        return [cfg], []
+    problems = []
+    if not all(is_list):
+        i, j = is_list.index(False), is_list.index(True)
+        problems.append(
+            f"endpoints.paths[{i}]={paths[i]} is one folder, endpoints.paths[{j}] a list: a series gives every "
+            "endpoint a list of checkpoint folders (one per step); give lists throughout or folders throughout"
+        )
+    lists = [list(p) for p, listed in zip(paths, is_list) if listed]
+    lengths = [len(p) for p in lists]
+    if all(is_list) and (len(set(lengths)) > 1 or 0 in lengths):
+        problems.append(
+            f"endpoints.paths: lists of {lengths} folders: position i of every list is step i, so give every "
+            "endpoint a list of the same length (at least one folder)"
+        )
+    nested = [f"endpoints.paths[{i}]" for i, p in enumerate(lists) if any(OmegaConf.is_config(f) for f in p)]
+    if nested:
+        problems.append(f"{nested[0]}: holds a list or mapping; a series lists folders, one per step")
+    if str(cfg.pairing) == "universe":
+        problems.append(
+            "endpoints.paths: a series of folders is measured pair by pair; use pairing=all, disjoint or first"
+        )
+    if problems:
+        return [cfg], problems
+    configs = []
+    for position in range(lengths[0]):
+        own = copy.deepcopy(cfg)
+        own.endpoints.paths = [str(p[position]) for p in lists]
+        configs.append(own)
+    return configs, []
+
+
+def folder_steps(configs: list[Config]) -> list[int]:
+    """Each position's step: the number its folders' names end in where every folder of the position
+    names the same one and they increase (step1000, step2000, ...), else the positions 0, 1, 2, ..."""
+    found = []
+    for c in configs:
+        numbers = {LAST_NUMBER.search(Path(str(p)).name) for p in c.endpoints.paths}
+        values = {int(m.group(1)) for m in numbers if m is not None}
+        found.append(values.pop() if len(values) == 1 and None not in numbers else None)
+    increasing = None not in found and all(a < b for a, b in zip(found, found[1:]))
+    return found if increasing else list(range(len(configs)))
 
 
 def series_problems(cfg: Config) -> list[str]:
@@ -86,30 +141,70 @@ def snapshot_folders(cfg: Config, run_dir: Path, tracker: Any) -> tuple[list[Pat
     return folders, planned_steps(cfg.train.save_steps, totals.pop())
 
 
-def measure_series(
-    cfg: Config,
-    endpoints: list[Endpoint],
-    folders: list[Path],
-    steps: list[int],
-    evaluator: Evaluator,
-    measure: Measure,
-) -> dict[str, Any]:
-    """results["series"]: per step, every method's barriers between the snapshots of that step."""
-    barrier: dict[str, dict[str, Any]] = {}
-    se: dict[str, dict[str, Any]] = {}
-    pairs: dict[str, dict[str, list[float]]] = {}
-    losses: dict[str, list[float]] = {e.label: [] for e in endpoints}
-    accuracies: dict[str, list[float | None]] = {e.label: [] for e in endpoints}
-    check_ends = cfg.eval.precision == EvalPrecision.full  # as the run checks its endpoints' paths
-    for step in steps:
+def snapshot_loader(cfg: Config, endpoints: list[Endpoint], folders: list[Path], test: Evaluator) -> Load:
+    """Loads the snapshots of one step (by its value) as endpoints, each measured on the test split."""
+
+    def load(step: int) -> list[Endpoint]:
         at_step = []
         for index, (e, folder) in enumerate(zip(endpoints, folders)):
             model = load_snapshot(build_model(endpoint_config(cfg, index).model), folder, step)
-            loss, accuracy = evaluator.evaluate(model)
-            losses[e.label].append(loss)
-            accuracies[e.label].append(accuracy if cfg.data.task == "classification" else None)
+            loss, accuracy = test.evaluate(model)
+            accuracy = accuracy if cfg.data.task == "classification" else None
             at_step.append(Endpoint(e.seed, model, to_canonical(model), loss, accuracy, True))
-        own = [x.test_loss for x in at_step] if check_ends else None
+        return at_step
+
+    return load
+
+
+def run_series(
+    cfg: Config,
+    configs: list[Config],
+    run_dir: Path,
+    tracker: Any,
+    endpoints: list[Endpoint],
+    evaluators: tuple[Evaluator, Evaluator],
+    measure: Measure,
+) -> dict[str, Any]:
+    """results["series"] of a run with train.save_steps (its snapshots) or of a series of folders
+    (`configs`: one per step, from folder_series_configs)."""
+    test = evaluators[0]
+    if len(configs) > 1:
+        steps = folder_steps(configs)
+        by_step = dict(zip(steps, configs))
+        load: Load = lambda step: load_endpoints(by_step[step], test)  # noqa: E731
+    else:
+        folders, steps = snapshot_folders(cfg, run_dir, tracker)
+        load = snapshot_loader(cfg, endpoints, folders, test)
+    labels = [e.label for e in endpoints]
+    if len(set(labels)) < len(labels):  # folders of one name in different places: their positions
+        labels = [str(i) for i in range(len(endpoints))]
+    return measure_series(cfg, labels, steps, load, evaluators, measure)
+
+
+def measure_series(
+    cfg: Config,
+    labels: list[str],
+    steps: list[int],
+    load: Load,
+    evaluators: tuple[Evaluator, Evaluator],
+    measure: Measure,
+) -> dict[str, Any]:
+    """results["series"]: per step, every method's barriers between the endpoints `load` gives for it, and
+    their test losses (and accuracies) under `labels`. `evaluators`: the test split's and the paths'."""
+    test, evaluator = evaluators
+    barrier: dict[str, dict[str, Any]] = {}
+    se: dict[str, dict[str, Any]] = {}
+    pairs: dict[str, dict[str, list[float]]] = {}
+    losses: dict[str, list[float]] = {label: [] for label in labels}
+    accuracies: dict[str, list[float | None]] = {label: [] for label in labels}
+    for step in steps:
+        at_step = load(step)
+        for label, e in zip(labels, at_step):
+            losses[label].append(e.test_loss)
+            accuracies[label].append(e.test_accuracy if cfg.data.task == "classification" else None)
+        own = None  # as the run checks its endpoints' paths: where each must end, in full precision
+        if cfg.eval.precision == EvalPrecision.full:
+            own = [e.test_loss if evaluator is test else evaluator.evaluate(e.model)[0] for e in at_step]
         methods = measure(at_step, own, Path(f"series/step_{step}"))
         barrier[str(step)] = {m: s["barrier"] for m, s in methods.items()}
         se[str(step)] = {m: s["barrier_se"] for m, s in methods.items()}

@@ -285,7 +285,13 @@ def _unknown_keys(node: Any, schema: type, prefix: str) -> list[str]:
 def validate_config(cfg: Config) -> Any:
     """ConfigError listing every setting that cannot work; returns the endpoints' model family."""
     targets = target_problems(cfg)  # first: what a `_target_` names is imported by no other check
-    problems, family = _problems(cfg)
+    from glmc.pipeline.series import folder_series_configs
+
+    configs, problems = folder_series_configs(cfg)  # a series of folders: every step's folders are checked
+    family = None
+    for step in [] if problems else configs:
+        found, family = _problems(step)
+        problems += [p for p in found if p not in problems]
     if targets + problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(targets + problems))
     return family
