@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,8 @@ from glmc.pipeline.endpoints import cache_key, train_endpoint
 from glmc.pipeline.matrix import read_matrix_csv
 from glmc.pipeline.previous_outputs import previous_outputs
 from glmc.pipeline.run import run_pipeline
-from glmc.pipeline.series import series_problems
+from glmc.pipeline.series import series_lines, series_problems, write_connectivity
+from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import ConfigError, validate_config
 from glmc.train.snapshots import load_snapshot, planned_steps, recorded_total, snapshot_dir
 
@@ -128,12 +131,46 @@ def test_folders_given_as_a_series_are_measured_at_every_position(tmp_path, tiny
 @pytest.mark.parametrize(
     ("paths", "refusal"),
     [
-        ("[[a/1,a/2],b/2]", "endpoints.paths[1]=b/2 is one folder, endpoints.paths[0] a list"),
-        ("[[a/1,a/2],[b/1]]", "endpoints.paths: lists of [2, 1] folders"),
-        ("[[a/1],[]]", "endpoints.paths: lists of [1, 0] folders"),
-        ("[[a/1,[a/2]],[b/1,b/2]]", "endpoints.paths[0]: holds a list or mapping"),
+        ([["a/1", "a/2"], "b/2"], "endpoints.paths[1]=b/2 is one folder, endpoints.paths[0] a list"),
+        ([["a/1", "a/2"], ["b/1"]], "endpoints.paths: lists of [2, 1] folders"),
+        ([["a/1"], []], "endpoints.paths: lists of [1, 0] folders"),
+        ([["a/1", ["a/2"]], ["b/1", "b/2"]], "endpoints.paths[0]: holds a list or mapping"),
     ],
 )
 def test_folder_series_of_the_wrong_shape_are_refused_by_name(paths, refusal):
+    cfg = compose_config("endpoints=pretrained")
+    cfg.endpoints.paths = paths
     with pytest.raises(ConfigError, match=re.escape(refusal)):
-        validate_config(compose_config("endpoints=pretrained", f"endpoints.paths={paths}"))
+        validate_config(cfg)
+
+
+class Recorded:
+    """A W&B run that keeps what is logged to it."""
+
+    def __init__(self):
+        self.logged: dict = {}
+
+    def log(self, row: dict) -> None:
+        self.logged.update(row)
+
+
+def test_the_series_is_drawn_and_logged_to_wandb_as_a_line_plot(tmp_path, monkeypatch):
+    # W&B's own plot and image objects, recorded (wandb.plot.line_series takes these keywords)
+    plots = types.SimpleNamespace(line_series=lambda xs, ys, keys, xname, title: ("lines", keys, xs, ys, xname))
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(plot=plots, Image=lambda path: ("image", path)))
+    series = {
+        "steps": [0, 10],
+        "source": "train.save_steps",
+        "barrier": {"0": {"vanilla": 0.5, "weight": 0.2}, "10": {"vanilla": 0.3, "weight": 0.1}},
+        "pair_barriers": {"0": {"vanilla": [0.5], "weight": [0.2]}, "10": {"vanilla": [0.3], "weight": [0.1]}},
+        "endpoint_loss": {"0": [2.0, 1.0], "1": [2.2, 1.2]},
+    }
+    results = {"model": "m", "dataset": "d", "series": series}
+    tracker = Tracker(compose_config("logger=wandb"), tmp_path)
+    tracker.run = Recorded()
+    files = write_connectivity(results, tmp_path, tracker)
+    assert [f.name for f in files] == ["series.png"] and (tmp_path / "series.png").stat().st_size > 0
+    assert set(tracker.run.logged) == {"series/barrier", "series/png"}
+    lines = tracker.run.logged["series/barrier"]
+    assert lines[1] == ["vanilla", "weight", "endpoint loss"] and lines[2] == [[0, 10]] * 3
+    assert series_lines(series) == {"vanilla": [0.5, 0.3], "weight": [0.2, 0.1], "endpoint loss": [2.1, 1.1]}

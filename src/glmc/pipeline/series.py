@@ -1,10 +1,14 @@
-"""Connectivity along training (`train.save_steps`): at every saved step, the barrier per method between the
-snapshots the paired endpoints took at that step (glmc.train.snapshots), and each snapshot's own loss.
+"""Connectivity along training: at every step of a series, the barrier per method between the paired
+endpoints' weights at that step, and each one's own test loss. A series is either
 
-The snapshots sit beside the endpoints in the cache, so a rerun trains nothing; an endpoint cached before
-its snapshots were asked for is trained once more for them (its cached weights stay what they were).
-results.json's `series` holds, per step (a string key), per method: the mean barrier over the pairs, its
-standard error and each pair's barrier; series.png draws them with the snapshots' losses."""
+- `train.save_steps` (endpoints=trained): snapshots taken while training (glmc.train.snapshots), beside the
+  endpoints in the cache, so a rerun trains nothing; an endpoint cached before its snapshots were asked for
+  is trained once more for them (its cached weights stay what they were); or
+- `endpoints.paths` of one list of checkpoint folders per endpoint (endpoints=pretrained): position i of
+  every list is step i, numbered by the number the folders' names end in (step1000) where they agree.
+
+results.json's `series` holds the steps and, per step (a string key), per method: the mean barrier over the
+pairs, its standard error and each pair's barrier; series.png draws them with the endpoints' losses."""
 
 from __future__ import annotations
 
@@ -212,6 +216,7 @@ def measure_series(
         log.info("step %d: %s", step, ", ".join(f"{m} barrier {b:.4f}" for m, b in barrier[str(step)].items()))
     return {
         "steps": steps,
+        "source": "train.save_steps" if cfg.train.save_steps is not None else "endpoints.paths",
         "barrier": barrier,
         "barrier_se": se,
         "pair_barriers": pairs,
@@ -229,7 +234,8 @@ def plot_series(series: dict[str, Any], path: Path, title: str) -> Path:
         m: [list(r) for r in zip(*(series["pair_barriers"][str(s)][m] for s in steps))] for m in methods
     }  # one row per pair
     losses = {"endpoint loss": list(series["endpoint_loss"].values())}
-    return plot_barrier_against(path, steps, rows, losses, xlabel="training step (optimizer steps)", title=title)
+    xlabel = "training step (optimizer steps)" if series["source"] == "train.save_steps" else "checkpoint step"
+    return plot_barrier_against(path, steps, rows, losses, xlabel=xlabel, title=title)
 
 
 def series_lines(series: dict[str, Any]) -> dict[str, list[float | None]]:
@@ -254,4 +260,6 @@ def write_connectivity(results: dict[str, Any], run_dir: Path, tracker: Any) -> 
     if "matrix" in results:
         files += write_matrices(results["matrix"], run_dir, title)
         tracker.log_image("matrix/png", run_dir / "matrix.png")
+    if files:
+        log.info("wrote %s", ", ".join(str(f) for f in files))
     return files
