@@ -249,3 +249,33 @@ def tiny_gpt_neox(seed=0, hidden=32, heads=2, mlp=48, layers=2, rotary_pct=0.25,
     model = GPTNeoXForCausalLM(config)
     _draw(model, seed, norm_gain=None)
     return randomize_layernorms(model, seed).eval()
+
+
+def tiny_qwen3(seed=0, hidden=32, heads=4, kv_heads=2, mlp=48, layers=2, window=None, full=0, bias=False):
+    """A tiny Qwen3 (grouped-query attention with RMSNorms on each head's queries and keys), weights and
+    every norm's gain drawn as tiny_llama's; `window`: sliding windows in the layers from `full` on."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=61,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        use_sliding_window=window is not None,
+        sliding_window=window,
+        max_window_layers=full,
+        attention_bias=bias,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
+    model = Qwen3ForCausalLM(config)
+    _draw(model, seed, norm_gain=1.0)
+    return model.eval()

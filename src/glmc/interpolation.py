@@ -21,28 +21,32 @@ from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.families.roles import HEAD_PAIRS, Acts, Role, layer_of, role_key
 
 
-def _shape_key(role: Role) -> tuple[str, int | None]:
-    """(role name, its number of axes where a space acts on it, else None)."""
-    return role.name, 1 + max(a.axis for a in role.acts) if role.acts else None
+def _min_axes(role: Role) -> int:
+    """The fewest axes a tensor of this role has: one more than the last axis a space acts on."""
+    return 1 + max((a.axis for a in role.acts), default=-1)
 
 
 @cache
-def _pair_axes(layer: frozenset[tuple[str, int | None]]) -> dict[str, Acts]:
+def _pair_axes(layer: frozenset[tuple[str, int]]) -> dict[str, Acts]:
     """Role key -> where a head pair (qk or vo) acts on it, for the factored attention kind whose tensors a
-    layer holds (`layer`: each tensor's (role key, number of axes), and (role key, None)); the kind with the
-    most roles where several fit. A kind without a pair's space (query/key norms) interpolates it linearly."""
+    layer holds (`layer`: each tensor's role key and number of axes): of the kinds whose every role is
+    there, the one with the most roles, then the most axes (grouped over full attention). A kind without
+    a pair's space (query/key norms) interpolates those tensors linearly."""
+    axes = dict(layer)
     kinds = [block_kind(name) for name in kind_names()]
-    fits = [k for k in kinds if k.sublayer == "attention" and all(_shape_key(r) in layer for r in k.roles)]
-    kind = max(fits, key=lambda k: len(k.roles), default=None)
+    fits = [
+        k for k in kinds if k.sublayer == "attention" and all(axes.get(r.name, -1) >= _min_axes(r) for r in k.roles)
+    ]
+    kind = max(fits, key=lambda k: (len(k.roles), sum(map(_min_axes, k.roles))), default=None)
     roles = kind.roles if kind else ()
     return {r.name: a for r in roles for a in r.acts if a.space in HEAD_PAIRS}
 
 
-def _layer_keys(params: dict[str, Tensor]) -> dict[int | None, frozenset[tuple[str, int | None]]]:
-    """Per layer, its tensors' (role key, number of axes) and (role key, None): what _pair_axes reads."""
-    keys: dict[int | None, set[tuple[str, int | None]]] = defaultdict(set)
+def _layer_keys(params: dict[str, Tensor]) -> dict[int | None, frozenset[tuple[str, int]]]:
+    """Per layer, its tensors' role keys and numbers of axes: what _pair_axes reads."""
+    keys: dict[int | None, set[tuple[str, int]]] = defaultdict(set)
     for name, t in params.items():
-        keys[layer_of(name)] |= {(role_key(name), t.dim()), (role_key(name), None)}
+        keys[layer_of(name)].add((role_key(name), t.dim()))
     return {layer: frozenset(k) for layer, k in keys.items()}
 
 

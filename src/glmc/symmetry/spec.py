@@ -102,8 +102,10 @@ class SymmetrySpec:
 def _space(config, family, name, kind, layer, axes, params) -> Space:
     first = axes[0]
     size = params[first.param].shape[first.axis] - first.extra
-    if kind == "residual":
-        return Space(name, kind, None, size, family.residual_classes, axes)
+    if kind == "residual":  # the family's classes that each of its block kinds admits
+        kinds = family.block_kinds(config.form)
+        classes = tuple(c for c in family.residual_classes if all(c in k.residual_classes for k in kinds))
+        return Space(name, kind, None, size, classes, axes)
     if kind == HEAD_HIDDEN:  # a LayerNorm or tanh follows: neither homogeneous nor rotation-invariant
         return Space(name, kind, None, size, ("permutation",), axes)
     if kind == "heads":

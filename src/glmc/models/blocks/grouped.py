@@ -45,19 +45,19 @@ ROLES = (
     block_role("o_b", "attn", Acts(R, 0, "out")),
 )
 
-QueryKeyMap = Callable[[Tensor, Tensor, dict, str], tuple[Tensor, Tensor]]
+QueryKeyMap = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 def attention(config, p, pre, h, record=None, before_rotary: QueryKeyMap | None = None):
-    """`before_rotary(q, k, p, pre)`: what a kind built on this one does to the queries (B, K*G, T, dh) and
-    keys (B, K, T, dh) before the rotary positions."""
+    """`before_rotary(q, k)`: what a kind built on this one does to the queries (B, K*G, T, dh) and keys
+    (B, K, T, dh) before the rotary positions."""
     q = torch.einsum("btd,kged->bkgte", h, p[pre + "q_w"]) + p[pre + "q_b"][:, :, None]
     group = q.shape[2]
     q = q.flatten(1, 2)
     k = torch.einsum("btd,hed->bhte", h, p[pre + "k_w"]) + p[pre + "k_b"][:, None]
     v = torch.einsum("btd,hed->bhte", h, p[pre + "v_w"]) + p[pre + "v_b"][:, None]
     if before_rotary is not None:
-        q, k = before_rotary(q, k, p, pre)
+        q, k = before_rotary(q, k)
     if config.rope_theta is not None:
         rotary = (config.rope_theta, config.rope_dim, config.rotary_dims, config.rope_scaling, config.rotary_freq_dim)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)

@@ -17,6 +17,7 @@ from glmc.models.families.roles import HEAD_PAIRS, Role
 MODULES = {
     "full": "glmc.models.blocks.full",
     "grouped": "glmc.models.blocks.grouped",
+    "qk_norm": "glmc.models.blocks.qk_norm",
     "plain": "glmc.models.blocks.plain",
     "gated": "glmc.models.blocks.gated",
 }

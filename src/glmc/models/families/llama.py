@@ -71,10 +71,10 @@ def rope_scaling(cfg: Any) -> dict | None:
 
 def sliding_window(cfg: Any) -> tuple[int | None, list[int] | None]:
     """(window, the layers that use it, None for all) of a Hugging Face config; (None, None) without one
-    (Mistral: every layer; Qwen2: those its layer_types mark "sliding_attention")."""
+    (Mistral: every layer; Qwen2, Qwen3: those its layer_types mark "sliding_attention")."""
     if cfg.model_type == "mistral":  # MistralModel reads no layer_types
         return getattr(cfg, "sliding_window", None), None
-    if cfg.model_type != "qwen2":
+    if cfg.model_type not in ("qwen2", "qwen3"):
         return None, None
     layer_types = list(getattr(cfg, "layer_types", None) or ())
     unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
@@ -118,7 +118,7 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
         dh = attn.head_dim
         gamma = family.norm_offset + g(layer.input_layernorm.weight)
         for name, lin, scale, shape in (
-            ("q", attn.q_proj, attn.scaling, (K, G, dh)),
+            ("q", attn.q_proj, family.query_scale(attn), (K, G, dh)),
             ("k", attn.k_proj, 1.0, (K, dh)),
             ("v", attn.v_proj, 1.0, (K, dh)),
         ):
@@ -127,6 +127,8 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
         # o_proj weight (D, H * dh): column block h is query head h = k * G + g
         p[pre + "o_w"] = g(attn.o_proj.weight).reshape(D, K, G, dh).permute(1, 2, 0, 3)
         p[pre + "o_b"] = bias64(attn.o_proj, D)
+        for name, t in family.head_norms(attn, g).items():
+            p[pre + name] = t
         gamma = family.norm_offset + g(layer.post_attention_layernorm.weight)
         units = mlp.gate_proj.out_features
         p[pre + "gate_w"], p[pre + "gate_b"] = g(mlp.gate_proj.weight) * gamma, bias64(mlp.gate_proj, units)
@@ -189,9 +191,11 @@ def llama_from_canonical(
     identity_gain = 1.0 - family.norm_offset
     for i, layer in enumerate(inner.layers):
         attn, mlp, pre = layer.self_attn, layer.mlp, f"blocks.{i}."
-        for name, lin, scale in (("q", attn.q_proj, attn.scaling), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
+        q_scale = family.query_scale(attn)
+        for name, lin, scale in (("q", attn.q_proj, q_scale), ("k", attn.k_proj, 1.0), ("v", attn.v_proj, 1.0)):
             w = p(pre + name + "_w")
             set_linear(lin, w.reshape(-1, D) / scale, p(pre + name + "_b").flatten() / scale, pre + name)
+        family.set_head_norms(attn, p, pre)
         set_linear(attn.o_proj, p(pre + "o_w").permute(2, 0, 1, 3).reshape(D, -1), p(pre + "o_b"), pre + "o")
         layer.input_layernorm.weight.fill_(identity_gain)
         layer.post_attention_layernorm.weight.fill_(identity_gain)
@@ -206,15 +210,16 @@ def llama_from_canonical(
 
 
 def _check_heads(model: CanonicalTransformer, cfg: Any, family: LlamaFamily) -> None:
-    layout = family.layout(model.config)
-    sizes = layer_sizes(layout, model.params(), model.num_layers)
+    layout, params = family.layout(model.config), model.params()
+    sizes = layer_sizes(layout, params, model.num_layers)
     if model.num_layers != cfg.num_hidden_layers:
         raise ValueError(f"the model has {model.num_layers} layers, the template {cfg.num_hidden_layers}")
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv = cfg.num_key_value_heads
     expected = (kv, cfg.num_attention_heads // kv, head_dim, head_dim, cfg.intermediate_size)
     for layer in range(model.num_layers):
-        got = tuple(sizes[k][layer] for k in ("heads", "qheads", "qk", "vo", "mlp"))
+        qk = params[f"blocks.{layer}.k_w"].shape[1]  # read off k_w: a block may have no qk space
+        got = (sizes["heads"][layer], sizes["qheads"][layer], qk, sizes["vo"][layer], sizes["mlp"][layer])
         if got != expected:
             raise ValueError(
                 f"layer {layer} has (key/value heads, query heads per group, qk dim, vo dim, MLP units) {got} but "
@@ -250,6 +255,17 @@ class LlamaFamily(TokenRotaryFamily):
     def embed_scale(self, inner: nn.Module) -> float:
         """The factor the HF model multiplies its token embeddings by (Gemma: sqrt(hidden_size))."""
         return 1.0
+
+    def query_scale(self, attn: nn.Module) -> float:
+        """The factor folded into q_w and q_b: the attention's 1/sqrt(dh) (1 where a query norm follows)."""
+        return attn.scaling
+
+    def head_norms(self, attn: nn.Module, g) -> dict[str, Tensor]:
+        """A layer's canonical tensors beyond the grouped block's (query/key norm gains), in float64 by `g`."""
+        return {}
+
+    def set_head_norms(self, attn: nn.Module, p, pre: str) -> None:
+        """Export head_norms' tensors (read by `p(name)`, float64) into the attention module."""
 
     # the Hugging Face config and model classes `build` makes (a subclass family names its own)
     config_class: Any = LlamaConfig
