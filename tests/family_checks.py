@@ -60,9 +60,9 @@ def assert_alignment_keeps_b(hf_a, hf_b, method: str, data: DataLoader, run_dir)
         assert_close_rel(alignment.model(x), hf_b(x).logits, FORWARD, f"{method}: aligned B vs B")
 
 
-def cli_on_two_folders(monkeypatch, capsys, tmp_path, family: str, **model) -> dict:
-    """run.py with endpoints=pretrained on two tiny save_pretrained folders of `family` (weight matching,
-    the vanilla midpoint exported); results.json, after checking the run succeeded."""
+def cli_on_two_folders(monkeypatch, capsys, tmp_path, family: str, dtype=torch.float32, **model) -> dict:
+    """run.py with endpoints=pretrained on two tiny save_pretrained folders of `family` stored in `dtype`
+    (weight matching, the vanilla midpoint exported); results.json, after checking the run succeeded."""
     tokenizer = char_tokenizer()
     folders = []
     for seed in (0, 1):
@@ -71,7 +71,7 @@ def cli_on_two_folders(monkeypatch, capsys, tmp_path, family: str, **model) -> d
             family=family, hidden_size=16, num_layers=1, num_heads=2, mlp_size=32, vocab_size=len(tokenizer), **model
         )
         folder = tmp_path / f"{family}_{seed}"
-        build_model(cfg).save_pretrained(folder)
+        build_model(cfg).to(dtype).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         folders.append(folder)
     run = tmp_path / "run"
@@ -85,5 +85,6 @@ def cli_on_two_folders(monkeypatch, capsys, tmp_path, family: str, **model) -> d
     for name in ("vanilla", "weight"):
         assert math.isfinite(results["methods"][name]["pairs"][0]["barrier"]), name
     export = results["methods"]["vanilla"]["pairs"][0]["export"]
-    assert export["exported"] and export["relative_deviation"] < 1e-5, export
+    # a half-precision export is read back after rounding to its dtype
+    assert export["exported"] and export["relative_deviation"] < (1e-5 if dtype == torch.float32 else 2e-2), export
     return results

@@ -45,7 +45,8 @@ def test_run_config_resolves_auto_and_keeps_a_choice():
     cfg = compose_config("experiment=bert_mlm")
     cfg.symmetry.residual = "auto"
     record = resolve_run_symmetry(cfg, validate_config(cfg))
-    assert record == {"residual": "permutation", "source": "family default", "family": "bert"}
+    blocks = {"attention": "full", "mlp": "plain", "head_spaces": ["qk", "vo"]}
+    assert record == {"residual": "permutation", "source": "family default", "family": "bert", "blocks": blocks}
     assert cfg.matcher.weight.residual == "permutation" and cfg.matcher.learned.residual == "permutation"
     chosen = compose_config("symmetry=permutation")
     assert resolve_run_symmetry(chosen, validate_config(chosen))["source"] == "chosen"

@@ -23,6 +23,7 @@ from glmc.pipeline.endpoints import load_endpoints
 from glmc.pipeline.hf_folders import FolderError, load_model, read_folder
 from glmc.pipeline.run import run_pipeline
 from glmc.pipeline.validate import ConfigError, validate_config
+from glmc.symmetry.family_defaults import block_record
 
 from conftest import compose_config
 
@@ -96,8 +97,8 @@ def pretrained(paths, *overrides, tmp_path=None):
     return compose_config(*FAST, *cache, "endpoints=pretrained", f"endpoints.paths=[{listed}]", *overrides)
 
 
-# gemma, gpt_neox and opt run run.py on two folders with an export in their own test files
-OWN_FOLDER_TESTS = ("gemma", "gpt_neox", "opt")
+# gemma, gpt_neox, opt and qwen3 run run.py on two folders with an export in their own test files
+OWN_FOLDER_TESTS = ("gemma", "gpt_neox", "opt", "qwen3")
 
 
 @pytest.mark.parametrize("family", [f for f in family_names() if f not in OWN_FOLDER_TESTS])
@@ -110,7 +111,8 @@ def test_two_folders_of_every_family_give_barriers_and_an_export(family, folders
     assert [e["path"] for e in results["endpoints"]] == [str(a), str(b)]
     assert results["model"] == f"{family} ({a.name}, {b.name})"
     widest = family_named(family).residual_classes[0]
-    assert results["symmetry"] == {"residual": widest, "source": "family default", "family": family}
+    blocks = block_record(family_named(family))
+    assert results["symmetry"] == {"residual": widest, "source": "family default", "family": family, "blocks": blocks}
     assert results["config"]["matcher"]["weight"]["residual"] == widest
     for name in ("vanilla", "weight"):
         pair = results["methods"][name]["pairs"][0]

@@ -191,6 +191,7 @@ def test_a_methods_own_residual_class_is_recorded_per_method_under_auto():
         "residual": "orthogonal",
         "source": "family default",
         "family": "vit",
+        "blocks": {"attention": "full", "mlp": "plain", "head_spaces": ["qk", "vo"]},
         "methods": {"weight": "permutation"},
     }
     assert cfg.matcher.weight.residual == "permutation" and cfg.matcher.learned.residual == "orthogonal"

@@ -11,10 +11,11 @@ from torch import Tensor
 from glmc.matching.rotary_pairs import as_complex, pair_distance, passthrough_cost, rotary_scales, solve_pairs
 from glmc.matching.scales import best_scales, scale_objective
 from glmc.models.blocks import grouped
-from glmc.models.families.roles import pair_factors
+from glmc.models.families.roles import HEAD_PAIRS, pair_factors
 from glmc.symmetry import OrthogonalScale, Permutation, Transform
 
 Params = dict[str, Tensor]
+HEAD_PAIRS_SET = frozenset(HEAD_PAIRS)
 
 
 def closed_form_rotations(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, group: str = "orthogonal") -> Tensor:
@@ -58,10 +59,13 @@ def optimal_scales(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, rotations: Te
     return torch.tensor(scales, dtype=torch.float64, device=r.device)
 
 
-def rotary_head_cost(pa: Params, pb: Params, layer: int, rotary_dims: int | None = None) -> Tensor:
+def rotary_head_cost(
+    pa: Params, pb: Params, layer: int, rotary_dims: int | None = None, qk_maps: bool = True
+) -> Tensor:
     """(H_A, H_B) factored distance between query heads of grouped rotary blocks (with their groups' keys
-    and values) after the best in-head maps for each pair: rotary rotation-scalings on q/k, paper 002's
-    rotation and rescaling on v/o, the best orthogonal map on partial rotary's unrotated dims; float64."""
+    and values) after the best in-head maps for each pair: rotary rotation-scalings on q/k (none where
+    `qk_maps` is False: a block without a qk space), paper 002's rotation and rescaling on v/o, the best
+    orthogonal map on partial rotary's unrotated dims; float64."""
     pre = f"blocks.{layer}."
 
     def heads(p: Params) -> tuple[Tensor, ...]:
@@ -75,14 +79,17 @@ def rotary_head_cost(pa: Params, pb: Params, layer: int, rotary_dims: int | None
     qa, ka, va, oa = heads(pa)
     qb, kb, vb, ob = heads(pb)
     rotary = qa.shape[1] if rotary_dims is None else rotary_dims
-    za, ua, zb, ub = (as_complex(t[:, :rotary]) for t in (qa, ka, qb, kb))
-    moment = lambda x, y: torch.einsum("ifn,jfn->ijf", x, y.conj())  # noqa: E731
-    cz, cu = moment(za, zb), moment(ua, ub)
     norms = lambda t: t.abs().pow(2).sum(-1)  # noqa: E731
-    P, Q = norms(zb)[None].expand_as(cz.real), norms(ub)[None].expand_as(cz.real)
-    w = solve_pairs(cz, cu, P, Q)
-    qk = pair_distance(w, cz, cu, P, Q, norms(za)[:, None], norms(ua)[:, None]).sum(-1)
-    if rotary < qa.shape[1]:
+    if qk_maps:
+        za, ua, zb, ub = (as_complex(t[:, :rotary]) for t in (qa, ka, qb, kb))
+        moment = lambda x, y: torch.einsum("ifn,jfn->ijf", x, y.conj())  # noqa: E731
+        cz, cu = moment(za, zb), moment(ua, ub)
+        P, Q = norms(zb)[None].expand_as(cz.real), norms(ub)[None].expand_as(cz.real)
+        w = solve_pairs(cz, cu, P, Q)
+        qk = pair_distance(w, cz, cu, P, Q, norms(za)[:, None], norms(ua)[:, None]).sum(-1)
+    else:
+        qk = torch.cdist(torch.cat([qa, ka], 1).flatten(1), torch.cat([qb, kb], 1).flatten(1)).pow(2)
+    if qk_maps and rotary < qa.shape[1]:
         qk = qk + passthrough_cost(*(t[:, rotary:] for t in (qa, ka, qb, kb)))
     gv = torch.einsum("ide,jfe->ijdf", va, vb)
     go = torch.einsum("ide,jfe->ijdf", oa, ob)
@@ -95,14 +102,19 @@ def rotary_head_cost(pa: Params, pb: Params, layer: int, rotary_dims: int | None
     return (qk + vo).clamp_min(0).sqrt()
 
 
-def in_head_maps(pa: Params, pb: Params, layers: range, rotary_dims: int | None = None) -> Transform:
+def in_head_maps(
+    pa: Params, pb: Params, layers: range, rotary_dims: int | None = None, pairs: frozenset[str] = HEAD_PAIRS_SET
+) -> Transform:
     """For grouped rotary blocks interpolated as factored weights: per layer the qk rotation-scalings
     (per frequency pair; orthogonal maps of the dims partial rotary leaves, `rotary_dims`) and vo rotations
-    with rescaling (per group) moving B's heads onto A's."""
+    with rescaling (per group) moving B's heads onto A's; only the `pairs` that are spaces of the model."""
     out = Transform()
     for layer in layers:
-        (xa, ya), (xb, yb) = (pair_factors(p, layer, "qk", grouped.ROLES) for p in (pa, pb))
-        out[f"qk.{layer}"] = rotary_scales(xa, ya, xb, yb, rotary_dims=rotary_dims).to(dtype=torch.float32)
+        if "qk" in pairs:
+            (xa, ya), (xb, yb) = (pair_factors(p, layer, "qk", grouped.ROLES) for p in (pa, pb))
+            out[f"qk.{layer}"] = rotary_scales(xa, ya, xb, yb, rotary_dims=rotary_dims).to(dtype=torch.float32)
+        if "vo" not in pairs:
+            continue
         (xa, ya), (xb, yb) = (pair_factors(p, layer, "vo", grouped.ROLES) for p in (pa, pb))
         rotations = closed_form_rotations(xa, ya, xb, yb)
         scales = optimal_scales(xa, ya, xb, yb, rotations)

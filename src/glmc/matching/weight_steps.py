@@ -20,7 +20,7 @@ from glmc.matching.residual_map import (
     ones_complement,
 )
 from glmc.matching.weight_problem import MatchingProblem, Reuse, SearchState
-from glmc.models.families.roles import HEAD_HIDDEN
+from glmc.models.families.roles import HEAD_HIDDEN, HEAD_PAIRS
 from glmc.symmetry import Orthogonal, Permutation, Transform
 from glmc.symmetry.groups import Element
 
@@ -120,7 +120,8 @@ class GroupedHeads(Step):
 
     def __call__(self, state: SearchState, it: int) -> None:
         p = self.problem
-        head_cost = partial(rotary_head_cost, rotary_dims=p.rotary_dims) if p.factored else circuit_cost
+        rotary = partial(rotary_head_cost, rotary_dims=p.rotary_dims, qk_maps="qk" in head_pairs(p))
+        head_cost = rotary if p.factored else circuit_cost
         for l in p.layers:
             cost = head_cost(p.pa, state.pb_res, l)
             state.perms[f"heads.{l}"], state.perms[f"qheads.{l}"] = group_assignment(cost, p.spec[f"heads.{l}"].size)
@@ -176,7 +177,7 @@ class InHeadMaps(Step):
         p = self.problem
         matched = Transform({k: g for k, g in state.perms.items() if k.startswith(("heads.", "qheads."))})
         moved = p.transformed(matched, p.spec_blocks, state.pb_res)
-        state.perms.update(in_head_maps(p.pa, moved, p.layers, p.rotary_dims))
+        state.perms.update(in_head_maps(p.pa, moved, p.layers, p.rotary_dims, head_pairs(p)))
 
 
 class HiddenUnits(Step):
@@ -185,6 +186,11 @@ class HiddenUnits(Step):
 
     def __call__(self, state: SearchState, it: int) -> None:
         state.head = {HEAD_HIDDEN: self.problem.hidden.solve(state.res.get("residual"))}
+
+
+def head_pairs(problem: MatchingProblem) -> frozenset[str]:
+    """The per-head spaces (qk, vo) the model's roles declare: a block without one keeps no such maps."""
+    return frozenset(s.kind for s in problem.spec if s.kind in HEAD_PAIRS)
 
 
 def iteration_steps(
@@ -197,7 +203,7 @@ def iteration_steps(
         steps.append((GroupedHeads if problem.grouped else CircuitHeads)(problem, reuse))
     if mlp:
         steps.append((GatedMlp if problem.gated else PlainMlp)(problem, reuse, threads))
-    if problem.factored:
+    if problem.factored and head_pairs(problem):
         steps.append(InHeadMaps(problem, reuse))
     if problem.hidden is not None:
         steps.append(HiddenUnits(problem, reuse))

@@ -71,10 +71,17 @@ def check_residual_classes(cfg: Any) -> None:
         raise ValueError("; ".join(problems))
 
 
+def block_record(family: Any) -> dict[str, Any]:
+    """The family's block kinds and the per-head spaces (qk, vo) they keep: which group the run used
+    beyond the residual class (a query/key norm keeps no qk maps)."""
+    attention, mlp = family.block_kinds("factored")
+    return {"attention": attention.name, "mlp": mlp.name, "head_spaces": sorted(attention.head_spaces)}
+
+
 def resolve_run_symmetry(cfg: Any, family: Any) -> dict[str, Any]:
     """After `check_residual_classes`, replace `auto` in a run config by the family's widest class (nothing
-    where the family is unknown); returns results.json's record: residual, source, family and "methods"
-    {name: class} for run methods with another class."""
+    where the family is unknown); returns results.json's record: residual, source, family, its "blocks"
+    (block_record) and "methods" {name: class} for run methods with another class."""
     from omegaconf import OmegaConf
 
     check_residual_classes(cfg)
@@ -87,6 +94,7 @@ def resolve_run_symmetry(cfg: Any, family: Any) -> dict[str, Any]:
             if str(node.residual) == AUTO:
                 node.residual = residual
     record: dict[str, Any] = {"residual": residual, "source": source, "family": family.name}
+    record["blocks"] = block_record(family)
     own = {}
     for name in _run_methods(cfg):
         node = cfg.matcher.get(name)

@@ -1,0 +1,83 @@
+"""Qwen3 (grouped-query attention with RMSNorms on each head's queries and keys, blocks.qk_norm): exact
+conversion with and without sliding windows, matchers that keep B and map no query/key space, circuit
+interpolation that leaves the normed queries and keys factored, an export that reloads, and run.py on two
+bfloat16 folders."""
+
+import pytest
+import torch
+
+import glmc
+from glmc.interpolation import merge_params
+from glmc.models import to_canonical
+from glmc.models.canonical import CanonicalTransformer
+from glmc.models.export import export_hf
+
+from family_checks import MATCHERS, cli_on_two_folders, next_token_data
+from numeric import FEW_OPS, FORWARD, assert_close_rel
+from tiny_hf import inputs_for, tiny_qwen3
+
+pytestmark = pytest.mark.numeric
+
+
+@pytest.mark.parametrize("settings", [{}, {"window": 4, "full": 1}, {"bias": True}], ids=["full", "window", "bias"])
+def test_conversion_matches_hf(settings):
+    hf = tiny_qwen3(**settings)
+    model, x = to_canonical(hf), inputs_for(hf)
+    assert x.shape[1] > (settings.get("window") or 0)  # longer than the window: the mask matters
+    assert (model.config.sliding_window, model.config.sliding_layers) == (
+        settings.get("window"),
+        None if "window" not in settings else [1],
+    )
+    with torch.no_grad():
+        assert_close_rel(model(x), hf(x).logits, FEW_OPS, "canonical vs HF logits")
+    scale = hf.model.layers[0].self_attn.scaling
+    assert torch.equal(
+        model.params()["blocks.0.q_norm"], (scale * hf.model.layers[0].self_attn.q_norm.weight.double()).float()
+    )
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_qwen3(seed=0), tiny_qwen3(seed=1), next_token_data(61)
+
+
+@pytest.mark.parametrize("method", ["weight", "learned"])
+def test_alignment_keeps_b_without_query_key_maps(pair, method, tmp_path):
+    hf_a, hf_b, data = pair
+    trainer = {"accelerator": "cpu", "enable_progress_bar": False}
+    alignment = glmc.align(hf_a, hf_b, method, data=data, run_dir=tmp_path, trainer=trainer, **MATCHERS[method])
+    spaces = {name.split(".")[0] for name in alignment.transform}
+    assert "qk" not in spaces and {"heads", "qheads", "vo"} <= spaces, spaces
+    assert alignment.function_preserving
+    x = next(iter(data))[0]
+    with torch.no_grad():
+        assert_close_rel(alignment.model(x), hf_b(x).logits, FORWARD, f"{method}: aligned B vs B")
+
+
+def test_circuit_interpolation_stacks_values_and_keeps_queries_and_keys_factored(pair):
+    hf_a, hf_b, _ = pair
+    a, b = to_canonical(hf_a), to_canonical(hf_b)
+    merged = merge_params([a.params(), b.params()], [0.5, 0.5], circuits=("qk", "vo"))
+    assert merged["blocks.0.q_w"].shape == a.params()["blocks.0.q_w"].shape
+    assert merged["blocks.0.v_w"].shape[1] == 2 * a.params()["blocks.0.v_w"].shape[1]
+    x = inputs_for(hf_a)
+    with torch.no_grad():
+        assert torch.isfinite(CanonicalTransformer(a.config, merged)(x)).all()
+
+
+def test_export_reloads_and_matches(tmp_path):
+    hf = tiny_qwen3(window=4, full=1, bias=True)
+    model, x = to_canonical(hf), inputs_for(hf)
+    loaded = type(hf).from_pretrained(export_hf(model, hf, tmp_path / "out")).eval()
+    with torch.no_grad():
+        assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
+    assert torch.allclose(loaded.model.layers[1].self_attn.q_norm.weight, hf.model.layers[1].self_attn.q_norm.weight)
+
+
+def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
+    results = cli_on_two_folders(
+        monkeypatch, capsys, tmp_path, "qwen3", dtype=torch.bfloat16, hidden_act="silu", max_positions=16
+    )
+    assert results["stored_dtype"] == "bfloat16"
+    assert results["symmetry"]["blocks"] == {"attention": "qk_norm", "mlp": "gated", "head_spaces": ["vo"]}
+    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
