@@ -1,7 +1,7 @@
 """Qwen3 (grouped-query attention with RMSNorms on each head's queries and keys, blocks.qk_norm): exact
-conversion with and without sliding windows, matchers that keep B and map no query/key space, circuit
-interpolation that leaves the normed queries and keys factored, an export that reloads, and run.py on two
-bfloat16 folders."""
+conversion with and without sliding windows, matchers that keep B and map no query/key space (weight,
+activation, learned), circuit interpolation that leaves the normed queries and keys factored, an export
+that reloads, a rotary type refused by name, and run.py on two bfloat16 folders."""
 
 import pytest
 import torch
@@ -41,7 +41,7 @@ def pair():
     return tiny_qwen3(seed=0), tiny_qwen3(seed=1), next_token_data(61)
 
 
-@pytest.mark.parametrize("method", ["weight", "learned"])
+@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
 def test_alignment_keeps_b_without_query_key_maps(pair, method, tmp_path):
     hf_a, hf_b, data = pair
     trainer = {"accelerator": "cpu", "enable_progress_bar": False}
@@ -72,6 +72,13 @@ def test_export_reloads_and_matches(tmp_path):
     with torch.no_grad():
         assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
     assert torch.allclose(loaded.model.layers[1].self_attn.q_norm.weight, hf.model.layers[1].self_attn.q_norm.weight)
+
+
+def test_an_unsupported_rotary_type_is_refused():
+    hf = tiny_qwen3(layers=1)
+    hf.config.rope_parameters = {"rope_type": "longrope", "rope_theta": 100.0}
+    with pytest.raises(NotImplementedError, match="rotary embeddings of type 'longrope'"):
+        to_canonical(hf)
 
 
 def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):

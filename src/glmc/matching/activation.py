@@ -336,9 +336,9 @@ class ActivationMatcher(Matcher):
         if size > 1:
             transform[f"qheads.{l}"] = qheads
         transform[f"vo.{l}"] = OrthogonalScale(inner, torch.ones(groups))
-        qk = spec[f"qk.{l}"]
+        qk = spec.spaces.get(f"qk.{l}")  # none where a norm on queries and keys keeps no qk maps
         # same dims and a group that holds permutations: Q/K take V's permutation (not rotary Q/K)
-        if size == 1 and qk.size == inner.shape[-1] and "orthogonal_scale" in qk.classes:
+        if qk is not None and size == 1 and qk.size == inner.shape[-1] and "orthogonal_scale" in qk.classes:
             transform[f"qk.{l}"] = OrthogonalScale(inner, torch.ones(groups))
         correlation[f"heads.{l}"] = (mean_matched(corr), mean_matched(corr, full))
 

@@ -59,11 +59,13 @@ def head_transforms(
 ) -> Transform:
     """OrthogonalScale elements for every qk.{l} and vo.{l} moving pb's heads onto pa's (float64; scales 1
     without rescale; group="permutation": in-head permutations). `roles`: the block layout. `rotary`: qk
-    gets a RotaryScale per frequency pair (none for permutations); `rotary_dims`: partial rotary."""
+    gets a RotaryScale per frequency pair (none for permutations); `rotary_dims`: partial rotary. Only the
+    pairs the roles act on (a norm on queries and keys leaves no qk space)."""
     layers = sorted({int(n.split(".")[1]) for n in pa if n.startswith("blocks.")})
+    pairs = [pair for pair in PAIRS if any(role.acts_on(pair) for role in roles)]
     out = Transform()
     for layer in layers:
-        for pair in PAIRS:
+        for pair in pairs:
             (xa, ya), (xb, yb) = pair_factors(pa, layer, pair, roles), pair_factors(pb, layer, pair, roles)
             if pair == "qk" and rotary:
                 if group == "orthogonal":
