@@ -12,7 +12,7 @@ from glmc.models import to_canonical
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.export import export_hf
 
-from family_checks import MATCHERS, cli_on_two_folders, next_token_data
+from family_checks import MATCHERS, assert_symmetry_keeps_function, claimed, cli_on_two_folders, next_token_data
 from numeric import FEW_OPS, FORWARD, assert_close_rel
 from tiny_hf import inputs_for, tiny_qwen3
 
@@ -34,6 +34,36 @@ def test_conversion_matches_hf(settings):
     assert torch.equal(
         model.params()["blocks.0.q_norm"], (scale * hf.model.layers[0].self_attn.q_norm.weight.double()).float()
     )
+
+
+# Llama's without qk (blocks/qk_norm.py says why; tests/test_qk_norm.py applies the maps it removes)
+CASES = {
+    ("residual", "orthogonal"),
+    ("residual", "permutation"),
+    ("heads", "permutation"),
+    ("heads", "semi_permutation"),
+    ("qheads", "permutation"),
+    ("vo", "invertible"),
+    ("vo", "orthogonal_scale"),
+    ("mlp", "permutation"),
+    ("mlp_scale", "diagonal"),
+}
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    hf = tiny_qwen3(window=4, full=1)
+    return to_canonical(hf), inputs_for(hf)
+
+
+def test_the_cases_are_what_the_spec_claims(qwen3):
+    assert claimed(qwen3[0]) == CASES
+
+
+@pytest.mark.parametrize("kind,group", sorted(CASES))
+def test_symmetry_preserves_function(qwen3, kind, group):
+    model, x = qwen3
+    assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
 
 
 @pytest.fixture(scope="module")
