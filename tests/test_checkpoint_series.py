@@ -45,8 +45,9 @@ def test_planned_steps_every_n_or_listed_and_always_the_last():
     ("settings", "refusal"),
     [
         ({"train.save_steps": 0}, "save every N >= 1"),
-        ({"train.save_steps": [0, 5, 5]}, "list distinct steps >= 0"),
-        ({"train.save_steps": [-1]}, "list distinct steps >= 0"),
+        ({"train.save_steps": [0, 5, 5]}, "distinct steps >= 0"),
+        ({"train.save_steps": [-1]}, "distinct steps >= 0"),
+        ({"train.save_steps": []}, "list one or more distinct steps"),
         ({"train.save_steps": [1.5]}, "give an int N"),
         ({"train.save_steps": 2, "train.early_stopping_patience": 1}, "set train.early_stopping_patience=null"),
         ({"train.save_steps": 2, "endpoints.source": "pretrained"}, "endpoints=trained"),

@@ -447,7 +447,8 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
             multi = run_multi(cfg, run_dir, endpoints, evaluator, run.context(run_dir / "universe", logger))
             stage.clear()
         results = _results(cfg, endpoints, device, methods, multi)
-        results["config"] = OmegaConf.to_container(given, resolve=True)  # a series of folders: every step's
+        if given is not cfg:  # a series of folders: the config as given, every step's folders
+            results["config"] = OmegaConf.to_container(given, resolve=True)
         results["symmetry"] = symmetry  # the residual class used and whether the family chose it
         matrices = barrier_matrices(cfg, endpoints, pairs, methods, multi)  # three or more endpoints
         results.update({"series": series} if series else {}, **({"matrix": matrices} if matrices else {}))

@@ -106,7 +106,7 @@ def series_problems(cfg: Config) -> list[str]:
         return [f"{key}: save every N >= 1 optimizer steps, or null for no snapshots"]
     problems = []
     if any(v < 0 for v in values) or len(set(values)) < len(values) or not values:
-        problems.append(f"{key}: list distinct steps >= 0, e.g. train.save_steps=[0,10,50]")
+        problems.append(f"{key}: list one or more distinct steps >= 0, e.g. train.save_steps=[0,10,50]")
     if str(cfg.endpoints.source) != "trained":
         problems.append(f"{key}: snapshots are taken while endpoints=trained trains (leave train.save_steps=null)")
     if cfg.train.early_stopping_patience is not None:
