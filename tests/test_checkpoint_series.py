@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -63,7 +64,7 @@ def test_settings_a_series_cannot_honour_are_refused_by_name(settings, refusal):
 
 
 def test_a_run_measures_every_method_at_every_saved_step_and_a_rerun_trains_nothing(
-    tmp_path, tiny_overrides, monkeypatch
+    tmp_path, tiny_overrides, monkeypatch, caplog
 ):
     cfg = compose_config(
         *tiny_overrides,
@@ -76,6 +77,7 @@ def test_a_run_measures_every_method_at_every_saved_step_and_a_rerun_trains_noth
     results = run_pipeline(cfg, tmp_path / "run")
     series = results["series"]
     assert series["steps"] == [0, 2, 4]
+    assert "differs from the cached endpoint" not in caplog.text  # the last snapshot is the endpoint
     for name, method in results["methods"].items():  # the last step is the finished endpoints
         assert series["barrier"]["4"][name] == pytest.approx(method["barrier"], abs=1e-9)
         assert series["pair_barriers"]["4"][name] == pytest.approx([p["barrier"] for p in method["pairs"]])
@@ -107,8 +109,10 @@ def test_a_run_measures_every_method_at_every_saved_step_and_a_rerun_trains_noth
 
     monkeypatch.setattr(endpoint_stage, "train_endpoint", no_training)
     monkeypatch.setattr("glmc.pipeline.series.train_endpoint", no_training)
+    shutil.copy(folder / "step_0.safetensors", folder / "step_4.safetensors")  # as if trained again elsewhere
     again = run_pipeline(cfg, tmp_path / "again")
-    assert again["series"]["barrier"] == series["barrier"]
+    assert again["series"]["barrier"]["2"] == series["barrier"]["2"]
+    assert "seed 0: the snapshot of the last step differs from the cached endpoint" in caplog.text
 
 
 def test_folders_given_as_a_series_are_measured_at_every_position(tmp_path, tiny_overrides):

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import OmegaConf
 
 from glmc.choices import EvalPrecision
@@ -145,13 +146,17 @@ def snapshot_folders(cfg: Config, run_dir: Path, tracker: Any) -> tuple[list[Pat
     return folders, planned_steps(cfg.train.save_steps, totals.pop())
 
 
-def snapshot_loader(cfg: Config, endpoints: list[Endpoint], folders: list[Path], test: Evaluator) -> Load:
-    """Loads the snapshots of one step (by its value) as endpoints, each measured on the test split."""
+def snapshot_loader(cfg: Config, endpoints: list[Endpoint], folders: list[Path], test: Evaluator, last: int) -> Load:
+    """Loads the snapshots of one step (by its value) as endpoints, each measured on the test split; warns
+    where the `last` step's is not the cached endpoint (snapshots trained again on a non-deterministic device)."""
 
     def load(step: int) -> list[Endpoint]:
         at_step = []
         for index, (e, folder) in enumerate(zip(endpoints, folders)):
             model = load_snapshot(build_model(endpoint_config(cfg, index).model), folder, step)
+            ours, cached = model.state_dict(), e.model.state_dict()
+            if step == last and not all(torch.equal(ours[k], cached[k].cpu()) for k in ours):
+                log.warning("seed %d: the snapshot of the last step differs from the cached endpoint", e.seed)
             loss, accuracy = test.evaluate(model)
             accuracy = accuracy if cfg.data.task == "classification" else None
             at_step.append(Endpoint(e.seed, model, to_canonical(model), loss, accuracy, True))
@@ -178,7 +183,7 @@ def run_series(
         load: Load = lambda step: load_endpoints(by_step[step], test)  # noqa: E731
     else:
         folders, steps = snapshot_folders(cfg, run_dir, tracker)
-        load = snapshot_loader(cfg, endpoints, folders, test)
+        load = snapshot_loader(cfg, endpoints, folders, test, steps[-1])
     labels = [e.label for e in endpoints]
     if len(set(labels)) < len(labels):  # folders of one name in different places: their positions
         labels = [str(i) for i in range(len(endpoints))]
