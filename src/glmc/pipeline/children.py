@@ -48,6 +48,7 @@ from glmc.pipeline.outputs import write_results
 from glmc.pipeline.tracking import Tracker
 from glmc.symmetry import Permutation
 from glmc.train.endpoint import SpawnPoint, SpawnPoints
+from glmc.train.resume import resumable
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,9 @@ def spawn_points(cfg: Config, key: dict[str, Any], run_dir: Path, tracker) -> di
             save = lambda k, point: cache.save(at(k), seed, point, {"step": k, "total": point.total})  # noqa: E731
             logger = tracker.lightning_logger("spawn_parent", "train")
             training = cache.training_dir(parent, seed)
+            resume = resumable(training / "last.ckpt")
+            if resume is not None and min(missing) < torch.load(resume, weights_only=True)["global_step"]:
+                shutil.rmtree(training)  # a state before the interrupted run's checkpoint: train from the start
             train_endpoint(cfg, seed, run_dir, logger, training, callbacks=(SpawnPoints(missing, save),))
             shutil.rmtree(training, ignore_errors=True)
         points = {}

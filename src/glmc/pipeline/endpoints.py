@@ -1,6 +1,8 @@
 """Stage 1: train N endpoints from N seeds, or load them from the cache; with endpoints=pretrained,
 load N Hugging Face model folders instead (glmc.pipeline.hf_folders), never trained nor cached; with
-endpoints=finetuned, children fine-tuned from one parent on several tasks (glmc.pipeline.children).
+endpoints=finetuned, children fine-tuned from one parent on several tasks, and with endpoints=spawn,
+children continued from one parent's training state (glmc.pipeline.children). `seed_vary` splits an
+endpoint's seed into an initialisation seed and a data-order (and dropout) seed (`endpoint_seeds`).
 
 Training checkpoints after every epoch into the cache's `.train_seed_<n>` folder of its config
 (glmc.pipeline.cache), so the same command run again after a kill resumes there; the folder is
