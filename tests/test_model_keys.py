@@ -28,6 +28,7 @@ RUNS = {
     "roberta": ("experiment=roberta_finetune",),
     "llama": ("experiment=llama_text",),
     "gemma": ("experiment=llama_text", "model=gemma_text"),
+    "gemma2": ("experiment=llama_text", "model=gemma2_text"),
     "qwen3": ("experiment=llama_text", "model=qwen3_text"),
     "opt": ("experiment=demo_text", "model=opt_text"),
     "gpt_neox": ("model=pythia_text", "data=pydoc"),

@@ -279,3 +279,36 @@ def tiny_qwen3(seed=0, hidden=32, heads=4, kv_heads=2, mlp=48, layers=2, window=
     model = Qwen3ForCausalLM(config)
     _draw(model, seed, norm_gain=1.0)
     return model.eval()
+
+
+def tiny_gemma2(seed=0, hidden=16, heads=4, kv_heads=2, head_dim=8, mlp=24, layers=2, window=4, bias=False):
+    """A tiny Gemma 2: sandwich norms (gains around 1, stored less one), soft caps small enough to bend
+    the scores and logits, a query scale of its own and sliding windows in every other layer (from the
+    first) shorter than inputs_for's sequences."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Gemma2Config(
+        vocab_size=61,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        query_pre_attn_scalar=12,
+        attn_logit_softcapping=4.0,
+        final_logit_softcapping=5.0,
+        sliding_window=window,
+        attention_bias=bias,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
+    model = Gemma2ForCausalLM(config)
+    _draw(model, seed, norm_gain=0.0)
+    return model.eval()

@@ -87,6 +87,11 @@ class CanonicalConfig:
     rope_scaling: dict | None = None
     # GPT-NeoX's parallel residual: x + attn(norm(x)) + mlp(norm(x))
     parallel_residual: bool = False
+    # Gemma 2's tanh caps: attention scores become cap * tanh(score / cap), and so do the logits; None: none
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
+    # the rotary base of the sliding-window layers where it is not rope_theta (Gemma 3); None: rope_theta
+    rope_local_theta: float | None = None
 
     def __post_init__(self):
         self.activation = canonical_activation(self.activation)
@@ -129,7 +134,9 @@ def canonical_forward(
 
     `record(name, tensor)` receives the states activation-based methods read: "embed", per layer
     "blocks.{l}." + attn_in, heads (per-head outputs before o_w, factored form), attn_out, mlp_in, mlp_act,
-    mlp_out, and "final" (the normalised stream the head reads); a parallel residual's mlp_in is attn_in."""
+    mlp_out, and "final" (the normalised stream the head reads); a parallel residual's mlp_in is attn_in.
+    A sublayer reads the normalised stream, or the raw one where the family has no pre-norms, and its
+    output joins the stream through the family's branch kind where it has one (blocks.sandwich)."""
     p = params
     act = ACTIVATIONS[config.activation]
     norm = lambda x: rms_norm(x, config.norm_dim, config.norm_eps)  # noqa: E731
@@ -141,20 +148,30 @@ def canonical_forward(
     rec("embed", x)
     if family.norm == "post":
         return family.head(config, p, _post_norm_blocks(config, p, x, act, attention, mlp, record, rec), rec)
+    read = norm if family.pre_norms else (lambda x: x)
+    branch = _branch_output(family)
     for layer in range(num_layers(p)):
         pre = f"blocks.{layer}."
-        h = norm(x)
+        h = read(x)
         rec(pre + "attn_in", h)
-        x = x + attention(config, p, pre, h, record) + p[pre + "o_b"]
+        x = x + branch(config, p, pre, "attn", attention(config, p, pre, h, record) + p[pre + "o_b"])
         rec(pre + "attn_out", x)
         if not config.parallel_residual:  # parallel: the MLP reads the block's input, as attention did
-            h = norm(x)
+            h = read(x)
         rec(pre + "mlp_in", h)
-        x = x + mlp(p, pre, h, act, rec)
+        x = x + branch(config, p, pre, "mlp", mlp(p, pre, h, act, rec))
         rec(pre + "mlp_out", x)
     x = norm(x)
     rec("final", x)
     return family.head(config, p, x, rec)
+
+
+def _branch_output(family) -> Callable:
+    """What a sublayer's output (attention's with o_b) passes through before it joins the stream:
+    `(config, params, pre, sublayer, y)`, sublayer "attn" or "mlp", from the family's branch kind (identity
+    without one)."""
+    kind = family.branch_block()
+    return kind.forward if kind is not None else lambda config, p, pre, sublayer, y: y
 
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:

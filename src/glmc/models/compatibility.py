@@ -22,9 +22,8 @@ def residual_class_problem(family: Any, value: Any, key: str, where: str | None 
             "(or leave it out: the widest is the default)"
         )
     return (
-        f"{key}={value}: not a symmetry of {where}, whose residual stream admits {classes} only (a post-norm "
-        f"stream is a LayerNorm's output: no rotation commutes with its mean and gain); use symmetry=permutation "
-        f"or {key}=permutation"
+        f"{key}={value}: not a symmetry of {where}, whose residual stream admits {classes} only "
+        f"({family.residual_note}); use symmetry=permutation or {key}=permutation"
     )
 
 

@@ -73,9 +73,12 @@ def check_residual_classes(cfg: Any) -> None:
 
 def block_record(family: Any) -> dict[str, Any]:
     """The family's block kinds and the per-head spaces (qk, vo) they keep: which group the run used
-    beyond the residual class (a query/key norm keeps no qk maps)."""
+    beyond the residual class (a query/key norm keeps no qk maps); "branch" names the kind on the
+    sublayers' outputs where the family has one (sandwich norms: the residual stream is permuted only)."""
     attention, mlp = family.block_kinds("factored")
-    return {"attention": attention.name, "mlp": mlp.name, "head_spaces": sorted(attention.head_spaces)}
+    record = {"attention": attention.name, "mlp": mlp.name, "head_spaces": sorted(attention.head_spaces)}
+    branch = family.branch_block()
+    return record if branch is None else {**record, "branch": branch.name}
 
 
 def resolve_run_symmetry(cfg: Any, family: Any) -> dict[str, Any]:

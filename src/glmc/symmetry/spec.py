@@ -103,7 +103,7 @@ def _space(config, family, name, kind, layer, axes, params) -> Space:
     first = axes[0]
     size = params[first.param].shape[first.axis] - first.extra
     if kind == "residual":  # the family's classes that each of its block kinds admits
-        kinds = family.block_kinds(config.form)
+        kinds = family.kinds(config.form)
         classes = tuple(c for c in family.residual_classes if all(c in k.residual_classes for k in kinds))
         return Space(name, kind, None, size, classes, axes)
     if kind == HEAD_HIDDEN:  # a LayerNorm or tanh follows: neither homogeneous nor rotation-invariant

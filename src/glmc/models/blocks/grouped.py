@@ -3,7 +3,9 @@
 K key/value heads each shared by G query heads: q_w (K, G, dh, D), q_b (K, G, dh), k_w, v_w (K, dh, D),
 k_b, v_b (K, dh), o_w (K, G, D, dv), o_b (D); query head k * G + g reads head k. heads: the groups; qheads:
 the query heads within a group; qk, vo: one element per group (under rotary positions only the qk maps that
-commute with every position's rotation, symmetry.spec). Causal sliding windows mask as Hugging Face does.
+commute with every position's rotation, symmetry.spec). Causal sliding windows mask as Hugging Face does
+(their layers rotate with config.rope_local_theta where set); config.attn_softcap caps the scores with a tanh,
+which changes no symmetry (the scores are kept).
 """
 
 from __future__ import annotations
@@ -58,16 +60,31 @@ def attention(config, p, pre, h, record=None, before_rotary: QueryKeyMap | None 
     v = torch.einsum("btd,hed->bhte", h, p[pre + "v_w"]) + p[pre + "v_b"][:, None]
     if before_rotary is not None:
         q, k = before_rotary(q, k)
+    window = layer_window(config, pre)
     if config.rope_theta is not None:
-        rotary = (config.rope_theta, config.rope_dim, config.rotary_dims, config.rope_scaling, config.rotary_freq_dim)
+        theta = config.rope_theta if window is None or config.rope_local_theta is None else config.rope_local_theta
+        rotary = (theta, config.rope_dim, config.rotary_dims, config.rope_scaling, config.rotary_freq_dim)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    window = layer_window(config, pre)
     mask = None if window is None else window_mask(q.shape[-2], window, h.device)
-    z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=config.causal and mask is None, scale=1.0)
+    if config.attn_softcap is not None:
+        z = capped_attention(q, k, v, mask, config.causal, config.attn_softcap)
+    else:
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=config.causal and mask is None, scale=1.0)
     if record is not None:
         record(pre + "heads", z)
     return torch.einsum("bhte,hde->btd", z, p[pre + "o_w"].flatten(0, 1))
+
+
+def capped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, cap: float) -> Tensor:
+    """Attention whose scores q.k (the scale folded into q) pass through cap * tanh(score / cap) before the
+    mask and the softmax (Gemma 2's attention-logit soft-capping)."""
+    scores = cap * torch.tanh(q @ k.transpose(-1, -2) / cap)
+    if mask is None and causal:
+        mask = window_mask(q.shape[-2], q.shape[-2], q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, -1) @ v
 
 
 def layer_window(config, pre: str) -> int | None:

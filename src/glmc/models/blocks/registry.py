@@ -20,6 +20,7 @@ MODULES = {
     "qk_norm": "glmc.models.blocks.qk_norm",
     "plain": "glmc.models.blocks.plain",
     "gated": "glmc.models.blocks.gated",
+    "sandwich": "glmc.models.blocks.sandwich",
 }
 
 # the residual classes a block admits where it reads the stream through the pre-norm and writes it linearly
@@ -37,7 +38,8 @@ class BlockKind:
     same sublayer in circuit form, None where it has none."""
 
     name: str
-    sublayer: str  # "attention" | "mlp"
+    sublayer: str  # "attention" | "mlp" | "branch" (what a sublayer's output passes through: forward
+    # (config, params, pre, sublayer, y) -> what joins the stream)
     forward: Callable
     roles: tuple[Role, ...]
     residual_classes: frozenset[str] = PRE_NORM_RESIDUAL

@@ -43,11 +43,19 @@ class Family:
     # ModelConfig keys that endpoints of different widths must share with the first (beyond the layers)
     shared_model_keys: tuple[str, ...] = ()
     residual_classes: tuple[str, ...] = ("orthogonal", "permutation")
+    # why the residual stream admits no wider class, where residual_classes has no orthogonal
+    residual_note: str = "a post-norm stream is a LayerNorm's output: no rotation commutes with its mean and gain"
     # "pre": a parameter-free RMS norm before every reader; "post": each sublayer's LayerNorm kept (BERT)
     norm: str = "pre"
     # the block kinds of its layers' sublayers (glmc.models.blocks): their forward, roles and symmetry
     attention_kind: str = "full"
     mlp_kind: str = "plain"
+    # the kind each sublayer's output passes through before it joins the stream (blocks.sandwich: a norm with
+    # a gain); None: added as it is
+    branch_kind: str | None = None
+    # whether each sublayer reads the stream through the parameter-free RMS norm (False: the raw stream, as
+    # in OLMo-2, whose only norms follow the branches)
+    pre_norms: bool = True
     # a stream kept mean-zero, which an export to LayerNorms needs (RMSNorm families need none)
     mean_zero_stream: bool = True
     # whether the (D+1) x (D+1) QK/OV circuit form exists (not under rotary positions)
@@ -120,14 +128,23 @@ class Family:
             attention = attention.circuit
         return attention, mlp
 
+    def branch_block(self) -> BlockKind | None:
+        """The kind each sublayer's output passes through before it joins the stream, None without one."""
+        return None if self.branch_kind is None else block_kind(self.branch_kind)
+
+    def kinds(self, form: str) -> tuple[BlockKind, ...]:
+        """Every block kind of its layers: attention and MLP (block_kinds), then the branch-output kind."""
+        branch = self.branch_block()
+        return (*self.block_kinds(form), *(() if branch is None else (branch,)))
+
     def attention_block(self) -> BlockKind:
         """The attention kind of its layers in factored form."""
         return block_kind(self.attention_kind)
 
     def blocks(self, form: str) -> tuple[Role, ...]:
         """One layer's roles: its block kinds' in order, then a post-norm family's LayerNorms."""
-        attention, mlp = self.block_kinds(form)
-        return (*attention.roles, *mlp.roles, *(POST_NORMS if self.norm == "post" else ()))
+        roles = tuple(role for kind in self.kinds(form) for role in kind.roles)
+        return (*roles, *(POST_NORMS if self.norm == "post" else ()))
 
     def roles(self, config: CanonicalConfig) -> tuple[Role, ...]:
         return (*self.embed_roles, *self.blocks(config.form), *self.heads(config))

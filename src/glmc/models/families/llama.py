@@ -74,7 +74,7 @@ def sliding_window(cfg: Any) -> tuple[int | None, list[int] | None]:
     (Mistral: every layer; Qwen2, Qwen3: those its layer_types mark "sliding_attention")."""
     if cfg.model_type == "mistral":  # MistralModel reads no layer_types
         return getattr(cfg, "sliding_window", None), None
-    if cfg.model_type not in ("qwen2", "qwen3"):
+    if cfg.model_type not in ("qwen2", "qwen3", "gemma2", "gemma3_text"):
         return None, None
     layer_types = list(getattr(cfg, "layer_types", None) or ())
     unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
@@ -116,7 +116,7 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
     for i, layer in enumerate(inner.layers):
         attn, mlp, pre = layer.self_attn, layer.mlp, f"blocks.{i}."
         dh = attn.head_dim
-        gamma = family.norm_offset + g(layer.input_layernorm.weight)
+        gamma = family.reader_gain(layer, "attn", g)
         for name, lin, scale, shape in (
             ("q", attn.q_proj, family.query_scale(attn), (K, G, dh)),
             ("k", attn.k_proj, 1.0, (K, dh)),
@@ -129,7 +129,9 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
         p[pre + "o_b"] = bias64(attn.o_proj, D)
         for name, t in family.head_norms(attn, g).items():
             p[pre + name] = t
-        gamma = family.norm_offset + g(layer.post_attention_layernorm.weight)
+        for name, t in family.branch_norms(layer, g).items():
+            p[pre + name] = t
+        gamma = family.reader_gain(layer, "mlp", g)
         units = mlp.gate_proj.out_features
         p[pre + "gate_w"], p[pre + "gate_b"] = g(mlp.gate_proj.weight) * gamma, bias64(mlp.gate_proj, units)
         p[pre + "in_w"], p[pre + "in_b"] = g(mlp.up_proj.weight) * gamma, bias64(mlp.up_proj, units)
@@ -139,7 +141,7 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
     window, window_layers = sliding_window(cfg)
     config = CanonicalConfig(
         family=family.name,
-        activation=cfg.hidden_act,
+        activation=family.activation(cfg),
         norm_eps=cfg.rms_norm_eps,
         norm_dim=D,
         causal=True,
@@ -149,6 +151,7 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
         rope_scaling=rope_scaling(cfg),
         sliding_window=window,
         sliding_layers=window_layers,
+        **family.config_extras(cfg),
     )
     return CanonicalTransformer(config, dict(p))
 
@@ -177,7 +180,7 @@ def llama_from_canonical(
         raise ValueError(
             f"the template's sliding window (size, layers) {sliding_window(cfg)} is not the model's {window}"
         )
-    check_template(model, cfg.hidden_act, "hidden_size", cfg.hidden_size)
+    check_template(model, family.activation(cfg), "hidden_size", cfg.hidden_size)
     if rope_theta(cfg) != model.config.rope_theta:
         raise ValueError(f"the template's rotary base {rope_theta(cfg)} is not the model's {model.config.rope_theta}")
     if rope_scaling(cfg) != model.config.rope_scaling:
@@ -197,8 +200,7 @@ def llama_from_canonical(
             set_linear(lin, w.reshape(-1, D) / scale, p(pre + name + "_b").flatten() / scale, pre + name)
         family.set_head_norms(attn, p, pre)
         set_linear(attn.o_proj, p(pre + "o_w").permute(2, 0, 1, 3).reshape(D, -1), p(pre + "o_b"), pre + "o")
-        layer.input_layernorm.weight.fill_(identity_gain)
-        layer.post_attention_layernorm.weight.fill_(identity_gain)
+        family.set_layer_norms(layer, p, pre, identity_gain)
         set_linear(mlp.gate_proj, p(pre + "gate_w"), p(pre + "gate_b"), pre + "gate")
         set_linear(mlp.up_proj, p(pre + "in_w"), p(pre + "in_b"), pre + "in")
         set_linear(mlp.down_proj, p(pre + "out_w"), p(pre + "out_b"), pre + "out")
@@ -266,6 +268,29 @@ class LlamaFamily(TokenRotaryFamily):
 
     def set_head_norms(self, attn: nn.Module, p, pre: str) -> None:
         """Export head_norms' tensors (read by `p(name)`, float64) into the attention module."""
+
+    def activation(self, cfg: Any) -> str:
+        """The MLP's activation as the Hugging Face config names it."""
+        return cfg.hidden_act
+
+    def reader_gain(self, layer: nn.Module, sublayer: str, g) -> Tensor | float:
+        """The gain of the norm before sublayer "attn" or "mlp" (float64 by `g`), folded into its readers."""
+        norm = layer.input_layernorm if sublayer == "attn" else layer.post_attention_layernorm
+        return self.norm_offset + g(norm.weight)
+
+    def branch_norms(self, layer: nn.Module, g) -> dict[str, Tensor]:
+        """A layer's gains of the norms on its sublayers' outputs (blocks.sandwich), float64 by `g`."""
+        return {}
+
+    def set_layer_norms(self, layer: nn.Module, p, pre: str, identity_gain: float) -> None:
+        """Export: the pre-norms' gains to the identity (folded into the readers), the branch norms' from
+        `p(name)` (float64)."""
+        layer.input_layernorm.weight.fill_(identity_gain)
+        layer.post_attention_layernorm.weight.fill_(identity_gain)
+
+    def config_extras(self, cfg: Any) -> dict[str, Any]:
+        """CanonicalConfig fields beyond Llama's, read from the Hugging Face config."""
+        return {}
 
     # the Hugging Face config and model classes `build` makes (a subclass family names its own)
     config_class: Any = LlamaConfig

@@ -15,6 +15,7 @@ MODULES = {
     "roberta": "glmc.models.families.roberta",
     "llama": "glmc.models.families.llama",
     "gemma": "glmc.models.families.gemma",
+    "gemma2": "glmc.models.families.gemma2",
     "qwen3": "glmc.models.families.qwen3",
     "opt": "glmc.models.families.opt",
     "gpt_neox": "glmc.models.families.gpt_neox",

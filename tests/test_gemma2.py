@@ -1,0 +1,116 @@
+"""Gemma 2 (sandwich norms, soft-capped attention scores and logits, alternating sliding-window and global
+layers, a query scale of its own): exact conversion on sequences longer than the window, every symmetry its
+spec claims, matchers that keep B, an export that reloads, and run.py on two bfloat16 folders."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from glmc.models import to_canonical
+from glmc.models.canonical import CanonicalTransformer, relative_deviation
+from glmc.models.export import export_hf
+
+from family_checks import (
+    assert_alignment_keeps_b,
+    assert_symmetry_keeps_function,
+    claimed,
+    cli_on_two_folders,
+    next_token_data,
+)
+from numeric import FEW_OPS, FORWARD, assert_close_rel
+from tiny_hf import inputs_for, tiny_gemma2
+
+pytestmark = pytest.mark.numeric
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["plain", "bias"])
+def test_conversion_matches_hf(bias):
+    hf = tiny_gemma2(bias=bias)
+    model, x = to_canonical(hf), inputs_for(hf)
+    assert x.shape[1] > hf.config.sliding_window  # longer than the window: the mask matters
+    config = model.config
+    assert (config.sliding_window, config.sliding_layers) == (4, [0])
+    assert (config.attn_softcap, config.logit_softcap) == (4.0, 5.0)
+    with torch.no_grad():
+        assert_close_rel(model(x), hf(x).logits, FEW_OPS, "canonical vs HF logits")
+        post = 1 + hf.model.layers[1].post_feedforward_layernorm.weight
+        assert torch.equal(model.params()["blocks.1.mlp_post"], post)
+        # each cap bends the logits: without it the model computes something else
+        for cap in ("attn_softcap", "logit_softcap"):
+            uncapped = CanonicalTransformer(dataclasses.replace(config, **{cap: None}), model.params())
+            assert relative_deviation(uncapped(x), hf(x).logits) > 1e-3, cap
+
+
+# Gemma's group with the residual stream narrowed to permutations (blocks/sandwich.py says why)
+CASES = {
+    ("residual", "permutation"),
+    ("heads", "permutation"),
+    ("heads", "semi_permutation"),
+    ("qheads", "permutation"),
+    ("qk", "rotary_scale"),
+    ("vo", "invertible"),
+    ("vo", "orthogonal_scale"),
+    ("mlp", "permutation"),
+    ("mlp_scale", "diagonal"),
+}
+
+
+@pytest.fixture(scope="module")
+def gemma2():
+    hf = tiny_gemma2()
+    return to_canonical(hf), inputs_for(hf)
+
+
+def test_the_cases_are_what_the_spec_claims(gemma2):
+    assert claimed(gemma2[0]) == CASES
+
+
+@pytest.mark.parametrize("kind,group", sorted(CASES))
+def test_symmetry_preserves_function(gemma2, kind, group):
+    model, x = gemma2
+    assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_gemma2(seed=0), tiny_gemma2(seed=1), next_token_data(61)
+
+
+@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
+def test_alignment_keeps_b(pair, method, tmp_path):
+    hf_a, hf_b, data = pair
+    assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
+
+
+def test_export_reloads_and_matches(tmp_path):
+    hf = tiny_gemma2(bias=True)
+    model, x = to_canonical(hf), inputs_for(hf)
+    loaded = type(hf).from_pretrained(export_hf(model, hf, tmp_path / "out")).eval()
+    with torch.no_grad():
+        assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
+    for name in ("post_attention_layernorm", "post_feedforward_layernorm"):
+        assert torch.allclose(getattr(loaded.model.layers[1], name).weight, getattr(hf.model.layers[1], name).weight)
+
+
+def test_an_export_to_a_template_with_other_caps_is_refused(tmp_path):
+    hf = tiny_gemma2(layers=1)
+    template = tiny_gemma2(layers=1)
+    template.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="soft caps"):
+        export_hf(to_canonical(hf), template, tmp_path / "out")
+
+
+def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
+    results = cli_on_two_folders(
+        monkeypatch, capsys, tmp_path, "gemma2", dtype=torch.bfloat16, hidden_act="gelu_pytorch_tanh", max_positions=16
+    )
+    assert results["stored_dtype"] == "bfloat16"
+    assert results["symmetry"]["residual"] == "permutation"
+    assert results["symmetry"]["blocks"] == {
+        "attention": "grouped",
+        "mlp": "gated",
+        "head_spaces": ["qk", "vo"],
+        "branch": "sandwich",
+    }
+    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
