@@ -72,18 +72,19 @@ def test_a_run_measures_every_method_at_every_saved_step_and_a_rerun_trains_noth
         "pairing=all",
         "matcher.methods=[vanilla,weight]",
         "train.max_epochs=1",
-        "train.save_steps=2",
+        "data.limit_train=128",  # two optimizer steps
+        "train.save_steps=1",
     )
     results = run_pipeline(cfg, tmp_path / "run")
     series = results["series"]
-    assert series["steps"] == [0, 2, 4]
+    assert series["steps"] == [0, 1, 2]
     assert "differs from the cached endpoint" not in caplog.text  # the last snapshot is the endpoint
     for name, method in results["methods"].items():  # the last step is the finished endpoints
-        assert series["barrier"]["4"][name] == pytest.approx(method["barrier"], abs=1e-9)
-        assert series["pair_barriers"]["4"][name] == pytest.approx([p["barrier"] for p in method["pairs"]])
+        assert series["barrier"]["2"][name] == pytest.approx(method["barrier"], abs=1e-9)
+        assert series["pair_barriers"]["2"][name] == pytest.approx([p["barrier"] for p in method["pairs"]])
     last = [losses[-1] for losses in series["endpoint_loss"].values()]
     assert last == pytest.approx([e["test_loss"] for e in results["endpoints"]], abs=1e-6)
-    assert series["barrier"]["0"]["vanilla"] != series["barrier"]["4"]["vanilla"]
+    assert series["barrier"]["0"]["vanilla"] != series["barrier"]["2"]["vanilla"]
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["series"]["barrier"] == series["barrier"]
     vanilla = saved["matrix"]["pairwise"]["vanilla"]
@@ -97,7 +98,7 @@ def test_a_run_measures_every_method_at_every_saved_step_and_a_rerun_trains_noth
     cached = build_model(cfg.model)
     EndpointCache(Path(cfg.cache_dir)).load(cache_key(cfg), 0, cached)
     folder = snapshot_dir(EndpointCache(Path(cfg.cache_dir)).entry(cache_key(cfg), 0).parent, 0)
-    assert recorded_total(folder) == 4 and same(load_snapshot(build_model(cfg.model), folder, 4), cached)
+    assert recorded_total(folder) == 2 and same(load_snapshot(build_model(cfg.model), folder, 2), cached)
     assert not same(load_snapshot(build_model(cfg.model), folder, 0), cached)  # training moved it
     plain = copy.deepcopy(cfg)
     plain.train.save_steps = None
@@ -108,14 +109,18 @@ def test_a_run_measures_every_method_at_every_saved_step_and_a_rerun_trains_noth
         raise AssertionError("trained again")
 
     monkeypatch.setattr(endpoint_stage, "train_endpoint", no_training)
+    monkeypatch.setattr("glmc.pipeline.run.write_connectivity", lambda *args: [])  # drawn above: not again
+    monkeypatch.setattr("glmc.pipeline.outputs.plot_barrier_curves", lambda methods, path, title: None)
     monkeypatch.setattr("glmc.pipeline.series.train_endpoint", no_training)
-    shutil.copy(folder / "step_0.safetensors", folder / "step_4.safetensors")  # as if trained again elsewhere
+    shutil.copy(folder / "step_0.safetensors", folder / "step_2.safetensors")  # as if trained again elsewhere
     again = run_pipeline(cfg, tmp_path / "again")
-    assert again["series"]["barrier"]["2"] == series["barrier"]["2"]
+    assert again["series"]["barrier"]["1"] == series["barrier"]["1"]
     assert "seed 0: the snapshot of the last step differs from the cached endpoint" in caplog.text
 
 
-def test_folders_given_as_a_series_are_measured_at_every_position(tmp_path, tiny_overrides):
+def test_folders_given_as_a_series_are_measured_at_every_position(tmp_path, tiny_overrides, monkeypatch):
+    monkeypatch.setattr("glmc.pipeline.run.write_connectivity", lambda *args: [])  # figures: tested above
+    monkeypatch.setattr("glmc.pipeline.outputs.plot_barrier_curves", lambda methods, path, title: None)
     lists = []
     for seed, who in enumerate("ab"):
         for step in (0, 5):
@@ -159,7 +164,7 @@ class Recorded:
         self.logged.update(row)
 
 
-def test_the_series_is_drawn_and_logged_to_wandb_as_a_line_plot(tmp_path, monkeypatch):
+def test_the_series_is_logged_to_wandb_as_a_line_plot_beside_its_figure(tmp_path, monkeypatch):
     # W&B's own plot and image objects, recorded (wandb.plot.line_series takes these keywords)
     plots = types.SimpleNamespace(line_series=lambda xs, ys, keys, xname, title: ("lines", keys, xs, ys, xname))
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(plot=plots, Image=lambda path: ("image", path)))
@@ -171,6 +176,8 @@ def test_the_series_is_drawn_and_logged_to_wandb_as_a_line_plot(tmp_path, monkey
         "endpoint_loss": {"0": [2.0, 1.0], "1": [2.2, 1.2]},
     }
     results = {"model": "m", "dataset": "d", "series": series}
+    drawn = lambda series, path, title: path.write_bytes(b"png") and path  # noqa: E731 (drawn in the run above)
+    monkeypatch.setattr("glmc.pipeline.series.plot_series", drawn)
     tracker = Tracker(compose_config("logger=wandb"), tmp_path)
     tracker.run = Recorded()
     files = write_connectivity(results, tmp_path, tracker)
