@@ -30,6 +30,7 @@ RUNS = {
     "gemma": ("experiment=llama_text", "model=gemma_text"),
     "gemma2": ("experiment=llama_text", "model=gemma2_text"),
     "qwen3": ("experiment=llama_text", "model=qwen3_text"),
+    "mixtral": ("experiment=llama_text", "model=mixtral_text"),
     "opt": ("experiment=demo_text", "model=opt_text"),
     "gpt_neox": ("model=pythia_text", "data=pydoc"),
 }
@@ -43,6 +44,8 @@ CHANGED = {
     "qkv_bias": (False,),
     "vocab_size": (300, 400),
     "max_positions": (96, 80),
+    "num_experts": (6, 3),
+    "experts_per_token": (1, 3),
     "head": ("classification", "mlm"),
     "type_vocab_size": (3, 4),
     "num_kv_heads": (1, 4),

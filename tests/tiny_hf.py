@@ -312,3 +312,33 @@ def tiny_gemma2(seed=0, hidden=16, heads=4, kv_heads=2, head_dim=8, mlp=24, laye
     model = Gemma2ForCausalLM(config)
     _draw(model, seed, norm_gain=0.0)
     return model.eval()
+
+
+def tiny_mixtral(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, top_k=2, layers=2, window=None):
+    """A tiny Mixtral (grouped-query attention, a mixture of `experts` SwiGLU experts, `top_k` per token),
+    weights and every norm's gain drawn as tiny_llama's (random routers: no ties between experts);
+    `window`: a sliding window in every layer."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(seed)
+    config = MixtralConfig(
+        vocab_size=61,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        sliding_window=window,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
+    model = MixtralForCausalLM(config)
+    _draw(model, seed, norm_gain=1.0)
+    return model.eval()

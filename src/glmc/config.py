@@ -59,6 +59,9 @@ class ModelConfig:
     # GPT-NeoX only: the share of each head's dims that rotate, and whether attention and MLP read one input
     rotary_pct: float = setting(0.25, "share")
     parallel_residual: bool = True
+    # mixtures of experts (Mixtral) only: experts per MLP, and the experts each token is routed to
+    num_experts: int = setting(8, "count")
+    experts_per_token: int = setting(2, "count")
 
 
 @dataclass

@@ -261,16 +261,17 @@ class ActivationMatcher(Matcher):
         context = context or MatchContext()
         start = time.perf_counter()
         states = residual_states(a.num_layers, self.residual)
-        names = self.recorded_names(a.num_layers, states)
+        spec = SymmetrySpec.from_model(a)
+        units = self.mlp != "none" and "mlp.0" in spec.spaces  # a mixture of experts has no MLP units
+        names = self.recorded_names(a.num_layers, states, units)
         batches = itertools.islice(iter(context.train_batches(self.name)), self.batches)
         moments = record_moments(a, b, batches, names, a.task, context.device) if names else {}
         recorded = time.perf_counter()
 
         transform, correlation = Transform(), {}
         joint: dict[int, Tensor] = {}  # heads=ignore: per layer, one permutation of all heads' features
-        spec = SymmetrySpec.from_model(a)
         for l in range(a.num_layers):
-            if self.mlp != "none":
+            if units:
                 self.match_mlp(moments[f"blocks.{l}.mlp_act"], spec, l, transform, correlation)
             if self.heads == "ignore":
                 corr = moments[f"blocks.{l}.heads"].correlation()
@@ -306,10 +307,11 @@ class ActivationMatcher(Matcher):
                 "by one: use heads=two_stage, monotonic or none"
             )
 
-    def recorded_names(self, layers: int, states: list[str]) -> set[str]:
-        """The activations to record: the residual `states`, and per layer the MLP units and heads' outputs."""
+    def recorded_names(self, layers: int, states: list[str], units: bool) -> set[str]:
+        """The activations to record: the residual `states`, and per layer the MLP units (`units`) and heads'
+        outputs."""
         names = set(states)
-        names |= {f"blocks.{l}.mlp_act" for l in range(layers)} if self.mlp != "none" else set()
+        names |= {f"blocks.{l}.mlp_act" for l in range(layers)} if units else set()
         names |= {f"blocks.{l}.heads" for l in range(layers)} if self.heads != "none" else set()
         return names
 

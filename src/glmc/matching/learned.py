@@ -50,6 +50,14 @@ def as_dense(g) -> Tensor:
 
 # per-group and per-unit spaces that no latent learns, and the learned space that orders their elements
 CARRIED = {"qheads": "heads", "qk": "heads", "vo": "heads", "mlp_scale": "mlp"}
+# spaces no latent learns whose elements act on axes no latent moves: kept as weight matching found them
+# (a task head's hidden state; a mixture's expert order and each expert's units)
+KEPT = (HEAD_HIDDEN, "experts", "expert_units")
+
+
+def kept(transform: Transform, learned: dict) -> Transform:
+    """The elements of `transform` in KEPT spaces that have no latent in `learned`."""
+    return Transform({n: g for n, g in transform.items() if n.partition(".")[0] in KEPT and n not in learned})
 
 
 def _rows(g: Element, index: Tensor) -> Element:
@@ -167,8 +175,7 @@ class LearnedMatcher(Matcher):
             return self.keep_start(a, b, begun.start, next(iter(loader))[0], diverged, diagnostics)
 
         learned = module.hard_transform()
-        kept = {n: g for n, g in begun.fixed.items() if n == HEAD_HIDDEN}  # acts on axes no latent moves
-        hard = Transform({**learned, **carried_along(begun.fixed, learned), **kept})  # acts on B itself
+        hard = Transform({**learned, **carried_along(begun.fixed, learned), **kept(begun.fixed, learned)})
         aligned = apply(hard, b)
         inputs = next(iter(loader))[0]
         with torch.no_grad():
@@ -213,7 +220,7 @@ class LearnedMatcher(Matcher):
         # spaces without latents (grouped rotary models; a post-LN head's own hidden state): weight
         # matching's elements, applied to B first
         fixed = carried_along(start, start, inverse=True)
-        fixed.update({n: g for n, g in start.items() if n == HEAD_HIDDEN and n not in kinds})
+        fixed.update(kept(start, kinds))
         b_fixed = apply(fixed, b) if fixed else b
         return Begun(start, wm, fixed, b_fixed, time.perf_counter() - tick)
 

@@ -113,13 +113,14 @@ def weight_matching(
     reuse: bool = True,
     layerwise: bool | None = None,
     device: str | torch.device | None = None,
+    experts: bool = True,
 ) -> tuple[Transform, dict[str, Any]]:
     """Transform T (float32 elements, on B's device) with T(B) close to A in weight space; diagnostics hold
     the per-iteration objective. The search runs in `dtype` (Procrustes and cancellations in float64) on
     `device` (None: where A's weights are). `tokens`: the vocabulary rows compared (None: all). `threads`:
     layers' MLP assignments solved at once (None: torch's thread count; the same solutions). `reuse`: skip
     work whose inputs did not change. `layerwise`: B's transformed weights built layer by layer (the same
-    floats; None: by size)."""
+    floats; None: by size). `experts`: whether a mixture's experts are reordered (glmc.matching.experts)."""
     if residual not in ("orthogonal", "permutation", "none"):
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
@@ -128,7 +129,7 @@ def weight_matching(
         problem = MatchingProblem.build(model_a, model_b, dtype, tokens, layerwise, device)
         state = start_state(problem, residual, heads, mlp)
         carried = Reuse.build(problem, residual, heads, mlp, reuse)
-        steps = iteration_steps(problem, carried, residual, keep_mean, heads, mlp, threads)
+        steps = iteration_steps(problem, carried, residual, keep_mean, heads, mlp, threads, experts)
         best_t, best, values, per_iteration = _search(steps, Objective(problem, carried), state, max_iter, tol)
     best_t = best_t.to(device=_device_of(model_b), dtype=torch.float32)
     diagnostics = _diagnostics(best_t, best, values, per_iteration, state, carried)
@@ -172,7 +173,8 @@ class WeightMatcher(Matcher):
 
     qk / vo: "circuit" interpolates those pairs as circuits, "none" factored. keep_mean: "auto" fixes the
     all-ones vector when both streams are mean-zero, "always" requires that, "never" does not. device:
-    where the search runs (search_device)."""
+    where the search runs (search_device). experts: "permutation" reorders a mixture's experts, "fixed"
+    keeps their order (their units are matched either way)."""
 
     def __init__(
         self,
@@ -187,9 +189,10 @@ class WeightMatcher(Matcher):
         vocabulary: str = "train",
         keep_mean: str = "never",
         device: str = "auto",
+        experts: str = "permutation",
     ):
         check_settings(WeightMatcherConfig, f"matcher.{name}", locals())  # the ranges glmc.settings declares
-        self.keep_mean, self.device = keep_mean, device
+        self.keep_mean, self.device, self.experts = keep_mean, device, experts
         self.name, self.residual, self.heads, self.mlp = name, residual, heads != "none", mlp != "none"
         self.circuits, self.max_iter, self.tol, self.vocabulary = circuit_pairs(qk, vo), max_iter, tol, vocabulary
 
@@ -210,6 +213,7 @@ class WeightMatcher(Matcher):
             tokens=tokens,
             keep_mean=keep_mean,
             device=device,
+            experts=self.experts == "permutation",
         )
         diagnostics["keep_mean"] = keep_mean
         if tokens is not None:

@@ -149,7 +149,7 @@ def start_state(problem: MatchingProblem, residual: str, heads: bool, mlp: bool)
         if problem.grouped:
             query_heads = [spec[f"qheads.{l}"] for l in layers]
             perms.update({q.name: Permutation.identity(q.size, q.heads) for q in query_heads})
-    if mlp:
+    if mlp and f"mlp.{layers[0]}" in spec.spaces:  # a mixture of experts has none (glmc.matching.experts)
         perms.update({f"mlp.{l}": Permutation.identity(spec[f"mlp.{l}"].size) for l in layers})
         if problem.gated:
             perms.update({f"mlp_scale.{l}": Diagonal.identity(spec[f"mlp_scale.{l}"].size) for l in layers})
@@ -191,7 +191,7 @@ class Reuse:
         spec, layers, pa, pb = problem.spec, problem.layers, problem.pa, problem.pb
         # MLP cosines move by at most the map's move, so their assignments carry over (not gated; below
         # PARALLEL_UNITS units the solver is as cheap)
-        big = mlp and spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS
+        big = mlp and f"mlp.{layers[0]}" in spec.spaces and spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS
         warm = WarmAssignments() if reuse and big and not problem.gated and residual != "none" else None
         # head costs move by at most circuit_move: theirs carry over too (not in grouped rotary models)
         head_warm = WarmAssignments() if reuse and heads and not problem.grouped and residual != "none" else None

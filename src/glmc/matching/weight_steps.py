@@ -10,6 +10,7 @@ from torch import Tensor
 
 from glmc.matching.assignment import PARALLEL_UNITS, assign_layers, group_assignment, projected, warm_layers
 from glmc.matching.circuits import circuit_cost, circuit_move, head_similarity
+from glmc.matching.experts import ExpertsStep, has_experts
 from glmc.matching.in_head import in_head_maps, rotary_head_cost
 from glmc.matching.mlp_units import gated_mlp_similarity, mlp_similarity, unit_scales
 from glmc.matching.projections import polar_factor
@@ -194,15 +195,25 @@ def head_pairs(problem: MatchingProblem) -> frozenset[str]:
 
 
 def iteration_steps(
-    problem: MatchingProblem, reuse: Reuse, residual: str, keep_mean: bool, heads: bool, mlp: bool, threads: int | None
-) -> list[Step]:
-    """One iteration's steps, in order, each chosen once for the models at hand."""
-    steps: list[Step] = [] if residual == "none" else [ResidualStep(problem, reuse, residual, keep_mean)]
+    problem: MatchingProblem,
+    reuse: Reuse,
+    residual: str,
+    keep_mean: bool,
+    heads: bool,
+    mlp: bool,
+    threads: int | None,
+    experts: bool = True,
+) -> list[Step | ExpertsStep]:
+    """One iteration's steps, in order, each chosen once for the models at hand (the MLP units and experts
+    their blocks declare); `experts`: whether experts are reordered."""
+    steps: list[Step | ExpertsStep] = [] if residual == "none" else [ResidualStep(problem, reuse, residual, keep_mean)]
     steps.append(ApplyResidual(problem, reuse))
     if heads:
         steps.append((GroupedHeads if problem.grouped else CircuitHeads)(problem, reuse))
-    if mlp:
+    if mlp and f"mlp.{problem.layers[0]}" in problem.spec.spaces:
         steps.append((GatedMlp if problem.gated else PlainMlp)(problem, reuse, threads))
+    if mlp and has_experts(problem):
+        steps.append(ExpertsStep(problem, experts))
     if problem.factored and head_pairs(problem):
         steps.append(InHeadMaps(problem, reuse))
     if problem.hidden is not None:

@@ -92,6 +92,10 @@ class CanonicalConfig:
     logit_softcap: float | None = None
     # the rotary base of the sliding-window layers where it is not rope_theta (Gemma 3); None: rope_theta
     rope_local_theta: float | None = None
+    # mixture-of-experts blocks: the experts each token goes to, and whether their router weights are
+    # renormalised to sum to 1 over those (Mixtral) or kept as the softmax over all experts gave them
+    experts_top_k: int | None = None
+    experts_renormalise: bool = True
 
     def __post_init__(self):
         self.activation = canonical_activation(self.activation)
@@ -159,7 +163,7 @@ def canonical_forward(
         if not config.parallel_residual:  # parallel: the MLP reads the block's input, as attention did
             h = read(x)
         rec(pre + "mlp_in", h)
-        x = x + branch(config, p, pre, "mlp", mlp(p, pre, h, act, rec))
+        x = x + branch(config, p, pre, "mlp", mlp(config, p, pre, h, act, rec))
         rec(pre + "mlp_out", x)
     x = norm(x)
     rec("final", x)
@@ -188,7 +192,7 @@ def _post_norm_blocks(config, p, x, act, attention, mlp, record, rec) -> Tensor:
         x = layer_norm(h, p[pre + "ln1_w"], p[pre + "ln1_b"], config.norm_eps)
         rec(pre + "attn_out", x)
         rec(pre + "mlp_in", x)
-        h = x + mlp(p, pre, x, act, rec)
+        h = x + mlp(config, p, pre, x, act, rec)
         x = layer_norm(h, p[pre + "ln2_w"], p[pre + "ln2_b"], config.norm_eps)
         rec(pre + "mlp_out", x)
     rec("final", x)

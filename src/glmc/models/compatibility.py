@@ -54,8 +54,11 @@ def _differences(a: CanonicalTransformer, b: CanonicalTransformer, equal_mlp: bo
         if "qk" in sa:
             yield f"has query/key head dim {{}} in layer {l}", sb["qk"][l], sa["qk"][l]
             yield f"has value head dim {{}} in layer {l}", sb["vo"][l], sa["vo"][l]
-        if equal_mlp:
+        if equal_mlp and "mlp" in sa:
             yield f"has MLP width {{}} in layer {l}", sb["mlp"][l], sa["mlp"][l]
+        for kind, what in (("experts", "experts"), ("expert_units", "units per expert")):
+            if kind in sa:
+                yield f"has {{}} {what} in layer {l}", sb[kind][l], sa[kind][l]
 
 
 def check_compatible(a: CanonicalTransformer, b: CanonicalTransformer, equal_mlp: bool = True) -> None:

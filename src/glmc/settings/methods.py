@@ -59,6 +59,8 @@ class WeightMatcherConfig:
     keep_mean: str = setting("never", choices=("auto", "always", "never"))
     # where the search's products run: auto = where the models are (or trainer=gpu's device)
     device: str = setting("auto", choices=("auto", "cpu", "cuda"))
+    # mixtures of experts: permutation reorders the experts (router rows with them), fixed keeps their order
+    experts: str = setting("permutation", choices=("permutation", "fixed"))
 
 
 @dataclass

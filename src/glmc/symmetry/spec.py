@@ -8,6 +8,8 @@ Derived from the roles its family gives each tensor (glmc.models.families), neve
                 spaces                          rotary_scale, with an invertible block on unrotated dims)
   mlp.{l}       MLP units (F)                   permutation; semi_permutation for plain ReLU-like MLPs
   mlp_scale.{l} a gated MLP's linear branch     diagonal
+  experts.{l}   a mixture's experts (E)         permutation (router rows with their experts)
+  expert_units.{l} per expert, its units (F)    permutation, one per expert
   head_hidden   a task head's own hidden state  permutation
 In circuit form qk and vo are absorbed by the representation (`absorbed` names them). Each space lists
 the (parameter, axis, side) triples it acts on: "out" where the parameter writes into it (it gets g),
@@ -122,7 +124,9 @@ def _space(config, family, name, kind, layer, axes, params) -> Space:
         return Space(name, kind, layer, size, ("invertible", "orthogonal_scale"), axes, heads=heads)
     if kind == "mlp_scale":
         return Space(name, kind, layer, size, ("diagonal",), axes)
-    relu_like = config.activation in RELU_FAMILY and family.mlp_kind == "plain"
+    if heads is not None:  # units within each head or expert: one permutation per batch entry
+        return Space(name, kind, layer, size, ("permutation",), axes, heads=heads)
+    relu_like = kind == "mlp" and config.activation in RELU_FAMILY and family.mlp_kind == "plain"
     classes = ("permutation", "semi_permutation") if relu_like else ("permutation",)
     # positive homogeneity: act(w z) = w act(z), so copies scale their input weights by the shares
     return Space(name, kind, layer, size, classes, axes, shares_on="out")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from glmc.models.families.roles import HEAD_PAIRS
 from glmc.symmetry.groups import (
     CLASSES,
     Diagonal,
@@ -41,7 +42,9 @@ class Transform(dict[str, Element]):
             if kind not in CLASSES:
                 raise ValueError(f"class {kind!r} for space {space.name} is not one of {sorted(CLASSES)}")
             n = space.size
-            heads = heads_after.get(space.layer, space.heads) if space.heads is not None else None
+            heads = space.heads  # per expert (expert_units) as the spec says; per head after widening
+            if space.kind in ("qheads", *HEAD_PAIRS):
+                heads = heads_after.get(space.layer, space.heads)
             if kind == "permutation":
                 g = Permutation.sample(n, generator, heads)
             elif kind == "semi_permutation":

@@ -20,7 +20,7 @@ ROLES = (
 )
 
 
-def mlp(p, pre, h, act, rec):
+def mlp(config, p, pre, h, act, rec):
     """The gate branch goes through the activation, the in (up) branch stays linear."""
     a = act(F.linear(h, p[pre + "gate_w"], p[pre + "gate_b"])) * F.linear(h, p[pre + "in_w"], p[pre + "in_b"])
     rec(pre + "mlp_act", a)

@@ -18,7 +18,7 @@ ROLES = (
 )
 
 
-def mlp(p, pre, h, act, rec):
+def mlp(config, p, pre, h, act, rec):
     a = act(F.linear(h, p[pre + "in_w"], p[pre + "in_b"]))
     rec(pre + "mlp_act", a)
     return F.linear(a, p[pre + "out_w"], p[pre + "out_b"])

@@ -21,6 +21,8 @@ MODULES = {
     "plain": "glmc.models.blocks.plain",
     "gated": "glmc.models.blocks.gated",
     "sandwich": "glmc.models.blocks.sandwich",
+    "moe": "glmc.models.blocks.moe",
+    "moe_shared": "glmc.models.blocks.moe_shared",
 }
 
 # the residual classes a block admits where it reads the stream through the pre-norm and writes it linearly
@@ -33,9 +35,9 @@ class BlockKind:
     and what it leaves of the symmetry group.
 
     forward: attention (config, params, pre, h, record) -> the branch's output (B, T, D); an MLP
-    (params, pre, h, act, rec) -> the same. residual_classes: the residual classes that keep its function;
-    head_spaces: the per-head spaces (qk, vo) its roles act on, which weight matching may map; circuit: the
-    same sublayer in circuit form, None where it has none."""
+    (config, params, pre, h, act, rec) -> the same. residual_classes: the residual classes that keep its
+    function; head_spaces: the per-head spaces (qk, vo) its roles act on, which weight matching may map;
+    circuit: the same sublayer in circuit form, None where it has none."""
 
     name: str
     sublayer: str  # "attention" | "mlp" | "branch" (what a sublayer's output passes through: forward

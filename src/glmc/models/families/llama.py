@@ -71,8 +71,8 @@ def rope_scaling(cfg: Any) -> dict | None:
 
 def sliding_window(cfg: Any) -> tuple[int | None, list[int] | None]:
     """(window, the layers that use it, None for all) of a Hugging Face config; (None, None) without one
-    (Mistral: every layer; Qwen2, Qwen3: those its layer_types mark "sliding_attention")."""
-    if cfg.model_type == "mistral":  # MistralModel reads no layer_types
+    (Mistral, Mixtral: every layer; Qwen2, Qwen3: those its layer_types mark "sliding_attention")."""
+    if cfg.model_type in ("mistral", "mixtral"):  # their models read no layer_types
         return getattr(cfg, "sliding_window", None), None
     if cfg.model_type not in ("qwen2", "qwen3", "gemma2", "gemma3_text"):
         return None, None
@@ -132,10 +132,8 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
         for name, t in family.branch_norms(layer, g).items():
             p[pre + name] = t
         gamma = family.reader_gain(layer, "mlp", g)
-        units = mlp.gate_proj.out_features
-        p[pre + "gate_w"], p[pre + "gate_b"] = g(mlp.gate_proj.weight) * gamma, bias64(mlp.gate_proj, units)
-        p[pre + "in_w"], p[pre + "in_b"] = g(mlp.up_proj.weight) * gamma, bias64(mlp.up_proj, units)
-        p[pre + "out_w"], p[pre + "out_b"] = g(mlp.down_proj.weight), bias64(mlp.down_proj, D)
+        for name, t in family.mlp_params(mlp, g, gamma).items():
+            p[pre + name] = t
     p["head.w"] = g(model.lm_head.weight) * (family.norm_offset + g(inner.norm.weight))
 
     window, window_layers = sliding_window(cfg)
@@ -201,9 +199,7 @@ def llama_from_canonical(
         family.set_head_norms(attn, p, pre)
         set_linear(attn.o_proj, p(pre + "o_w").permute(2, 0, 1, 3).reshape(D, -1), p(pre + "o_b"), pre + "o")
         family.set_layer_norms(layer, p, pre, identity_gain)
-        set_linear(mlp.gate_proj, p(pre + "gate_w"), p(pre + "gate_b"), pre + "gate")
-        set_linear(mlp.up_proj, p(pre + "in_w"), p(pre + "in_b"), pre + "in")
-        set_linear(mlp.down_proj, p(pre + "out_w"), p(pre + "out_b"), pre + "out")
+        family.set_mlp(mlp, p, pre)
     inner.norm.weight.fill_(identity_gain)
     if hf.lm_head.weight is inner.embed_tokens.weight:
         raise ValueError("the exported model still ties lm_head to embed_tokens: cannot write a separate head")
@@ -221,7 +217,7 @@ def _check_heads(model: CanonicalTransformer, cfg: Any, family: LlamaFamily) -> 
     expected = (kv, cfg.num_attention_heads // kv, head_dim, head_dim, cfg.intermediate_size)
     for layer in range(model.num_layers):
         qk = params[f"blocks.{layer}.k_w"].shape[1]  # read off k_w: a block may have no qk space
-        got = (sizes["heads"][layer], sizes["qheads"][layer], qk, sizes["vo"][layer], sizes["mlp"][layer])
+        got = (sizes["heads"][layer], sizes["qheads"][layer], qk, sizes["vo"][layer], family.mlp_units(sizes, layer))
         if got != expected:
             raise ValueError(
                 f"layer {layer} has (key/value heads, query heads per group, qk dim, vo dim, MLP units) {got} but "
@@ -288,8 +284,34 @@ class LlamaFamily(TokenRotaryFamily):
         layer.input_layernorm.weight.fill_(identity_gain)
         layer.post_attention_layernorm.weight.fill_(identity_gain)
 
+    def mlp_params(self, mlp: nn.Module, g, gamma: Tensor) -> dict[str, Tensor]:
+        """A layer's MLP tensors (float64 by `g`), the pre-norm's gain `gamma` folded into the readers."""
+        units, width = mlp.gate_proj.out_features, mlp.down_proj.out_features
+        return {
+            "gate_w": g(mlp.gate_proj.weight) * gamma,
+            "gate_b": bias64(mlp.gate_proj, units),
+            "in_w": g(mlp.up_proj.weight) * gamma,
+            "in_b": bias64(mlp.up_proj, units),
+            "out_w": g(mlp.down_proj.weight),
+            "out_b": bias64(mlp.down_proj, width),
+        }
+
+    def set_mlp(self, mlp: nn.Module, p, pre: str) -> None:
+        """Export mlp_params' tensors (read by `p(name)`, float64) into the MLP module."""
+        set_linear(mlp.gate_proj, p(pre + "gate_w"), p(pre + "gate_b"), pre + "gate")
+        set_linear(mlp.up_proj, p(pre + "in_w"), p(pre + "in_b"), pre + "in")
+        set_linear(mlp.down_proj, p(pre + "out_w"), p(pre + "out_b"), pre + "out")
+
+    def mlp_units(self, sizes: dict[str, list[int]], layer: int) -> int:
+        """A layer's MLP units (layer_sizes), compared with the template's intermediate_size."""
+        return sizes["mlp"][layer]
+
     def config_extras(self, cfg: Any) -> dict[str, Any]:
         """CanonicalConfig fields beyond Llama's, read from the Hugging Face config."""
+        return {}
+
+    def build_extras(self, cfg: Any) -> dict[str, Any]:
+        """Hugging Face config fields beyond Llama's, from the model config (its model_keys beyond Llama's)."""
         return {}
 
     # the Hugging Face config and model classes `build` makes (a subclass family names its own)
@@ -318,6 +340,7 @@ class LlamaFamily(TokenRotaryFamily):
             pad_token_id=None,
             bos_token_id=None,
             eos_token_id=None,
+            **self.build_extras(cfg),
         )
         return self.model_class(config)
 

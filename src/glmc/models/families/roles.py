@@ -1,9 +1,10 @@
 """Roles of canonical tensors: where each symmetry space acts, as data.
 
 A `Role` names one canonical tensor ("{l}" for the layer) and lists its `Acts`: for a space kind
-(residual, heads, qheads, qk, vo, mlp, mlp_scale, head_hidden), the axis the group acts on and the side,
-"out" for a writer into the space (gets g), "in" for a reader (gets g's inverse transpose). `stage` says
-where in the stream the tensor sits. Each block kind lists the roles of its tensors (glmc.models.blocks); a
+(residual, heads, qheads, qk, vo, mlp, mlp_scale, experts, expert_units, head_hidden), the axis the group
+acts on and the side, "out" for a writer into the space (gets g), "in" for a reader (gets g's inverse
+transpose); `head_axis` makes a space batched: one element per head (or expert). `stage` says where in the
+stream the tensor sits. Each block kind lists the roles of its tensors (glmc.models.blocks); a
 family lists its embedding and head roles. A space's axes are listed (and applied) in role order.
 """
 
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-# the per-layer space kinds, in the order their spaces are listed (heads before the per-head qk and vo)
-LAYER_SPACES = ("heads", "qheads", "qk", "vo", "mlp", "mlp_scale")
+# the per-layer space kinds, in the order their spaces are listed (heads before the per-head qk and vo,
+# experts before the units of each expert)
+LAYER_SPACES = ("heads", "qheads", "qk", "vo", "mlp", "mlp_scale", "experts", "expert_units")
 # per-head attention pairs that the circuit form absorbs
 HEAD_PAIRS = ("qk", "vo")
 # the hidden state of a task head with a layer of its own (BERT's masked-LM transform or pooler)
@@ -25,7 +27,7 @@ HEAD_HIDDEN = "head_hidden"
 
 @dataclass(frozen=True)
 class Acts:
-    space: str  # residual | heads | qheads | qk | vo | mlp | mlp_scale
+    space: str  # residual | heads | qheads | qk | vo | mlp | mlp_scale | experts | expert_units | head_hidden
     axis: int
     side: str  # "out" | "in"
     head_axis: int | None = None

@@ -1,0 +1,73 @@
+"""The Mixtral family: Hugging Face MixtralForCausalLM <-> canonical Transformer, through the Llama conversion.
+
+Llama's attention with a mixture of SwiGLU experts for the MLP (blocks.moe): the router's rows and each
+expert's gate, up and down weights stacked, the post-attention RMSNorm's gain folded into the router and the
+experts' readers; top num_experts_per_tok experts, their softmax weights renormalised. Sliding windows
+convert as Mistral's do (every layer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import MixtralConfig, MixtralForCausalLM
+
+from glmc.models.export import set_param
+from glmc.models.families.llama import LlamaFamily
+from glmc.ranges import finite_number
+
+
+class MixtralFamily(LlamaFamily):
+    name = "mixtral"
+    model_types = ("mixtral",)
+    hf_classes = ("MixtralForCausalLM",)
+    mlp_kind = "moe"
+    own_model_keys = (*LlamaFamily.own_model_keys, "num_experts", "experts_per_token")
+    model_keys = (*LlamaFamily.model_keys, "num_experts", "experts_per_token")
+    config_class: Any = MixtralConfig
+    model_class: Any = MixtralForCausalLM
+
+    def build_extras(self, cfg: Any) -> dict[str, Any]:
+        return {"num_local_experts": cfg.num_experts, "num_experts_per_tok": cfg.experts_per_token}
+
+    def model_problems(self, model: Any, prefix: str, checked: set[str]) -> list[str]:
+        """Beyond Llama's: a token's experts must be among the experts there are."""
+        problems = super().model_problems(model, prefix, checked)
+        k, n = model.experts_per_token, model.num_experts
+        if {"num_experts", "experts_per_token"} & checked and finite_number(k) and finite_number(n) and k > n:
+            problems.append(
+                f"{prefix}.experts_per_token={k} is more than {prefix}.num_experts={n}: route each token to at "
+                f"most {n} experts"
+            )
+        return problems
+
+    def mlp_params(self, mlp: nn.Module, g, gamma: Tensor) -> dict[str, Tensor]:
+        experts = mlp.experts
+        gate, up = g(experts.gate_up_proj).chunk(2, dim=1)
+        return {
+            "router_w": g(mlp.gate.weight) * gamma,
+            "expert_gate_w": gate * gamma,
+            "expert_in_w": up * gamma,
+            "expert_out_w": g(experts.down_proj),
+        }
+
+    def set_mlp(self, mlp: nn.Module, p, pre: str) -> None:
+        set_param(mlp.gate.weight, p(pre + "router_w"), pre + "router_w")
+        joined = torch.cat([p(pre + "expert_gate_w"), p(pre + "expert_in_w")], 1)
+        set_param(mlp.experts.gate_up_proj, joined, pre + "expert_gate_w and expert_in_w")
+        set_param(mlp.experts.down_proj, p(pre + "expert_out_w"), pre + "expert_out_w")
+
+    def mlp_units(self, sizes: dict[str, list[int]], layer: int) -> int:
+        return sizes["expert_units"][layer]
+
+    def config_extras(self, cfg: Any) -> dict[str, Any]:
+        return {"experts_top_k": cfg.num_experts_per_tok, "experts_renormalise": True}
+
+    def input_properties(self, config, params):
+        yield from super().input_properties(config, params)
+        yield "routes each token to {} experts", config.experts_top_k
+
+
+FAMILY = MixtralFamily()

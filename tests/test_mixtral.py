@@ -1,0 +1,120 @@
+"""Mixtral (grouped-query attention, a mixture of SwiGLU experts: blocks.moe): exact conversion with and
+without a sliding window, every admitted symmetry, matchers that keep B (weight, activation, learned), a
+planted transform (residual map, expert order, each expert's units, heads) recovered exactly by weight
+matching and not without expert reordering, an export that reloads, and run.py on two bfloat16 folders."""
+
+import pytest
+import torch
+
+import glmc
+from glmc.matching.weight import weight_matching
+from glmc.models import to_canonical
+from glmc.models.export import export_hf
+from glmc.symmetry import SymmetrySpec, Transform, apply
+
+from family_checks import MATCHERS, assert_symmetry_keeps_function, claimed, cli_on_two_folders, next_token_data
+from numeric import FEW_OPS, FORWARD, assert_close_rel
+from tiny_hf import inputs_for, tiny_mixtral
+
+pytestmark = pytest.mark.numeric
+
+
+@pytest.mark.parametrize("window", [None, 4], ids=["full", "window"])
+def test_conversion_matches_hf(window):
+    hf = tiny_mixtral(window=window)
+    model, x = to_canonical(hf), inputs_for(hf)
+    assert x.shape[1] > (window or 0)  # longer than the window: the mask matters
+    assert (model.config.sliding_window, model.config.experts_top_k) == (window, 2)
+    with torch.no_grad():
+        assert_close_rel(model(x), hf(x).logits, FEW_OPS, "canonical vs HF logits")
+
+
+# Llama's, with the gated MLP's unit spaces replaced by the experts' (blocks/moe.py says why)
+CASES = {
+    ("residual", "orthogonal"),
+    ("residual", "permutation"),
+    ("heads", "permutation"),
+    ("heads", "semi_permutation"),
+    ("qheads", "permutation"),
+    ("qk", "rotary_scale"),
+    ("vo", "invertible"),
+    ("vo", "orthogonal_scale"),
+    ("experts", "permutation"),
+    ("expert_units", "permutation"),
+}
+
+
+@pytest.fixture(scope="module")
+def mixtral():
+    hf = tiny_mixtral(window=4)
+    return to_canonical(hf), inputs_for(hf)
+
+
+def test_the_cases_are_what_the_spec_claims(mixtral):
+    assert claimed(mixtral[0]) == CASES
+
+
+@pytest.mark.parametrize("kind,group", sorted(CASES))
+def test_symmetry_preserves_function(mixtral, kind, group):
+    model, x = mixtral
+    assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_mixtral(seed=0), tiny_mixtral(seed=1), next_token_data(61)
+
+
+@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
+def test_alignment_keeps_b(pair, method, tmp_path):
+    hf_a, hf_b, data = pair
+    trainer = {"accelerator": "cpu", "enable_progress_bar": False}
+    alignment = glmc.align(hf_a, hf_b, method, data=data, run_dir=tmp_path, trainer=trainer, **MATCHERS[method])
+    spaces = {name.split(".")[0] for name in alignment.transform}
+    assert {"heads", "qheads"} <= spaces and "mlp" not in spaces, spaces
+    # weight matching orders the experts; learned matching keeps its order and learns the rest
+    assert method == "activation" or {"experts", "expert_units"} <= spaces, spaces
+    assert alignment.function_preserving
+    x = next(iter(data))[0]
+    with torch.no_grad():
+        assert_close_rel(alignment.model(x), hf_b(x).logits, FORWARD, f"{method}: aligned B vs B")
+
+
+def test_a_planted_transform_is_recovered_exactly_and_only_with_expert_reordering():
+    a = to_canonical(tiny_mixtral(seed=3))
+    classes = {"residual": "orthogonal", "heads": "permutation", "qheads": "permutation"}
+    classes |= {"experts": "permutation", "expert_units": "permutation"}
+    planted = Transform.sample(SymmetrySpec.from_model(a), classes, torch.Generator().manual_seed(0))
+    assert any(not torch.equal(g.perm, torch.arange(4)) for n, g in planted.items() if n.startswith("experts."))
+    b = apply(planted, a)
+
+    def worst(experts: bool) -> float:
+        transform, _ = weight_matching(a, b, max_iter=5, experts=experts)
+        aligned = {k: v.detach() for k, v in apply(transform, b).params().items()}
+        return max(float((aligned[k] - v.detach()).abs().max() / v.abs().max()) for k, v in a.params().items())
+
+    assert worst(True) < 1e-5
+    assert worst(False) > 1e-2
+
+
+def test_export_reloads_and_matches(tmp_path):
+    hf = tiny_mixtral(window=4)
+    model, x = to_canonical(hf), inputs_for(hf)
+    loaded = type(hf).from_pretrained(export_hf(model, hf, tmp_path / "out")).eval()
+    with torch.no_grad():
+        assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
+    assert torch.allclose(loaded.model.layers[1].mlp.experts.down_proj, hf.model.layers[1].mlp.experts.down_proj)
+
+
+def test_a_template_with_other_experts_is_refused(tmp_path):
+    model = to_canonical(tiny_mixtral())
+    with pytest.raises(ValueError, match="blocks.0.router_w: canonical shape \\(4, 32\\) but the template has"):
+        export_hf(model, tiny_mixtral(experts=3), tmp_path / "out")
+
+
+def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
+    model = dict(hidden_act="silu", max_positions=16, num_experts=4)
+    results = cli_on_two_folders(monkeypatch, capsys, tmp_path, "mixtral", dtype=torch.bfloat16, **model)
+    assert results["stored_dtype"] == "bfloat16"
+    assert results["symmetry"]["blocks"]["mlp"] == "moe"
+    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
