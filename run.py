@@ -37,14 +37,10 @@ def main(cfg: DictConfig) -> float:
 
 
 def run(cfg: DictConfig) -> float:
-    import torch
-
     from glmc.pipeline.run import run_pipeline  # heavy imports after Hydra has validated the config
+    from glmc.threads import configure as configure_threads
 
-    if cfg.threads is not None:
-        if cfg.threads < 1:
-            raise ValueError(f"threads={cfg.threads}: use at least 1, or null for torch's default")
-        torch.set_num_threads(cfg.threads)
+    configure_threads(cfg.threads)  # auto: chosen again at each training stage from the cores free then
     results = run_pipeline(cfg, HydraConfig.get().runtime.output_dir)
     # The value a sweeper would minimise: the barrier of the last method listed (multi-model runs:
     # the simplex barrier of the last multi method).

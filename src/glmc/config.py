@@ -227,8 +227,9 @@ class Config:
     pairing: Pairing = Pairing.disjoint  # disjoint: (s0,s1),(s2,s3),...; all: every pair
     cache_dir: str = "outputs/endpoints"
     overwrite: bool = False  # replace results.json of a different config in a reused run folder
-    # torch's intra-op threads (None: all cores); parallel grid jobs set 1 so their pools do not fight
-    threads: int | None = None
+    # torch's intra-op threads: auto chooses them per stage from the cores other processes leave free
+    # (glmc.threads), N fixes them (parallel grid jobs set 1), null leaves torch's default
+    threads: Any = "auto"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

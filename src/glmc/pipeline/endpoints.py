@@ -46,6 +46,7 @@ from glmc.pipeline.hf_folders import (
 )
 from glmc.pipeline.side_by_side import SeedFailed, train_side_by_side
 from glmc.pipeline.tracking import Tracker
+from glmc.threads import adapt as adapt_threads
 from glmc.train.best_epoch import BestEpochWeights
 from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
 from glmc.train.endpoint import EndpointModule, SpawnPoint
@@ -202,6 +203,7 @@ def train_endpoint(
     )
     # Restore with weights_only=True where Lightning accepts it (the checkpoint holds tensors and plain data).
     restricted = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
+    adapt_threads(sum(p.numel() for p in module.parameters()), "endpoint training")  # threads=auto: free cores now
     trainer.fit(module, datamodule=data, ckpt_path=resume, **restricted)
     return module.model.cpu().eval(), None if best is None else best.kept()
 

@@ -20,6 +20,7 @@ from glmc.pipeline.targets import target_problems, trainer_arguments
 from glmc.ranges import RULES, setting_problems
 from glmc.safe_files import symlink_loop, unwritable
 from glmc.settings.methods import METHODS, MULTI_METHODS
+from glmc.threads import check_threads
 
 # endpoints of different widths (endpoint_models) share these with the first, and the keys their
 # family names (and the family, which every endpoint's data fixes): only the widths differ. A canonical
@@ -35,7 +36,7 @@ class ConfigError(ValueError):
 
 # (key, whether a value holds, what to do) for the run's settings that no rule of RULES says
 RUN_CHECKS = (
-    ("threads", lambda v: v is None or v >= 1, "use at least 1, or null for torch's default"),
+    ("threads", lambda v: check_threads(v) is None, "use auto, a count of at least 1, or null for torch's default"),
     ("seed_fixed", RULES["seed"].holds, RULES["seed"].fix),
     (
         "eval.num_lambdas",

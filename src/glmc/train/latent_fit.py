@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from glmc.threads import adapt as adapt_threads
 from glmc.train.resume import EpochCheckpoint, resumable
 
 
@@ -78,6 +79,8 @@ def fit_latents(module, context, folder: Path, settings, logger) -> tuple[float,
         limit_val_batches=0,
     )
     resume = resumable(last)
+    # threads=auto: chosen from the cores free now (a shared machine), for learned matching and refinement
+    adapt_threads(sum(p.numel() for p in module.parameters()), "latent training")
     stepped = exact and trainer.world_size == 1
     if stepped:
         context.data.train_start_step = 0 if resume is None else _checkpoint_step(resume)
