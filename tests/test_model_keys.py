@@ -30,6 +30,7 @@ RUNS = {
     "gemma": ("experiment=llama_text", "model=gemma_text"),
     "gemma2": ("experiment=llama_text", "model=gemma2_text"),
     "qwen3": ("experiment=llama_text", "model=qwen3_text"),
+    "olmo2": ("experiment=llama_text", "model=olmo2_text"),
     "mixtral": ("experiment=llama_text", "model=mixtral_text"),
     "opt": ("experiment=demo_text", "model=opt_text"),
     "gpt_neox": ("model=pythia_text", "data=pydoc"),

@@ -17,12 +17,12 @@ from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, appl
 from glmc.symmetry.groups import random_orthogonal
 
 from conftest import compose_config
-from tiny_hf import inputs_for, tiny_gemma2
+from tiny_hf import inputs_for, tiny_gemma2, tiny_olmo2
 
 pytestmark = pytest.mark.numeric
 
 KEEPS, CHANGES = 1e-5, 1e-3
-BUILDERS = {"gemma2": tiny_gemma2}
+BUILDERS = {"gemma2": tiny_gemma2, "olmo2": tiny_olmo2}
 
 
 @pytest.fixture(scope="module", params=sorted(BUILDERS))

@@ -342,3 +342,30 @@ def tiny_mixtral(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, top_
     model = MixtralForCausalLM(config)
     _draw(model, seed, norm_gain=1.0)
     return model.eval()
+
+
+def tiny_olmo2(seed=0, hidden=32, heads=4, kv_heads=2, mlp=48, layers=2, bias=False):
+    """A tiny OLMo-2 (norms only after the sublayers, one norm over all heads' queries and one over all
+    keys), weights and every norm's gain drawn as tiny_llama's."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Olmo2Config(
+        vocab_size=61,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        attention_bias=bias,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
+    model = Olmo2ForCausalLM(config)
+    _draw(model, seed, norm_gain=1.0)
+    return model.eval()

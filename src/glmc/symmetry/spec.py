@@ -111,8 +111,10 @@ def _space(config, family, name, kind, layer, axes, params) -> Space:
     if kind == HEAD_HIDDEN:  # a LayerNorm or tanh follows: neither homogeneous nor rotation-invariant
         return Space(name, kind, None, size, ("permutation",), axes)
     if kind == "heads":
-        # a head's output is linear in its output weights: copies split o_w (or ov) by their shares
-        return Space(name, kind, layer, size, ("permutation", "semi_permutation"), axes, shares_on="in")
+        # a head's output is linear in its output weights: copies split o_w (or ov) by their shares, where
+        # the attention kind keeps them (its head_classes)
+        classes = family.block_kinds(config.form)[0].head_classes
+        return Space(name, kind, layer, size, classes, axes, shares_on="in")
     heads = None if first.head_axis is None else params[first.param].shape[first.head_axis]
     if kind == "qheads":
         return Space(name, kind, layer, size, ("permutation",), axes, heads=heads)

@@ -18,6 +18,7 @@ MODULES = {
     "full": "glmc.models.blocks.full",
     "grouped": "glmc.models.blocks.grouped",
     "qk_norm": "glmc.models.blocks.qk_norm",
+    "qk_norm_all": "glmc.models.blocks.qk_norm_all",
     "plain": "glmc.models.blocks.plain",
     "gated": "glmc.models.blocks.gated",
     "sandwich": "glmc.models.blocks.sandwich",
@@ -47,6 +48,9 @@ class BlockKind:
     residual_classes: frozenset[str] = PRE_NORM_RESIDUAL
     head_spaces: frozenset[str] = frozenset()
     circuit: BlockKind | None = None
+    # the classes of the heads space it keeps: copies of a head (semi-permutations) change a norm taken
+    # over all heads' queries together, so such a kind keeps permutations only
+    head_classes: tuple[str, ...] = ("permutation", "semi_permutation")
 
     def __post_init__(self):
         acting = {a.space for role in self.roles for a in role.acts if a.space in HEAD_PAIRS}

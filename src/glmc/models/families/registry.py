@@ -17,6 +17,7 @@ MODULES = {
     "gemma": "glmc.models.families.gemma",
     "gemma2": "glmc.models.families.gemma2",
     "qwen3": "glmc.models.families.qwen3",
+    "olmo2": "glmc.models.families.olmo2",
     "mixtral": "glmc.models.families.mixtral",
     "opt": "glmc.models.families.opt",
     "gpt_neox": "glmc.models.families.gpt_neox",

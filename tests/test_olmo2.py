@@ -1,0 +1,146 @@
+"""OLMo-2 (no pre-norms, a norm after each sublayer, one norm over all heads' queries and one over all keys,
+blocks.qk_norm_all): exact conversion, every symmetry its spec claims and the maps its query/key norms remove,
+matchers that keep B, an export that reloads, and run.py on two bfloat16 folders."""
+
+import pytest
+import torch
+
+from glmc.models import to_canonical
+from glmc.models.canonical import CanonicalTransformer, relative_deviation
+from glmc.models.export import export_hf
+from glmc.symmetry import Invertible, SemiPermutation, SymmetrySpec, Transform, apply
+
+from family_checks import (
+    assert_alignment_keeps_b,
+    assert_symmetry_keeps_function,
+    claimed,
+    cli_on_two_folders,
+    next_token_data,
+)
+from numeric import FEW_OPS, FORWARD, assert_close_rel
+from tiny_hf import inputs_for, tiny_olmo2
+
+pytestmark = pytest.mark.numeric
+
+KEEPS, CHANGES = 1e-5, 1e-3
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["plain", "bias"])
+def test_conversion_matches_hf(bias):
+    hf = tiny_olmo2(bias=bias)
+    model, x = to_canonical(hf), inputs_for(hf)
+    with torch.no_grad():
+        assert_close_rel(model(x), hf(x).logits, FEW_OPS, "canonical vs HF logits")
+    attn = hf.model.layers[0].self_attn
+    assert torch.equal(
+        model.params()["blocks.0.q_norm"], (attn.scaling * attn.q_norm.weight.double()).float().reshape(2, 2, 8)
+    )
+    assert torch.equal(model.params()["blocks.1.attn_post"], hf.model.layers[1].post_attention_layernorm.weight)
+
+
+# Llama's without qk, head copies or an orthogonal stream (blocks/qk_norm_all.py, blocks/sandwich.py say why)
+CASES = {
+    ("residual", "permutation"),
+    ("heads", "permutation"),
+    ("qheads", "permutation"),
+    ("vo", "invertible"),
+    ("vo", "orthogonal_scale"),
+    ("mlp", "permutation"),
+    ("mlp_scale", "diagonal"),
+}
+
+
+@pytest.fixture(scope="module")
+def olmo2():
+    """The canonical tiny OLMo-2 in float64 (so that 1e-5 is far above rounding), with inputs."""
+    hf = tiny_olmo2()
+    model = to_canonical(hf)
+    return CanonicalTransformer(model.config, {k: v.double() for k, v in model.params().items()}), inputs_for(hf)
+
+
+def test_the_cases_are_what_the_spec_claims(olmo2):
+    assert claimed(olmo2[0]) == CASES
+
+
+@pytest.mark.parametrize("kind,group", sorted(CASES))
+def test_symmetry_preserves_function(olmo2, kind, group):
+    model, x = olmo2
+    assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
+
+
+def test_a_head_permutation_carries_the_norm_gains(olmo2):
+    model, _ = olmo2
+    spec = SymmetrySpec.from_model(model)
+    assert {ax.param for ax in spec["heads.0"].acts_on} >= {"blocks.0.q_norm", "blocks.0.k_norm"}
+    assert {ax.param for ax in spec["qheads.1"].acts_on} >= {"blocks.1.q_norm"}
+
+
+def _query_key_map(params: dict, layer: int, a: torch.Tensor) -> dict:
+    """q -> A q, k -> A^-T k for each key/value group's (K, dh, dh) map."""
+    pre, out = f"blocks.{layer}.", dict(params)
+    inv_t = torch.linalg.inv(a).transpose(1, 2)
+    out[pre + "q_w"] = torch.einsum("kij,kgjd->kgid", a, params[pre + "q_w"])
+    out[pre + "k_w"] = torch.einsum("kij,kjd->kid", inv_t, params[pre + "k_w"])
+    return out
+
+
+def test_the_maps_the_joint_norms_remove_change_logits_and_pair_signs_do_not(olmo2):
+    model, x = olmo2
+    params, gen = model.params(), torch.Generator().manual_seed(2)
+    groups, dh = params["blocks.1.k_w"].shape[:2]
+
+    def deviation(p) -> float:
+        with torch.no_grad():
+            return relative_deviation(CanonicalTransformer(model.config, p)(x), model(x))
+
+    invertible = Invertible.sample(groups, dh, gen, torch.float64).matrices
+    one_sign = torch.eye(dh, dtype=torch.float64).repeat(groups, 1, 1)
+    one_sign[:, 0, 0] = -1.0  # coordinate 0 alone, not its rotary partner dh/2
+    pair_signs = one_sign.clone()
+    pair_signs[:, dh // 2, dh // 2] = -1.0  # both coordinates of rotary pair 0
+    assert deviation(_query_key_map(params, 1, invertible)) > CHANGES
+    assert deviation(_query_key_map(params, 1, one_sign)) > CHANGES
+    assert deviation(_query_key_map(params, 1, pair_signs)) < KEEPS
+    # copying a head adds coordinates to the norm over all heads: not a symmetry here
+    copies = Transform({"heads.0": SemiPermutation.sample(groups, groups + 1, gen, torch.float64)})
+    with pytest.raises(ValueError, match="semi_permutation is not a symmetry of heads.0"):
+        apply(copies, model)
+    with torch.no_grad():
+        assert relative_deviation(apply(copies, model, strict=False)(x), model(x)) > CHANGES
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_olmo2(seed=0), tiny_olmo2(seed=1), next_token_data(61)
+
+
+@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
+def test_alignment_keeps_b(pair, method, tmp_path):
+    hf_a, hf_b, data = pair
+    assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
+
+
+def test_export_reloads_and_matches(tmp_path):
+    hf = tiny_olmo2(bias=True)
+    model, x = to_canonical(hf), inputs_for(hf)
+    loaded = type(hf).from_pretrained(export_hf(model, hf, tmp_path / "out")).eval()
+    with torch.no_grad():
+        assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
+    for name in ("post_attention_layernorm", "post_feedforward_layernorm"):
+        assert torch.allclose(getattr(loaded.model.layers[1], name).weight, getattr(hf.model.layers[1], name).weight)
+    assert torch.allclose(loaded.model.layers[0].self_attn.q_norm.weight, hf.model.layers[0].self_attn.q_norm.weight)
+
+
+def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
+    results = cli_on_two_folders(
+        monkeypatch, capsys, tmp_path, "olmo2", dtype=torch.bfloat16, hidden_act="silu", max_positions=16
+    )
+    assert results["stored_dtype"] == "bfloat16"
+    assert results["symmetry"]["residual"] == "permutation"
+    assert results["symmetry"]["blocks"] == {
+        "attention": "qk_norm_all",
+        "mlp": "gated",
+        "head_spaces": ["vo"],
+        "branch": "sandwich",
+    }
+    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
