@@ -32,6 +32,7 @@ RUNS = {
     "qwen3": ("experiment=llama_text", "model=qwen3_text"),
     "olmo2": ("experiment=llama_text", "model=olmo2_text"),
     "mixtral": ("experiment=llama_text", "model=mixtral_text"),
+    "qwen2_moe": ("experiment=llama_text", "model=mixtral_text", "model.family=qwen2_moe"),
     "opt": ("experiment=demo_text", "model=opt_text"),
     "gpt_neox": ("model=pythia_text", "data=pydoc"),
 }

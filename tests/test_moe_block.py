@@ -97,9 +97,9 @@ def test_a_shared_expert_keeps_its_gated_units_and_scales_and_the_experts_spaces
     p, width = dict(model.params()), model.width
     for l in range(model.num_layers):  # a gated shared expert of 8 units and its sigmoid gate
         for name, shape in (("gate_w", (8, width)), ("in_w", (8, width)), ("out_w", (width, 8))):
-            p[f"blocks.{l}.shared_{name}"] = 0.2 * torch.randn(shape, generator=gen, dtype=torch.float64)
+            p[f"blocks.{l}.{name}"] = 0.2 * torch.randn(shape, generator=gen, dtype=torch.float64)
         for name, size in (("gate_b", 8), ("in_b", 8), ("out_b", width)):
-            p[f"blocks.{l}.shared_{name}"] = 0.1 * torch.randn(size, generator=gen, dtype=torch.float64)
+            p[f"blocks.{l}.{name}"] = 0.1 * torch.randn(size, generator=gen, dtype=torch.float64)
         p[f"blocks.{l}.shared_sigmoid_w"] = 0.2 * torch.randn(1, width, generator=gen, dtype=torch.float64)
     shared = CanonicalTransformer(model.config, p)
     with torch.no_grad():
@@ -109,5 +109,5 @@ def test_a_shared_expert_keeps_its_gated_units_and_scales_and_the_experts_spaces
     classes = {"residual": "orthogonal", "mlp": "permutation", "mlp_scale": "diagonal", "experts": "permutation"}
     transform = Transform.sample(spec, {**classes, "expert_units": "permutation"}, torch.Generator().manual_seed(4))
     new = apply(transform, shared)
-    assert not torch.equal(new.params()["blocks.0.shared_in_w"], p["blocks.0.shared_in_w"])
+    assert not torch.equal(new.params()["blocks.0.in_w"], p["blocks.0.in_w"])
     assert deviation(shared, x, new) < KEEPS

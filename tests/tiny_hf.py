@@ -369,3 +369,37 @@ def tiny_olmo2(seed=0, hidden=32, heads=4, kv_heads=2, mlp=48, layers=2, bias=Fa
     model = Olmo2ForCausalLM(config)
     _draw(model, seed, norm_gain=1.0)
     return model.eval()
+
+
+def tiny_qwen2_moe(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, top_k=2, layers=2, norm=False):
+    """A tiny Qwen2-MoE (Qwen2's attention with biases, `experts` SwiGLU experts, `top_k` per token, a shared
+    expert of 24 units behind its sigmoid gate), weights and norm gains drawn as tiny_llama's; `norm`:
+    norm_topk_prob. Sliding windows in every other layer (window 4)."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2MoeConfig(
+        vocab_size=61,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        moe_intermediate_size=mlp,
+        shared_expert_intermediate_size=24,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=norm,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=layers,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
+    model = Qwen2MoeForCausalLM(config)
+    _draw(model, seed, norm_gain=1.0)
+    return model.eval()

@@ -74,7 +74,7 @@ def sliding_window(cfg: Any) -> tuple[int | None, list[int] | None]:
     (Mistral, Mixtral: every layer; Qwen2, Qwen3: those its layer_types mark "sliding_attention")."""
     if cfg.model_type in ("mistral", "mixtral"):  # their models read no layer_types
         return getattr(cfg, "sliding_window", None), None
-    if cfg.model_type not in ("qwen2", "qwen3", "gemma2", "gemma3_text"):
+    if cfg.model_type not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text"):
         return None, None
     layer_types = list(getattr(cfg, "layer_types", None) or ())
     unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})

@@ -19,6 +19,7 @@ MODULES = {
     "qwen3": "glmc.models.families.qwen3",
     "olmo2": "glmc.models.families.olmo2",
     "mixtral": "glmc.models.families.mixtral",
+    "qwen2_moe": "glmc.models.families.qwen2_moe",
     "opt": "glmc.models.families.opt",
     "gpt_neox": "glmc.models.families.gpt_neox",
 }
