@@ -29,6 +29,7 @@ RUNS = {
     "llama": ("experiment=llama_text",),
     "gemma": ("experiment=llama_text", "model=gemma_text"),
     "gemma2": ("experiment=llama_text", "model=gemma2_text"),
+    "gemma3": ("experiment=llama_text", "model=gemma3_text"),
     "qwen3": ("experiment=llama_text", "model=qwen3_text"),
     "olmo2": ("experiment=llama_text", "model=olmo2_text"),
     "mixtral": ("experiment=llama_text", "model=mixtral_text"),

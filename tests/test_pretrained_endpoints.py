@@ -97,9 +97,9 @@ def pretrained(paths, *overrides, tmp_path=None):
     return compose_config(*FAST, *cache, "endpoints=pretrained", f"endpoints.paths=[{listed}]", *overrides)
 
 
-# gemma, gemma2, gpt_neox, mixtral, olmo2, opt and qwen3 run run.py on two folders with an export in their own
+# gemma, gemma2, gemma3, gpt_neox, mixtral, olmo2, opt and qwen3 run run.py on two folders with an export in their own
 # test files; qwen2_moe's layers are mixtral's with a gated shared expert, whose export its own file reloads
-OWN_FOLDER_TESTS = ("gemma", "gemma2", "gpt_neox", "mixtral", "olmo2", "opt", "qwen2_moe", "qwen3")
+OWN_FOLDER_TESTS = ("gemma", "gemma2", "gemma3", "gpt_neox", "mixtral", "olmo2", "opt", "qwen2_moe", "qwen3")
 
 
 @pytest.mark.parametrize("family", [f for f in family_names() if f not in OWN_FOLDER_TESTS])

@@ -1,5 +1,5 @@
-"""The sandwich-norm block (glmc.models.blocks.sandwich: a norm with a gain on each sublayer's output, Gemma 2
-and OLMo-2): a random residual permutation keeps the logits and carries the gains along, a random rotation
+"""The sandwich-norm block (glmc.models.blocks.sandwich: a norm with a gain on each sublayer's output, Gemma 2,
+Gemma 3 and OLMo-2): a random residual permutation keeps the logits and carries the gains along, a random rotation
 changes them; the family's residual classes narrow to permutation, and symmetry=orthogonal is refused by
 name, by the run config check and by glmc.align."""
 
@@ -17,12 +17,12 @@ from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, appl
 from glmc.symmetry.groups import random_orthogonal
 
 from conftest import compose_config
-from tiny_hf import inputs_for, tiny_gemma2, tiny_olmo2
+from tiny_hf import inputs_for, tiny_gemma2, tiny_gemma3, tiny_olmo2
 
 pytestmark = pytest.mark.numeric
 
 KEEPS, CHANGES = 1e-5, 1e-3
-BUILDERS = {"gemma2": tiny_gemma2, "olmo2": tiny_olmo2}
+BUILDERS = {"gemma2": tiny_gemma2, "gemma3": tiny_gemma3, "olmo2": tiny_olmo2}
 
 
 @pytest.fixture(scope="module", params=sorted(BUILDERS))

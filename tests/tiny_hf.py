@@ -403,3 +403,35 @@ def tiny_qwen2_moe(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, to
     model = Qwen2MoeForCausalLM(config)
     _draw(model, seed, norm_gain=1.0)
     return model.eval()
+
+
+def tiny_gemma3(seed=0, hidden=16, heads=4, kv_heads=2, head_dim=8, mlp=24, layers=2, window=4, scaling=None):
+    """A tiny Gemma 3 text model: Gemma 2's sandwich norms, RMSNorms on each head's queries and keys (gains
+    around 1, stored less one), sliding windows in every other layer (from the first) with a rotary base of
+    their own, `scaling`: a rotary scaling of the global layers."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    full = {"rope_type": "default", "rope_theta": 1000.0, **(scaling or {})}
+    config = Gemma3TextConfig(
+        vocab_size=61,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        query_pre_attn_scalar=12,
+        sliding_window=window,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        rope_parameters={"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}},
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
+    model = Gemma3ForCausalLM(config)
+    _draw(model, seed, norm_gain=0.0)
+    return model.eval()

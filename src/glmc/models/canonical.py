@@ -90,7 +90,7 @@ class CanonicalConfig:
     # Gemma 2's tanh caps: attention scores become cap * tanh(score / cap), and so do the logits; None: none
     attn_softcap: float | None = None
     logit_softcap: float | None = None
-    # the rotary base of the sliding-window layers where it is not rope_theta (Gemma 3); None: rope_theta
+    # the rotary base of the sliding-window layers, which rotate unscaled (Gemma 3); None: as the others
     rope_local_theta: float | None = None
     # mixture-of-experts blocks: the experts each token goes to, and whether their router weights are
     # renormalised to sum to 1 over those (Mixtral) or kept as the softmax over all experts gave them

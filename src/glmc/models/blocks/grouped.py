@@ -4,7 +4,7 @@ K key/value heads each shared by G query heads: q_w (K, G, dh, D), q_b (K, G, dh
 k_b, v_b (K, dh), o_w (K, G, D, dv), o_b (D); query head k * G + g reads head k. heads: the groups; qheads:
 the query heads within a group; qk, vo: one element per group (under rotary positions only the qk maps that
 commute with every position's rotation, symmetry.spec). Causal sliding windows mask as Hugging Face does
-(their layers rotate with config.rope_local_theta where set); config.attn_softcap caps the scores with a tanh,
+(their layers rotate unscaled with config.rope_local_theta where set); config.attn_softcap caps the scores with a tanh,
 which changes no symmetry (the scores are kept).
 """
 
@@ -62,8 +62,9 @@ def attention(config, p, pre, h, record=None, before_rotary: QueryKeyMap | None 
         q, k = before_rotary(q, k)
     window = layer_window(config, pre)
     if config.rope_theta is not None:
-        theta = config.rope_theta if window is None or config.rope_local_theta is None else config.rope_local_theta
-        rotary = (theta, config.rope_dim, config.rotary_dims, config.rope_scaling, config.rotary_freq_dim)
+        local = window is not None and config.rope_local_theta is not None
+        theta, scaling = (config.rope_local_theta, None) if local else (config.rope_theta, config.rope_scaling)
+        rotary = (theta, config.rope_dim, config.rotary_dims, scaling, config.rotary_freq_dim)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     mask = None if window is None else window_mask(q.shape[-2], window, h.device)

@@ -63,11 +63,12 @@ class Gemma2Family(GemmaFamily):
         return {"attn_softcap": cfg.attn_logit_softcapping, "logit_softcap": cfg.final_logit_softcapping}
 
     def to_hf(self, model, template) -> nn.Module:
-        caps = self.config_extras(template.config)
-        own = {key: getattr(model.config, key) for key in caps}
-        if caps != own:
+        theirs = self.config_extras(template.config)
+        own = {key: getattr(model.config, key) for key in theirs}
+        if theirs != own:
             raise ValueError(
-                f"the template's soft caps {caps} are not the model's {own}: export to a template with the same caps"
+                f"the template's soft caps (and rotary bases) {theirs} are not the model's {own}: export to a "
+                "template with the same"
             )
         return super().to_hf(model, template)
 
@@ -75,11 +76,15 @@ class Gemma2Family(GemmaFamily):
         return softcap(F.linear(x, p["head.w"]), config.logit_softcap)
 
     def build(self, cfg) -> nn.Module:
+        return self.model_class(self.config_class(**self.hf_settings(cfg)))
+
+    def hf_settings(self, cfg) -> dict[str, Any]:
+        """The Hugging Face config's settings for a model config (glmc.config.ModelConfig)."""
         kv_heads = cfg.num_kv_heads or cfg.num_heads
         if cfg.num_heads % kv_heads:
             raise ValueError(f"model.num_heads={cfg.num_heads} is not a multiple of model.num_kv_heads={kv_heads}")
         head_dim = cfg.hidden_size // cfg.num_heads
-        config = self.config_class(
+        return dict(
             vocab_size=cfg.vocab_size,
             hidden_size=cfg.hidden_size,
             intermediate_size=cfg.mlp_size,
@@ -101,7 +106,6 @@ class Gemma2Family(GemmaFamily):
             eos_token_id=None,
             attn_implementation="eager",  # soft-capping has no SDPA path
         )
-        return self.model_class(config)
 
     def input_properties(self, config, params):
         yield from super().input_properties(config, params)

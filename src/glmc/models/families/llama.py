@@ -42,9 +42,16 @@ def unread_rope_type(config: dict[str, Any]) -> tuple[str, Any] | None:
     return None
 
 
+def rope_parameters(cfg: Any, layer_type: str = "full_attention") -> dict:
+    """A Hugging Face config's rotary parameters, those of `layer_type` where it keeps one set per layer
+    type (Gemma 3: "full_attention", "sliding_attention")."""
+    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    return dict(params.get(layer_type) or {}) if layer_type in params else params
+
+
 def rope_theta(cfg: Any) -> float:
     """The rotary base of a Hugging Face config; NotImplementedError for rotary types not computed here."""
-    params = getattr(cfg, "rope_parameters", None) or {}
+    params = rope_parameters(cfg)
     rope_scaling(cfg)
     theta = params.get("rope_theta", getattr(cfg, "rope_theta", None))
     if theta is None:
@@ -55,7 +62,7 @@ def rope_theta(cfg: Any) -> float:
 def rope_scaling(cfg: Any) -> dict | None:
     """A Hugging Face config's rotary scaling as CanonicalConfig.rope_scaling (None: the default rotary);
     NotImplementedError for types other than glmc.models.rotary.SCALED_TYPES."""
-    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    params = rope_parameters(cfg)
     kind = params.pop("rope_type", params.pop("type", "default"))
     if kind == "default":
         return None

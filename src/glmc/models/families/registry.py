@@ -16,6 +16,7 @@ MODULES = {
     "llama": "glmc.models.families.llama",
     "gemma": "glmc.models.families.gemma",
     "gemma2": "glmc.models.families.gemma2",
+    "gemma3": "glmc.models.families.gemma3",
     "qwen3": "glmc.models.families.qwen3",
     "olmo2": "glmc.models.families.olmo2",
     "mixtral": "glmc.models.families.mixtral",

@@ -1,0 +1,117 @@
+"""Gemma 3's text model (Gemma 2's sandwich norms with a norm on each head's queries and keys, sliding-window
+layers with a rotary base of their own): exact conversion on sequences longer than the window, with and
+without a scaled global rotary, every symmetry its spec claims, matchers that keep B, an export that reloads,
+and run.py on two bfloat16 folders."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from glmc.models import to_canonical
+from glmc.models.canonical import CanonicalTransformer, relative_deviation
+from glmc.models.export import export_hf
+
+from family_checks import (
+    assert_alignment_keeps_b,
+    assert_symmetry_keeps_function,
+    claimed,
+    cli_on_two_folders,
+    next_token_data,
+)
+from numeric import FEW_OPS, FORWARD, assert_close_rel
+from tiny_hf import inputs_for, tiny_gemma3
+
+pytestmark = pytest.mark.numeric
+
+LINEAR = {"rope_type": "linear", "factor": 4.0}
+
+
+@pytest.mark.parametrize("scaling", [None, LINEAR], ids=["default", "linear"])
+def test_conversion_matches_hf(scaling):
+    hf = tiny_gemma3(scaling=scaling)
+    model, x = to_canonical(hf), inputs_for(hf)
+    config = model.config
+    assert x.shape[1] > config.sliding_window and config.sliding_layers == [0]
+    assert (config.rope_theta, config.rope_local_theta, config.rope_scaling) == (1000.0, 10.0, scaling)
+    with torch.no_grad():
+        assert_close_rel(model(x), hf(x).logits, FEW_OPS, "canonical vs HF logits")
+        # the local layers' own base matters: rotating them with the global one computes something else
+        one_base = CanonicalTransformer(dataclasses.replace(config, rope_local_theta=None), model.params())
+        assert relative_deviation(one_base(x), hf(x).logits) > 1e-3
+    attn = hf.model.layers[0].self_attn
+    assert torch.equal(model.params()["blocks.0.k_norm"], 1 + attn.k_norm.weight)
+
+
+def test_a_scaled_rotary_in_the_sliding_layers_is_refused():
+    hf = tiny_gemma3(layers=1)
+    hf.config.rope_parameters["sliding_attention"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10.0}
+    with pytest.raises(NotImplementedError, match="rope_parameters.sliding_attention.rope_type='linear'"):
+        to_canonical(hf)
+
+
+# Gemma 2's group without the per-head query/key maps (blocks/qk_norm.py, blocks/sandwich.py say why)
+CASES = {
+    ("residual", "permutation"),
+    ("heads", "permutation"),
+    ("heads", "semi_permutation"),
+    ("qheads", "permutation"),
+    ("vo", "invertible"),
+    ("vo", "orthogonal_scale"),
+    ("mlp", "permutation"),
+    ("mlp_scale", "diagonal"),
+}
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    hf = tiny_gemma3()
+    return to_canonical(hf), inputs_for(hf)
+
+
+def test_the_cases_are_what_the_spec_claims(gemma3):
+    assert claimed(gemma3[0]) == CASES
+
+
+@pytest.mark.parametrize("kind,group", sorted(CASES))
+def test_symmetry_preserves_function(gemma3, kind, group):
+    model, x = gemma3
+    assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_gemma3(seed=0), tiny_gemma3(seed=1), next_token_data(61)
+
+
+@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
+def test_alignment_keeps_b(pair, method, tmp_path):
+    hf_a, hf_b, data = pair
+    assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
+
+
+def test_export_reloads_and_matches(tmp_path):
+    hf = tiny_gemma3(scaling=LINEAR)
+    model, x = to_canonical(hf), inputs_for(hf)
+    loaded = type(hf).from_pretrained(export_hf(model, hf, tmp_path / "out")).eval()
+    with torch.no_grad():
+        assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
+    for name in ("q_norm", "k_norm"):
+        assert torch.allclose(
+            getattr(loaded.model.layers[1].self_attn, name).weight, getattr(hf.model.layers[1].self_attn, name).weight
+        )
+
+
+def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
+    results = cli_on_two_folders(
+        monkeypatch, capsys, tmp_path, "gemma3", dtype=torch.bfloat16, hidden_act="gelu_pytorch_tanh", max_positions=16
+    )
+    assert results["stored_dtype"] == "bfloat16"
+    assert results["symmetry"]["residual"] == "permutation"
+    assert results["symmetry"]["blocks"] == {
+        "attention": "qk_norm",
+        "mlp": "gated",
+        "head_spaces": ["vo"],
+        "branch": "sandwich",
+    }
+    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
