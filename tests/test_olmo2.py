@@ -9,6 +9,7 @@ from glmc.models import to_canonical
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.models.export import export_hf
 from glmc.symmetry import Invertible, SemiPermutation, SymmetrySpec, Transform, apply
+from glmc.symmetry.embed_width import embed_width
 
 from family_checks import (
     assert_alignment_keeps_b,
@@ -107,6 +108,10 @@ def test_the_maps_the_joint_norms_remove_change_logits_and_pair_signs_do_not(olm
         apply(copies, model)
     with torch.no_grad():
         assert relative_deviation(apply(copies, model, strict=False)(x), model(x)) > CHANGES
+    # nor are added heads: width embedding refuses them, and widens the rest
+    with pytest.raises(ValueError, match="heads=3: qk_norm_all attention normalises all heads' queries together"):
+        embed_width(model, model.width, heads=3)
+    assert relative_deviation(embed_width(model, model.width, vo_dim=10)(x), model(x)) < KEEPS
 
 
 @pytest.fixture(scope="module")

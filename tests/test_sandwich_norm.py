@@ -14,6 +14,7 @@ from glmc.models.blocks import block_kind
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.pipeline.validate import ConfigError, validate_config
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply
+from glmc.symmetry.embed_width import embed_width
 from glmc.symmetry.groups import random_orthogonal
 
 from conftest import compose_config
@@ -71,6 +72,15 @@ def test_the_residual_space_offers_permutations_only(model):
     assert posts == {f"blocks.{l}.{s}_post" for l in range(model.num_layers) for s in ("attn", "mlp")}
     with pytest.raises(ValueError, match="orthogonal is not a symmetry of residual"):
         apply(Transform({"residual": Orthogonal(torch.eye(model.width, dtype=torch.float64))}), model)
+
+
+def test_width_embedding_keeps_the_stream_and_widens_the_mlp(model):
+    model, x = model
+    wide = embed_width(model, model.width, mlp=64)
+    assert wide.params()["blocks.0.in_w"].shape[0] == 64 and deviation(wide, model, x) < KEEPS
+    assert torch.equal(wide.params()["blocks.0.attn_post"], model.params()["blocks.0.attn_post"])
+    with pytest.raises(ValueError, match="stream admits permutations only"):
+        embed_width(model, model.width + 2)
 
 
 def test_symmetry_orthogonal_is_refused_by_name():

@@ -178,7 +178,20 @@ def _targets(model: CanonicalTransformer, heads, qheads, mlp, qk_dim, vo_dim) ->
     if qheads is not None and "qheads" not in current:
         raise ValueError(f"qheads={qheads}: a {model.config.family} model has no grouped query heads")
     given = {"heads": heads, "qheads": qheads, "mlp": mlp, "qk_dim": qk_dim, "vo_dim": vo_dim}
-    return {key: _per_layer(key, given[key], values) for key, values in current.items()}
+    target = {key: _per_layer(key, given[key], values) for key, values in current.items()}
+    kind = family_named(model.config.family).attention_block()
+    added = [key for key in ("heads", "qheads") if key in target and target[key] != current[key]]
+    if added and "semi_permutation" not in kind.head_classes:  # added heads enter a norm over all heads
+        raise ValueError(
+            f"{added[0]}={given[added[0]]}: {kind.name} attention normalises all heads' queries together, so "
+            "added heads change every head's queries; leave the heads as they are"
+        )
+    return target
+
+
+def rotatable_stream(model: CanonicalTransformer) -> bool:
+    """Whether the model's residual stream admits orthogonal maps (not post-norm or sandwich-normed)."""
+    return "orthogonal" in SymmetrySpec.from_model(model)["residual"].classes
 
 
 def _checked_stream(model, width, residual_map, stream_scale, norm_dim) -> int:
@@ -186,12 +199,13 @@ def _checked_stream(model, width, residual_map, stream_scale, norm_dim) -> int:
     config, m = model.config, model.width
     if not isinstance(width, int) or isinstance(width, bool) or width < m:
         raise ValueError(f"width={width!r}: must be an int of at least the model's width {m}")
-    post = family_named(config.family).norm == "post"
-    if post and (width > m or residual_map is not None or stream_scale != 1.0 or norm_dim not in (None, m)):
+    fixed = not rotatable_stream(model)
+    if fixed and (width > m or residual_map is not None or stream_scale != 1.0 or norm_dim not in (None, m)):
         raise ValueError(
-            f"width={width}: a {config.family} model's stream is a LayerNorm's output, whose mean and variance "
-            f"over the width change when the stream is embedded in more dimensions or rescaled; only its heads "
-            f"and MLP widen (width {m}, no residual_map, stream_scale or norm_dim)"
+            f"width={width}: a {config.family} model's stream admits permutations only "
+            f"({family_named(config.family).residual_note}), and norms over the width change when the stream is "
+            f"embedded in more dimensions or rescaled; only its heads and MLP widen (width {m}, no residual_map, "
+            "stream_scale or norm_dim)"
         )
     norm_dim = width if norm_dim is None else norm_dim
     if not math.isfinite(stream_scale) or stream_scale <= 0:
@@ -240,7 +254,7 @@ def embed_width(
     original = model.params()
     p = {k: v.detach().double() for k, v in original.items()}
     spec = SymmetrySpec.from_params(config, p)
-    if family_named(config.family).norm != "post":  # a post-norm stream stays as it is
+    if rotatable_stream(model):  # a stream that admits permutations only (post-norm, sandwich norms) stays
         p = apply_params(Transform({"residual": Orthogonal(u)}), spec, p)
         _scale_readers(p, spec, math.sqrt(config.norm_dim / norm_dim))
     if stream_scale != 1.0:
