@@ -34,6 +34,8 @@ RUNS = {
     "olmo2": ("experiment=llama_text", "model=olmo2_text"),
     "mixtral": ("experiment=llama_text", "model=mixtral_text"),
     "qwen2_moe": ("experiment=llama_text", "model=mixtral_text", "model.family=qwen2_moe"),
+    "qwen3_moe": ("experiment=llama_text", "model=mixtral_text", "model.family=qwen3_moe"),
+    "olmoe": ("experiment=llama_text", "model=mixtral_text", "model.family=olmoe"),
     "opt": ("experiment=demo_text", "model=opt_text"),
     "gpt_neox": ("model=pythia_text", "data=pydoc"),
 }

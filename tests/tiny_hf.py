@@ -435,3 +435,65 @@ def tiny_gemma3(seed=0, hidden=16, heads=4, kv_heads=2, head_dim=8, mlp=24, laye
     model = Gemma3ForCausalLM(config)
     _draw(model, seed, norm_gain=0.0)
     return model.eval()
+
+
+def tiny_qwen3_moe(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, top_k=2, layers=2, norm=True):
+    """A tiny Qwen3-MoE (RMSNorms on each head's queries and keys, `experts` SwiGLU experts, `top_k` per
+    token; `norm`: norm_topk_prob), weights and every norm's gain drawn as tiny_llama's; a sliding window of 4
+    in every layer."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(
+        vocab_size=61,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        moe_intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=norm,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        use_sliding_window=True,
+        sliding_window=4,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
+    model = Qwen3MoeForCausalLM(config)
+    _draw(model, seed, norm_gain=1.0)
+    return model.eval()
+
+
+def tiny_olmoe(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, top_k=2, layers=2, norm=False):
+    """A tiny OLMoE (one RMSNorm over all heads' queries and one over all keys, `experts` SwiGLU experts,
+    `top_k` per token; `norm`: norm_topk_prob), weights and every norm's gain drawn as tiny_llama's."""
+    from transformers import OlmoeConfig, OlmoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = OlmoeConfig(
+        vocab_size=61,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=norm,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        attn_implementation="eager",
+    )
+    model = OlmoeForCausalLM(config)
+    _draw(model, seed, norm_gain=1.0)
+    return model.eval()

@@ -78,10 +78,10 @@ def rope_scaling(cfg: Any) -> dict | None:
 
 def sliding_window(cfg: Any) -> tuple[int | None, list[int] | None]:
     """(window, the layers that use it, None for all) of a Hugging Face config; (None, None) without one
-    (Mistral, Mixtral: every layer; Qwen2, Qwen3: those its layer_types mark "sliding_attention")."""
-    if cfg.model_type in ("mistral", "mixtral"):  # their models read no layer_types
+    (Mistral, Mixtral, Qwen3-MoE: every layer; Qwen2, Qwen3: those its layer_types mark "sliding_attention")."""
+    if cfg.model_type in ("mistral", "mixtral", "qwen3_moe"):  # their models read no layer_types
         return getattr(cfg, "sliding_window", None), None
-    if cfg.model_type not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text"):
+    if cfg.model_type not in ("qwen2", "qwen3", "qwen2_moe", "gemma2", "gemma3_text"):
         return None, None
     layer_types = list(getattr(cfg, "layer_types", None) or ())
     unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})

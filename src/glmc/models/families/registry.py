@@ -21,6 +21,8 @@ MODULES = {
     "olmo2": "glmc.models.families.olmo2",
     "mixtral": "glmc.models.families.mixtral",
     "qwen2_moe": "glmc.models.families.qwen2_moe",
+    "qwen3_moe": "glmc.models.families.qwen3_moe",
+    "olmoe": "glmc.models.families.olmoe",
     "opt": "glmc.models.families.opt",
     "gpt_neox": "glmc.models.families.gpt_neox",
 }
