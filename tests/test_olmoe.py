@@ -1,6 +1,6 @@
 """OLMoE (one RMSNorm over all heads' queries and one over all keys, blocks.qk_norm_all, with a mixture of
 SwiGLU experts, blocks.moe): exact conversion with and without renormalised routing, every admitted symmetry
-(head permutations only, no query/key maps, the experts' spaces), matchers that keep B, an export that
+(head permutations only, no query/key maps, the experts' spaces), weight matching that keeps B, an export that
 reloads, clipped queries, keys and values refused."""
 
 import pytest
@@ -55,13 +55,13 @@ def test_symmetry_preserves_function(olmoe, kind, group):
     assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
 
 
-@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
+@pytest.mark.parametrize("method", ["weight"])  # activation and learned: tests/test_mixtral.py's experts
 def test_alignment_keeps_b_without_query_key_maps(method, tmp_path):
     hf_a, hf_b, data = tiny_olmoe(seed=0), tiny_olmoe(seed=1), next_token_data(61)
     trainer = {"accelerator": "cpu", "enable_progress_bar": False}
     alignment = glmc.align(hf_a, hf_b, method, data=data, run_dir=tmp_path, trainer=trainer, **MATCHERS[method])
     spaces = {name.split(".")[0] for name in alignment.transform}
-    assert "qk" not in spaces and "heads" in spaces and (method == "activation" or "experts" in spaces), spaces
+    assert "qk" not in spaces and "heads" in spaces and "experts" in spaces, spaces
     x = next(iter(data))[0]
     with torch.no_grad():
         assert_close_rel(alignment.model(x), hf_b(x).logits, FORWARD, f"{method}: aligned B vs B")

@@ -1,6 +1,6 @@
 """Qwen2-MoE (Qwen2's attention, a mixture of SwiGLU experts and a gated shared expert: blocks.moe_shared):
 exact conversion with and without renormalised routing, every admitted symmetry (the shared expert's units
-and scales beside the experts'), matchers that keep B, an export that reloads, dense layers refused."""
+and scales beside the experts'), weight matching that keeps B, an export that reloads, dense layers refused."""
 
 import pytest
 import torch
@@ -58,13 +58,13 @@ def test_symmetry_preserves_function(qwen2_moe, kind, group):
     assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
 
 
-@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
+@pytest.mark.parametrize("method", ["weight"])  # activation and learned: tests/test_mixtral.py's experts
 def test_alignment_keeps_b(method, tmp_path):
     hf_a, hf_b, data = tiny_qwen2_moe(seed=0), tiny_qwen2_moe(seed=1), next_token_data(61)
     trainer = {"accelerator": "cpu", "enable_progress_bar": False}
     alignment = glmc.align(hf_a, hf_b, method, data=data, run_dir=tmp_path, trainer=trainer, **MATCHERS[method])
     spaces = {name.split(".")[0] for name in alignment.transform}
-    assert {"heads", "mlp"} <= spaces and (method == "activation" or "experts" in spaces), spaces
+    assert {"heads", "mlp"} <= spaces and "experts" in spaces, spaces
     x = next(iter(data))[0]
     with torch.no_grad():
         assert_close_rel(alignment.model(x), hf_b(x).logits, FORWARD, f"{method}: aligned B vs B")

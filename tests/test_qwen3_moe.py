@@ -1,7 +1,7 @@
 """Qwen3-MoE (RMSNorms on each head's queries and keys, blocks.qk_norm, with a mixture of SwiGLU experts,
 blocks.moe): exact conversion with and without renormalised routing under a sliding window, every admitted
-symmetry (no query/key maps, the experts' spaces), matchers that keep B, an export that reloads, dense layers
-refused."""
+symmetry (no query/key maps, the experts' spaces), weight matching that keeps B, an export that reloads,
+dense layers refused."""
 
 import pytest
 import torch
@@ -56,13 +56,13 @@ def test_symmetry_preserves_function(qwen3_moe, kind, group):
     assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
 
 
-@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
+@pytest.mark.parametrize("method", ["weight"])  # activation and learned: tests/test_mixtral.py's experts
 def test_alignment_keeps_b_without_query_key_maps(method, tmp_path):
     hf_a, hf_b, data = tiny_qwen3_moe(seed=0), tiny_qwen3_moe(seed=1), next_token_data(61)
     trainer = {"accelerator": "cpu", "enable_progress_bar": False}
     alignment = glmc.align(hf_a, hf_b, method, data=data, run_dir=tmp_path, trainer=trainer, **MATCHERS[method])
     spaces = {name.split(".")[0] for name in alignment.transform}
-    assert "qk" not in spaces and "heads" in spaces and (method == "activation" or "experts" in spaces), spaces
+    assert "qk" not in spaces and "heads" in spaces and "experts" in spaces, spaces
     x = next(iter(data))[0]
     with torch.no_grad():
         assert_close_rel(alignment.model(x), hf_b(x).logits, FORWARD, f"{method}: aligned B vs B")
