@@ -11,6 +11,7 @@ import torch
 from glmc.models import to_canonical
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.models.export import export_hf
+from glmc.models.families.llama import unread_rope_type
 
 from family_checks import (
     assert_alignment_keeps_b,
@@ -43,7 +44,10 @@ def test_conversion_matches_hf(scaling):
     assert torch.equal(model.params()["blocks.0.k_norm"], 1 + attn.k_norm.weight)
 
 
-def test_a_scaled_rotary_in_the_sliding_layers_is_refused():
+def test_rotary_types_glmc_does_not_read_are_refused_per_layer_type():
+    saved = {"rope_parameters": {"full_attention": {"rope_type": "longrope"}, "sliding_attention": {}}}
+    assert unread_rope_type(saved) == ("rope_parameters.full_attention.rope_type", "longrope")
+    assert unread_rope_type({"rope_parameters": {"full_attention": LINEAR, "sliding_attention": {}}}) is None
     hf = tiny_gemma3(layers=1)
     hf.config.rope_parameters["sliding_attention"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10.0}
     with pytest.raises(NotImplementedError, match="rope_parameters.sliding_attention.rope_type='linear'"):

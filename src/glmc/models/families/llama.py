@@ -36,9 +36,12 @@ def unread_rope_type(config: dict[str, Any]) -> tuple[str, Any] | None:
         params = config.get(name)
         if not isinstance(params, dict):
             continue
-        for field in ("rope_type", "type"):
-            if field in params:
-                return None if params[field] in ROTARY_TYPES else (f"{name}.{field}", params[field])
+        # Gemma 3 keeps one set per layer type: {"full_attention": {...}, "sliding_attention": {...}}
+        entries = [(f"{name}.{key}", value) for key, value in params.items() if isinstance(value, dict)]
+        for where, entry in entries or [(name, params)]:
+            for field in ("rope_type", "type"):
+                if field in entry and entry[field] not in ROTARY_TYPES:
+                    return f"{where}.{field}", entry[field]
     return None
 
 
