@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import glmc
+from glmc.matching.activation import ActivationMatcher
+from glmc.matching.base import MatchContext
 from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
 from glmc.models.export import export_hf
@@ -72,8 +74,8 @@ def test_alignment_keeps_b(pair, method, tmp_path):
     alignment = glmc.align(hf_a, hf_b, method, data=data, run_dir=tmp_path, trainer=trainer, **MATCHERS[method])
     spaces = {name.split(".")[0] for name in alignment.transform}
     assert {"heads", "qheads"} <= spaces and "mlp" not in spaces, spaces
-    # weight matching orders the experts; learned matching keeps its order and learns the rest
-    assert method == "activation" or {"experts", "expert_units"} <= spaces, spaces
+    # every matcher orders the experts (learned matching keeps weight matching's order, learns the rest)
+    assert {"experts", "expert_units"} <= spaces, spaces
     assert alignment.function_preserving
     x = next(iter(data))[0]
     with torch.no_grad():
@@ -95,6 +97,17 @@ def test_a_planted_transform_is_recovered_exactly_and_only_with_expert_reorderin
 
     assert worst(True) < 1e-5
     assert worst(False) > 1e-2
+
+
+def test_activation_matching_finds_a_planted_expert_order_and_units(tmp_path):
+    a = to_canonical(tiny_mixtral(seed=3))
+    classes = {"experts": "permutation", "expert_units": "permutation", "heads": "permutation"}
+    b = apply(Transform.sample(SymmetrySpec.from_model(a), classes, torch.Generator().manual_seed(1)), a)
+    data = next_token_data(61)
+    alignment = ActivationMatcher(batches=2).match(a, b, MatchContext(data=data, run_dir=tmp_path))
+    aligned = alignment.model.params()
+    for name in ("router_w", "expert_gate_w", "expert_out_w"):
+        assert torch.allclose(aligned[f"blocks.1.{name}"], a.params()[f"blocks.1.{name}"]), name
 
 
 def test_export_reloads_and_matches(tmp_path):

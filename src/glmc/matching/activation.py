@@ -25,6 +25,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from glmc.alignment import Alignment
+from glmc.matching.activation_experts import expert_assignment
 from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
 from glmc.metrics import IGNORE_INDEX, is_token_task
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
@@ -93,6 +94,19 @@ def record_moments(
                     xa, xb = xa[keep], xb[keep]
                 moments[name].update(xa, xb)
     return moments
+
+
+# the states a mixture of experts records (blocks.moe): router logits (E) and expert activations (E*F)
+EXPERT_STATES = ("router_logits", "expert_act")
+
+
+def match_experts(moments: dict, spec: SymmetrySpec, l: int, transform: Transform, correlation: dict) -> None:
+    """Layer l's experts and each expert's units into `transform` (expert_assignment), the mean
+    correlation of the experts' router logits (before, after) into `correlation`."""
+    router, units = (moments[f"blocks.{l}.{s}"].correlation() for s in EXPERT_STATES)
+    order, units, _ = expert_assignment(units, router, spec[f"experts.{l}"].size)
+    transform[f"experts.{l}"], transform[f"expert_units.{l}"] = order, units
+    correlation[f"experts.{l}"] = (mean_matched(router), mean_matched(router, order.perm))
 
 
 def _recorder(states: dict, key: str, names: set[str]):
@@ -262,8 +276,10 @@ class ActivationMatcher(Matcher):
         start = time.perf_counter()
         states = residual_states(a.num_layers, self.residual)
         spec = SymmetrySpec.from_model(a)
-        units = self.mlp != "none" and "mlp.0" in spec.spaces  # a mixture of experts has no MLP units
+        units = self.mlp != "none" and "mlp.0" in spec.spaces  # a routed mixture alone has no MLP units
+        experts = self.mlp != "none" and "experts.0" in spec.spaces
         names = self.recorded_names(a.num_layers, states, units)
+        names |= {f"blocks.{l}.{s}" for l in range(a.num_layers) for s in EXPERT_STATES} if experts else set()
         batches = itertools.islice(iter(context.train_batches(self.name)), self.batches)
         moments = record_moments(a, b, batches, names, a.task, context.device) if names else {}
         recorded = time.perf_counter()
@@ -273,6 +289,8 @@ class ActivationMatcher(Matcher):
         for l in range(a.num_layers):
             if units:
                 self.match_mlp(moments[f"blocks.{l}.mlp_act"], spec, l, transform, correlation)
+            if experts:
+                match_experts(moments, spec, l, transform, correlation)
             if self.heads == "ignore":
                 corr = moments[f"blocks.{l}.heads"].correlation()
                 joint[l] = torch.as_tensor(assign(corr)[0])

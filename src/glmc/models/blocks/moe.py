@@ -56,7 +56,7 @@ def experts(config, p, pre, h, act, rec) -> Tensor:
     rec(pre + "router_logits", logits)
     a = act(torch.einsum("...d,efd->...ef", h, p[pre + "expert_gate_w"]))
     a = a * torch.einsum("...d,efd->...ef", h, p[pre + "expert_in_w"])
-    rec(pre + "expert_act", a)
+    rec(pre + "expert_act", a.flatten(-2))  # (..., E * F): expert-major, as activation matching reads it
     out = torch.einsum("...ef,edf->...ed", a, p[pre + "expert_out_w"])
     return (routing(config, logits).unsqueeze(-1) * out).sum(-2)
 
