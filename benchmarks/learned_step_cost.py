@@ -6,7 +6,10 @@ latents, transforms model B, interpolates with A and runs forward, backward and 
 lambda drawn as training draws it (with `lambda_candidates` > 1, the draws' losses are evaluated first).
 The plain step trains on the endpoint's own loss (glmc.train.endpoint.training_loss: the next token's
 cross-entropy for a causal LM, at any sequence length). Prints the medians over repeats, their ratio (the
-target is at most 1.5x) and tokens (or images) per second of each, and
+target is at most 1.5x), tokens (or images) per second of each, the floor of a learned step (the plain
+step plus the products the merged parameters add, forward and backward, counted by
+torch.utils.flop_counter and priced at the plain step's rate, and the projections) and how far the step is
+from it, and
 the same learned step on the earlier path (`dense_apply`: every latent applied as a dense
 straight-through matrix) beside it.
 
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from torch.utils.flop_counter import FlopCounterMode
 
 from glmc.config import register_configs
 from glmc.data.module import DataModule
@@ -173,6 +177,7 @@ def main(
         times["projections"].append(timed(projections, steps, device))
         times["circuit"].append(timed(circuit_step, steps, device))
     med = {k: statistics.median(v) for k, v in times.items()}
+    plain_flops, learned_flops = (step_flops(step) for step in (plain_step, learned_step))
 
     print(
         f"model {cfg.model.name} ({'cached endpoints' if cached else 'untrained initialisations'}), "
@@ -193,6 +198,7 @@ def main(
         f"  {unit} per second: plain {per_step / med['plain']:,.0f}, learned {per_step / med['learned']:,.0f}"
         f" ({per_step} {unit} a step)"
     )
+    print_floor(med, plain_flops, learned_flops)
     print(
         f"  the solver every step (no kept answers)  {1e3 * med['solver']:8.2f} ms"
         f"  (keeping certified answers saves {1e3 * (med['solver'] - med['learned']):.2f} ms a step)"
@@ -204,6 +210,34 @@ def main(
     print(
         f"  learned step through explicit circuits   {1e3 * med['circuit']:8.2f} ms"
         f"  ({med['circuit'] / med['plain']:.2f}x plain)"
+    )
+
+
+def step_flops(step) -> float:
+    """The matrix products' floating-point operations of one step, forward and backward
+    (torch.utils.flop_counter)."""
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return float(counter.get_total_flops())
+
+
+def print_floor(med: dict[str, float], plain_flops: float, learned_flops: float) -> None:
+    """The floor of a learned step: the plain step, plus the products it adds (merging the parameters:
+    B transformed, the heads as circuits, and their backward) at the plain step's own rate, plus the
+    projections; and how far the step is from it."""
+    rate = plain_flops / med["plain"]
+    extra = max(learned_flops - plain_flops, 0.0)
+    floor = med["plain"] + extra / rate
+    print(
+        f"  products per step: plain {plain_flops / 1e9:.3f} GFLOP, learned {learned_flops / 1e9:.3f} GFLOP "
+        f"({learned_flops / plain_flops:.2f}x: the merged parameters' extra forward and backward)"
+    )
+    print(
+        f"  floor: plain + the extra products at the plain step's rate ({rate / 1e9:.1f} GFLOP/s) "
+        f"{1e3 * floor:.2f} ms ({floor / med['plain']:.2f}x plain), "
+        f"+ projections {1e3 * (floor + med['projections']):.2f} ms; "
+        f"the learned step is {med['learned'] / floor:.2f}x the floor, "
+        f"{med['learned'] / (floor + med['projections']):.2f}x with the projections"
     )
 
 
