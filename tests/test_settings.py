@@ -38,7 +38,7 @@ from conftest import CONF, ROOT, compose_config
 from tiny_hf import tiny_vit
 
 # Values that conf/ sets on purpose over the schema defaults, and nothing else may differ:
-# conf/config.yaml tunes learned matching for the demo ViT (docs/experiments.md, "Choosing the demo model"), and
+# conf/config.yaml tunes learned matching for the demo ViT (REPORT.md, "Choosing the demo model"), and
 # learned_perm / learned_sinkhorn / learned_dual follow matcher.learned by interpolation.
 DEMO_LEARNED = {"max_steps": 600, "lr": 0.01, "lambda_scheme": "uniform", "lambda_candidates": 2}
 INTENDED_MATCHER = {name: DEMO_LEARNED for name in ("learned", "learned_perm", "learned_sinkhorn", "learned_dual")}
