@@ -18,7 +18,7 @@ def test_failed_jobs_are_told_at_once_and_listed_at_the_end(tmp_path, monkeypatc
     code, _, err = run_script(monkeypatch, capsys, "-m", "threads=0,-1", "logger=none", f"hydra.sweep.dir={sweep}")
     assert code == 1, err
     # each job's line comes as it fails, before the closing list
-    first = err.index("Error: job 0 (threads=0 logger=none) failed: threads=0: use at least 1")
+    first = err.index("Error: job 0 (threads=0 logger=none) failed: threads=0: use auto, a count of at least 1")
     assert err.index("Error: job 1 (threads=-1 logger=none) failed", first) < err.index("2 jobs failed:")
     assert "Traceback" not in err
     records = failed_jobs(sweep)
