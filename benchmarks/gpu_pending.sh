@@ -7,6 +7,8 @@
 # Parts, each in its own process under `timeout` (a part that runs out is stopped, its process group
 # with it, and reported as such; the next part still runs):
 #   gpu_tests            pytest -m gpu (the tests that need a CUDA device)
+#   weight_floor         benchmarks/weight_floor.py --device cuda: weight matching on the card for GPT-2 124M,
+#                        a Pythia-410M shape and the 1.1B Llama shape against its measured floor
 #   step_cost_vit        benchmarks/learned_step_cost.py --device cuda, the digits ViT (run.py's default)
 #   step_cost_gpt2       the same on the paper-size GPT-2 shape (experiment=paper_gpt2_embedded, windows of
 #                        128: device_check.py's STEP_COST); target: learned / plain <= 1.5x
@@ -105,6 +107,10 @@ run_part() {
 mapfile -t GPU_TEST_FILES < <(grep -lE "pytest\.mark\.gpu" tests/test_*.py)
 run_part gpu_tests 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors "${GPU_TEST_FILES[@]}"
 
+# weight matching on the card (matcher.weight.device=cuda) against the floor the same process measures
+run_part weight_floor 200 "$PY" benchmarks/weight_floor.py --device cuda --iterations 2 \
+    --shapes gpt2-124m pythia-410m llama-1.1b
+
 run_part step_cost_vit 60 "$PY" benchmarks/learned_step_cost.py --device cuda
 run_part step_cost_gpt2 75 "$PY" benchmarks/learned_step_cost.py --device cuda \
     experiment=paper_gpt2_embedded data.seq_len=128
@@ -121,7 +127,7 @@ run_part parallel_seeds "$BUDGET" env PYTORCH_CUDA_ALLOC_CONF=expandable_segment
 
 # --- summary -----------------------------------------------------------------------------------------
 # the lines of each log that carry its figures (the benchmarks' own wording)
-KEY_LINES='passed|failed|error|skipped|^model |training step|matching step|projections|ratio|per second|^demo_text|^  (loader|sliced) |data path|torch threads|seeds? |side by side|one after another'
+KEY_LINES='GFLOP/s|^ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x|^== (gpt2|pythia|llama)|peak memory|passed|failed|error|skipped|^model |training step|matching step|projections|ratio|per second|^demo_text|^  (loader|sliced) |data path|torch threads|seeds? |side by side|one after another'
 {
     echo
     echo "== summary (${SECONDS} s in all; logs in $LOGS)"
