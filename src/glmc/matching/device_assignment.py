@@ -312,10 +312,11 @@ class DeviceAssignments:
         return out
 
 
-# where the auction beats SciPy on the host: CUDA only (on a CPU it loses at every size, see
-# benchmarks/assignment_solver.py), and only problems large enough that a host copy and SciPy cost more
-# than the auction's synchronising rounds (heads and small MLPs stay on the host)
-DEVICE_SOLVER_TYPES = ("cuda",)
+# where weight matching's fresh assignments go to the auction: nowhere by default. A fresh dense problem
+# costs the auction far more than a host copy and SciPy (3,072 units: 8.9 s against 0.67 s on a CPU), and
+# with it GPT-2's weight matching on an H100 did not finish its first iteration in 200 s; the warm-started
+# batches of learned matching (matcher.learned.assignment) are where it wins
+DEVICE_SOLVER_TYPES: tuple[str, ...] = ()
 DEVICE_UNITS = 512
 
 

@@ -41,7 +41,9 @@ def fold_block(pre: str, heads: int, norm1, qkv, o, norm2, mlp_in, mlp_out) -> d
 
 def bias64(linear: nn.Linear, size: int) -> Tensor:
     """A Linear's bias in float64, zeros of `size` where it has none."""
-    return torch.zeros(size, dtype=torch.float64) if linear.bias is None else linear.bias.detach().double()
+    if linear.bias is None:  # on the weights' device: a converted model lives on one device
+        return torch.zeros(size, dtype=torch.float64, device=linear.weight.device)
+    return linear.bias.detach().double()
 
 
 def common_eps(norms) -> float:
