@@ -173,17 +173,12 @@ def test_a_second_run_waits_for_the_entry_and_loads_it(tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_a_joblib_sweep_on_an_empty_cache_trains_each_endpoint_once(tmp_path):
+def test_a_joblib_sweep_on_an_empty_cache_trains_each_endpoint_once(tmp_path, monkeypatch, capsys):
     """Two jobs started together need the same two endpoints: one job trains each, the other waits."""
-    import subprocess
-    import sys
-
-    from conftest import ROOT
+    from conftest import run_script
 
     sweep = tmp_path / "sweep"
     command = [
-        sys.executable,
-        "run.py",
         "-m",
         "hydra/launcher=local_grid",
         "hydra.launcher.n_jobs=2",
@@ -197,8 +192,8 @@ def test_a_joblib_sweep_on_an_empty_cache_trains_each_endpoint_once(tmp_path):
         f"hydra.sweep.dir={sweep}",
         "hydra.sweep.subdir=${hydra.job.num}",
     ]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    code, out, err = run_script(monkeypatch, capsys, *command)  # the jobs run in joblib's worker processes
+    assert code == 0, out[-2000:] + err[-2000:]
     logs = "".join((sweep / str(job) / "run.log").read_text() for job in (0, 1))
     for seed in (0, 1):
         assert logs.count(f"seed {seed}: training (cache entry") == 1, logs
