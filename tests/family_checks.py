@@ -1,23 +1,27 @@
-"""Checks the causal-LM family test modules (test_gemma.py, test_opt.py) run on their tiny models: every
-symmetry class the spec claims, glmc.align keeping B's function, an export reloaded with from_pretrained,
-and run.py on two save_pretrained folders."""
+"""Checks the causal-LM family test modules (test_gemma.py, test_opt.py, test_qwen3.py, ...) run on their
+tiny models: every symmetry class the spec claims, glmc.align keeping B's function, an export reloaded with
+from_pretrained, and run.py on two save_pretrained folders."""
 
 from __future__ import annotations
 
 import json
 import math
 
+import pytest
 import torch
 from test_pretrained_endpoints import FAST, SEQ_LEN, char_tokenizer
 from torch.utils.data import DataLoader, TensorDataset
 
 import glmc
 from glmc.config import ModelConfig
+from glmc.models import to_canonical
 from glmc.models.build import build_model
+from glmc.models.export import export_hf
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
 from conftest import run_script
 from numeric import FORWARD, assert_close_rel
+from tiny_hf import inputs_for
 
 # few steps and iterations: the tests check that the result keeps B, not how good it is
 MATCHERS = {
@@ -46,18 +50,56 @@ def assert_symmetry_keeps_function(model, x, classes: dict[str, str], what: str)
         assert_close_rel(new(x), model(x), FORWARD, f"{what}: logits")
 
 
+def canonical_fixture(build, **settings):
+    """A module-scoped fixture named `canonical`: the canonical form of build(**settings) and inputs for it."""
+
+    @pytest.fixture(scope="module", name="canonical")
+    def canonical():
+        hf = build(**settings)
+        return to_canonical(hf), inputs_for(hf)
+
+    return canonical
+
+
+def symmetry_tests(cases: set[tuple[str, str]]):
+    """The two tests a family module runs on its `canonical` fixture: its spec claims exactly `cases`
+    ((space kind, class) pairs), and a random element of each keeps the logits."""
+
+    def test_the_cases_are_what_the_spec_claims(canonical):
+        assert claimed(canonical[0]) == cases
+
+    @pytest.mark.parametrize("kind,group", sorted(cases))
+    def test_symmetry_preserves_function(canonical, kind, group):
+        model, x = canonical
+        assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
+
+    return test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function
+
+
 def next_token_data(vocab: int, n: int = 16, seq: int = 12, seed: int = 0) -> DataLoader:
     ids = torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(seed))
     return DataLoader(TensorDataset(ids[:, :-1].contiguous(), ids[:, 1:].contiguous()), batch_size=8)
 
 
-def assert_alignment_keeps_b(hf_a, hf_b, method: str, data: DataLoader, run_dir) -> None:
+def assert_alignment_keeps_b(hf_a, hf_b, method: str, data: DataLoader, run_dir) -> set[str]:
+    """glmc.align of A onto B keeps B's logits; the kinds of the spaces its transform maps."""
     trainer = {"accelerator": "cpu", "enable_progress_bar": False}
     alignment = glmc.align(hf_a, hf_b, method, data=data, run_dir=run_dir, trainer=trainer, **MATCHERS[method])
     assert alignment.function_preserving and alignment.transform, method
     x = next(iter(data))[0]
     with torch.no_grad():
         assert_close_rel(alignment.model(x), hf_b(x).logits, FORWARD, f"{method}: aligned B vs B")
+    return {name.split(".")[0] for name in alignment.transform}
+
+
+def assert_export_reloads(hf, run_dir):
+    """The canonical form of `hf` exported with `hf` as template reloads with from_pretrained and gives the
+    same logits; the reloaded model, for checks of its tensors."""
+    model, x = to_canonical(hf), inputs_for(hf)
+    loaded = type(hf).from_pretrained(export_hf(model, hf, run_dir / "out")).eval()
+    with torch.no_grad():
+        assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
+    return loaded
 
 
 def cli_on_two_folders(monkeypatch, capsys, tmp_path, family: str, dtype=torch.float32, **model) -> dict:

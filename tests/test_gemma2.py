@@ -13,12 +13,13 @@ from glmc.models.export import export_hf
 
 from family_checks import (
     assert_alignment_keeps_b,
-    assert_symmetry_keeps_function,
-    claimed,
+    assert_export_reloads,
+    canonical_fixture,
     cli_on_two_folders,
     next_token_data,
+    symmetry_tests,
 )
-from numeric import FEW_OPS, FORWARD, assert_close_rel
+from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_gemma2
 
 pytestmark = pytest.mark.numeric
@@ -56,20 +57,8 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def gemma2():
-    hf = tiny_gemma2()
-    return to_canonical(hf), inputs_for(hf)
-
-
-def test_the_cases_are_what_the_spec_claims(gemma2):
-    assert claimed(gemma2[0]) == CASES
-
-
-@pytest.mark.parametrize("kind,group", sorted(CASES))
-def test_symmetry_preserves_function(gemma2, kind, group):
-    model, x = gemma2
-    assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
+canonical = canonical_fixture(tiny_gemma2)
+test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +74,7 @@ def test_alignment_keeps_b(pair, method, tmp_path):
 
 def test_export_reloads_and_matches(tmp_path):
     hf = tiny_gemma2(bias=True)
-    model, x = to_canonical(hf), inputs_for(hf)
-    loaded = type(hf).from_pretrained(export_hf(model, hf, tmp_path / "out")).eval()
-    with torch.no_grad():
-        assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
+    loaded = assert_export_reloads(hf, tmp_path)
     for name in ("post_attention_layernorm", "post_feedforward_layernorm"):
         assert torch.allclose(getattr(loaded.model.layers[1], name).weight, getattr(hf.model.layers[1], name).weight)
 

@@ -10,17 +10,17 @@ import torch
 
 from glmc.models import to_canonical
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
-from glmc.models.export import export_hf
 from glmc.models.families.llama import unread_rope_type
 
 from family_checks import (
     assert_alignment_keeps_b,
-    assert_symmetry_keeps_function,
-    claimed,
+    assert_export_reloads,
+    canonical_fixture,
     cli_on_two_folders,
     next_token_data,
+    symmetry_tests,
 )
-from numeric import FEW_OPS, FORWARD, assert_close_rel
+from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_gemma3
 
 pytestmark = pytest.mark.numeric
@@ -67,20 +67,8 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def gemma3():
-    hf = tiny_gemma3()
-    return to_canonical(hf), inputs_for(hf)
-
-
-def test_the_cases_are_what_the_spec_claims(gemma3):
-    assert claimed(gemma3[0]) == CASES
-
-
-@pytest.mark.parametrize("kind,group", sorted(CASES))
-def test_symmetry_preserves_function(gemma3, kind, group):
-    model, x = gemma3
-    assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
+canonical = canonical_fixture(tiny_gemma3)
+test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +84,7 @@ def test_alignment_keeps_b(pair, method, tmp_path):
 
 def test_export_reloads_and_matches(tmp_path):
     hf = tiny_gemma3(scaling=LINEAR)
-    model, x = to_canonical(hf), inputs_for(hf)
-    loaded = type(hf).from_pretrained(export_hf(model, hf, tmp_path / "out")).eval()
-    with torch.no_grad():
-        assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
+    loaded = assert_export_reloads(hf, tmp_path)
     for name in ("q_norm", "k_norm"):
         assert torch.allclose(
             getattr(loaded.model.layers[1].self_attn, name).weight, getattr(hf.model.layers[1].self_attn, name).weight

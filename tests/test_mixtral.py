@@ -6,7 +6,6 @@ matching and not without expert reordering, an export that reloads, and run.py o
 import pytest
 import torch
 
-import glmc
 from glmc.matching.activation import ActivationMatcher
 from glmc.matching.base import MatchContext
 from glmc.matching.weight import weight_matching
@@ -14,8 +13,15 @@ from glmc.models import to_canonical
 from glmc.models.export import export_hf
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
-from family_checks import MATCHERS, assert_symmetry_keeps_function, claimed, cli_on_two_folders, next_token_data
-from numeric import FEW_OPS, FORWARD, assert_close_rel
+from family_checks import (
+    assert_alignment_keeps_b,
+    assert_export_reloads,
+    canonical_fixture,
+    cli_on_two_folders,
+    next_token_data,
+    symmetry_tests,
+)
+from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_mixtral
 
 pytestmark = pytest.mark.numeric
@@ -46,20 +52,8 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def mixtral():
-    hf = tiny_mixtral(window=4)
-    return to_canonical(hf), inputs_for(hf)
-
-
-def test_the_cases_are_what_the_spec_claims(mixtral):
-    assert claimed(mixtral[0]) == CASES
-
-
-@pytest.mark.parametrize("kind,group", sorted(CASES))
-def test_symmetry_preserves_function(mixtral, kind, group):
-    model, x = mixtral
-    assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
+canonical = canonical_fixture(tiny_mixtral, window=4)
+test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +64,10 @@ def pair():
 @pytest.mark.parametrize("method", ["weight", "activation", "learned"])
 def test_alignment_keeps_b(pair, method, tmp_path):
     hf_a, hf_b, data = pair
-    trainer = {"accelerator": "cpu", "enable_progress_bar": False}
-    alignment = glmc.align(hf_a, hf_b, method, data=data, run_dir=tmp_path, trainer=trainer, **MATCHERS[method])
-    spaces = {name.split(".")[0] for name in alignment.transform}
+    spaces = assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
     assert {"heads", "qheads"} <= spaces and "mlp" not in spaces, spaces
     # every matcher orders the experts (learned matching keeps weight matching's order, learns the rest)
     assert {"experts", "expert_units"} <= spaces, spaces
-    assert alignment.function_preserving
-    x = next(iter(data))[0]
-    with torch.no_grad():
-        assert_close_rel(alignment.model(x), hf_b(x).logits, FORWARD, f"{method}: aligned B vs B")
 
 
 def test_a_planted_transform_is_recovered_exactly_and_only_with_expert_reordering():
@@ -112,10 +100,7 @@ def test_activation_matching_finds_a_planted_expert_order_and_units(tmp_path):
 
 def test_export_reloads_and_matches(tmp_path):
     hf = tiny_mixtral(window=4)
-    model, x = to_canonical(hf), inputs_for(hf)
-    loaded = type(hf).from_pretrained(export_hf(model, hf, tmp_path / "out")).eval()
-    with torch.no_grad():
-        assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
+    loaded = assert_export_reloads(hf, tmp_path)
     assert torch.allclose(loaded.model.layers[1].mlp.experts.down_proj, hf.model.layers[1].mlp.experts.down_proj)
 
 

@@ -7,18 +7,17 @@ import torch
 
 from glmc.models import to_canonical
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
-from glmc.models.export import export_hf
 from glmc.symmetry import Invertible, SemiPermutation, SymmetrySpec, Transform, apply
 from glmc.symmetry.embed_width import embed_width
 
 from family_checks import (
     assert_alignment_keeps_b,
-    assert_symmetry_keeps_function,
-    claimed,
+    assert_export_reloads,
     cli_on_two_folders,
     next_token_data,
+    symmetry_tests,
 )
-from numeric import FEW_OPS, FORWARD, assert_close_rel
+from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_olmo2
 
 pytestmark = pytest.mark.numeric
@@ -52,25 +51,18 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def olmo2():
+def canonical():
     """The canonical tiny OLMo-2 in float64 (so that 1e-5 is far above rounding), with inputs."""
     hf = tiny_olmo2()
     model = to_canonical(hf)
     return CanonicalTransformer(model.config, {k: v.double() for k, v in model.params().items()}), inputs_for(hf)
 
 
-def test_the_cases_are_what_the_spec_claims(olmo2):
-    assert claimed(olmo2[0]) == CASES
+test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
 
 
-@pytest.mark.parametrize("kind,group", sorted(CASES))
-def test_symmetry_preserves_function(olmo2, kind, group):
-    model, x = olmo2
-    assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
-
-
-def test_a_head_permutation_carries_the_norm_gains(olmo2):
-    model, _ = olmo2
+def test_a_head_permutation_carries_the_norm_gains(canonical):
+    model, _ = canonical
     spec = SymmetrySpec.from_model(model)
     assert {ax.param for ax in spec["heads.0"].acts_on} >= {"blocks.0.q_norm", "blocks.0.k_norm"}
     assert {ax.param for ax in spec["qheads.1"].acts_on} >= {"blocks.1.q_norm"}
@@ -85,8 +77,8 @@ def _query_key_map(params: dict, layer: int, a: torch.Tensor) -> dict:
     return out
 
 
-def test_the_maps_the_joint_norms_remove_change_logits_and_pair_signs_do_not(olmo2):
-    model, x = olmo2
+def test_the_maps_the_joint_norms_remove_change_logits_and_pair_signs_do_not(canonical):
+    model, x = canonical
     params, gen = model.params(), torch.Generator().manual_seed(2)
     groups, dh = params["blocks.1.k_w"].shape[:2]
 
@@ -127,10 +119,7 @@ def test_alignment_keeps_b(pair, method, tmp_path):
 
 def test_export_reloads_and_matches(tmp_path):
     hf = tiny_olmo2(bias=True)
-    model, x = to_canonical(hf), inputs_for(hf)
-    loaded = type(hf).from_pretrained(export_hf(model, hf, tmp_path / "out")).eval()
-    with torch.no_grad():
-        assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
+    loaded = assert_export_reloads(hf, tmp_path)
     for name in ("post_attention_layernorm", "post_feedforward_layernorm"):
         assert torch.allclose(getattr(loaded.model.layers[1], name).weight, getattr(hf.model.layers[1], name).weight)
     assert torch.allclose(loaded.model.layers[0].self_attn.q_norm.weight, hf.model.layers[0].self_attn.q_norm.weight)

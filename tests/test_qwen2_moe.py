@@ -5,12 +5,16 @@ and scales beside the experts'), weight matching that keeps B, an export that re
 import pytest
 import torch
 
-import glmc
 from glmc.models import to_canonical
-from glmc.models.export import export_hf
 
-from family_checks import MATCHERS, assert_symmetry_keeps_function, claimed, next_token_data
-from numeric import FEW_OPS, FORWARD, assert_close_rel
+from family_checks import (
+    assert_alignment_keeps_b,
+    assert_export_reloads,
+    canonical_fixture,
+    next_token_data,
+    symmetry_tests,
+)
+from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_qwen2_moe
 
 pytestmark = pytest.mark.numeric
@@ -42,40 +46,20 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def qwen2_moe():
-    hf = tiny_qwen2_moe()
-    return to_canonical(hf), inputs_for(hf)
-
-
-def test_the_cases_are_what_the_spec_claims(qwen2_moe):
-    assert claimed(qwen2_moe[0]) == CASES
-
-
-@pytest.mark.parametrize("kind,group", sorted(CASES))
-def test_symmetry_preserves_function(qwen2_moe, kind, group):
-    model, x = qwen2_moe
-    assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
+canonical = canonical_fixture(tiny_qwen2_moe)
+test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
 
 
 @pytest.mark.parametrize("method", ["weight"])  # activation and learned: tests/test_mixtral.py's experts
 def test_alignment_keeps_b(method, tmp_path):
     hf_a, hf_b, data = tiny_qwen2_moe(seed=0), tiny_qwen2_moe(seed=1), next_token_data(61)
-    trainer = {"accelerator": "cpu", "enable_progress_bar": False}
-    alignment = glmc.align(hf_a, hf_b, method, data=data, run_dir=tmp_path, trainer=trainer, **MATCHERS[method])
-    spaces = {name.split(".")[0] for name in alignment.transform}
+    spaces = assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
     assert {"heads", "mlp"} <= spaces and "experts" in spaces, spaces
-    x = next(iter(data))[0]
-    with torch.no_grad():
-        assert_close_rel(alignment.model(x), hf_b(x).logits, FORWARD, f"{method}: aligned B vs B")
 
 
 def test_export_reloads_and_matches(tmp_path):
     hf = tiny_qwen2_moe(norm=True)
-    model, x = to_canonical(hf), inputs_for(hf)
-    loaded = type(hf).from_pretrained(export_hf(model, hf, tmp_path / "out")).eval()
-    with torch.no_grad():
-        assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
+    loaded = assert_export_reloads(hf, tmp_path)
     shared = (m.model.layers[1].mlp.shared_expert.down_proj.weight for m in (loaded, hf))
     assert torch.allclose(*shared)  # no norm gain folds into the down projection
 

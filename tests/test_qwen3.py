@@ -6,14 +6,19 @@ that reloads, a rotary type refused by name, and run.py on two bfloat16 folders.
 import pytest
 import torch
 
-import glmc
 from glmc.interpolation import merge_params
 from glmc.models import to_canonical
 from glmc.models.canonical import CanonicalTransformer
-from glmc.models.export import export_hf
 
-from family_checks import MATCHERS, assert_symmetry_keeps_function, claimed, cli_on_two_folders, next_token_data
-from numeric import FEW_OPS, FORWARD, assert_close_rel
+from family_checks import (
+    assert_alignment_keeps_b,
+    assert_export_reloads,
+    canonical_fixture,
+    cli_on_two_folders,
+    next_token_data,
+    symmetry_tests,
+)
+from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_qwen3
 
 pytestmark = pytest.mark.numeric
@@ -50,20 +55,8 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def qwen3():
-    hf = tiny_qwen3(window=4, full=1)
-    return to_canonical(hf), inputs_for(hf)
-
-
-def test_the_cases_are_what_the_spec_claims(qwen3):
-    assert claimed(qwen3[0]) == CASES
-
-
-@pytest.mark.parametrize("kind,group", sorted(CASES))
-def test_symmetry_preserves_function(qwen3, kind, group):
-    model, x = qwen3
-    assert_symmetry_keeps_function(model, x, {kind: group}, f"{kind} {group}")
+canonical = canonical_fixture(tiny_qwen3, window=4, full=1)
+test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +67,8 @@ def pair():
 @pytest.mark.parametrize("method", ["weight", "activation", "learned"])
 def test_alignment_keeps_b_without_query_key_maps(pair, method, tmp_path):
     hf_a, hf_b, data = pair
-    trainer = {"accelerator": "cpu", "enable_progress_bar": False}
-    alignment = glmc.align(hf_a, hf_b, method, data=data, run_dir=tmp_path, trainer=trainer, **MATCHERS[method])
-    spaces = {name.split(".")[0] for name in alignment.transform}
+    spaces = assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
     assert "qk" not in spaces and {"heads", "qheads", "vo"} <= spaces, spaces
-    assert alignment.function_preserving
-    x = next(iter(data))[0]
-    with torch.no_grad():
-        assert_close_rel(alignment.model(x), hf_b(x).logits, FORWARD, f"{method}: aligned B vs B")
 
 
 def test_circuit_interpolation_stacks_values_and_keeps_queries_and_keys_factored(pair):
@@ -97,10 +84,7 @@ def test_circuit_interpolation_stacks_values_and_keeps_queries_and_keys_factored
 
 def test_export_reloads_and_matches(tmp_path):
     hf = tiny_qwen3(window=4, full=1, bias=True)
-    model, x = to_canonical(hf), inputs_for(hf)
-    loaded = type(hf).from_pretrained(export_hf(model, hf, tmp_path / "out")).eval()
-    with torch.no_grad():
-        assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
+    loaded = assert_export_reloads(hf, tmp_path)
     assert torch.allclose(loaded.model.layers[1].self_attn.q_norm.weight, hf.model.layers[1].self_attn.q_norm.weight)
 
 
