@@ -123,30 +123,16 @@ def tiny_llama(
         Qwen2ForCausalLM,
     )
 
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=61,
-        hidden_size=hidden,
-        intermediate_size=mlp,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=32,
-        tie_word_embeddings=tied,
-        rope_parameters={"rope_type": "default", "rope_theta": 100.0, **(rope or {})},
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
-    )
+    sizes = (hidden, heads, kv_heads, mlp, layers)
+    rope = {"rope_type": "default", "rope_theta": 100.0, **(rope or {})}
     if kind == "qwen2":  # q, k, v biases, none on o_proj
         sliding = dict(use_sliding_window=window is not None, sliding_window=window, max_window_layers=full)
-        model = Qwen2ForCausalLM(Qwen2Config(**common, **sliding))
+        classes, extra = (Qwen2Config, Qwen2ForCausalLM), sliding
     elif kind == "mistral":
-        model = MistralForCausalLM(MistralConfig(**common, sliding_window=window))
+        classes, extra = (MistralConfig, MistralForCausalLM), dict(sliding_window=window)
     else:
-        model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=bias, mlp_bias=bias))
-    _draw(model, seed, norm_gain=1.0)
-    return model.eval()
+        classes, extra = (LlamaConfig, LlamaForCausalLM), dict(attention_bias=bias, mlp_bias=bias)
+    return _causal_lm(classes, seed, 1.0, *sizes, tie_word_embeddings=tied, rope_parameters=rope, **extra)
 
 
 def _draw(model: torch.nn.Module, seed: int, norm_gain: float | None) -> None:
@@ -164,6 +150,34 @@ def _draw(model: torch.nn.Module, seed: int, norm_gain: float | None) -> None:
                 p.normal_(0.0, 0.1, generator=g)
 
 
+def _causal_lm(classes, seed, norm_gain, hidden, heads, kv_heads, mlp, layers, **settings):
+    """A tiny causal LM of `classes` (config class, model class): 61 tokens, 32 positions, the default
+    rotary at base 100, untied head, no bos/eos token and eager attention unless `settings` say otherwise;
+    weights drawn by _draw around `norm_gain`."""
+    config_class, model_class = classes
+    torch.manual_seed(seed)
+    config = config_class(
+        **{
+            "vocab_size": 61,
+            "hidden_size": hidden,
+            "intermediate_size": mlp,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "max_position_embeddings": 32,
+            "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 100.0},
+            "bos_token_id": None,
+            "eos_token_id": None,
+            "attn_implementation": "eager",
+            **settings,
+        }
+    )
+    model = model_class(config)
+    _draw(model, seed, norm_gain=norm_gain)
+    return model.eval()
+
+
 def tiny_gemma(
     seed=0, hidden=16, heads=4, kv_heads=2, head_dim=8, mlp=24, layers=2, tied=True, act="gelu_pytorch_tanh", **extra
 ):
@@ -171,28 +185,9 @@ def tiny_gemma(
     around 0 (gains around 1)."""
     from transformers import GemmaConfig, GemmaForCausalLM
 
-    torch.manual_seed(seed)
-    config = GemmaConfig(
-        vocab_size=61,
-        hidden_size=hidden,
-        intermediate_size=mlp,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        hidden_act=act,
-        max_position_embeddings=32,
-        tie_word_embeddings=tied,
-        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
-        **extra,
-    )
-    model = GemmaForCausalLM(config)
-    _draw(model, seed, norm_gain=0.0)
-    return model.eval()
+    sizes = (hidden, heads, kv_heads, mlp, layers)
+    extra = dict(head_dim=head_dim, hidden_act=act, tie_word_embeddings=tied, pad_token_id=None, **extra)
+    return _causal_lm((GemmaConfig, GemmaForCausalLM), seed, 0.0, *sizes, **extra)
 
 
 def tiny_opt(seed=0, hidden=16, heads=4, mlp=32, layers=2, act="relu", **extra):
@@ -256,29 +251,10 @@ def tiny_qwen3(seed=0, hidden=32, heads=4, kv_heads=2, mlp=48, layers=2, window=
     every norm's gain drawn as tiny_llama's; `window`: sliding windows in the layers from `full` on."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=61,
-        hidden_size=hidden,
-        intermediate_size=mlp,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=hidden // heads,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
-        use_sliding_window=window is not None,
-        sliding_window=window,
-        max_window_layers=full,
-        attention_bias=bias,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
-    )
-    model = Qwen3ForCausalLM(config)
-    _draw(model, seed, norm_gain=1.0)
-    return model.eval()
+    sliding = dict(use_sliding_window=window is not None, sliding_window=window, max_window_layers=full)
+    sizes = (hidden, heads, kv_heads, mlp, layers)
+    extra = dict(head_dim=hidden // heads, attention_bias=bias, **sliding)
+    return _causal_lm((Qwen3Config, Qwen3ForCausalLM), seed, 1.0, *sizes, **extra)
 
 
 def tiny_gemma2(seed=0, hidden=16, heads=4, kv_heads=2, head_dim=8, mlp=24, layers=2, window=4, bias=False):
@@ -287,31 +263,12 @@ def tiny_gemma2(seed=0, hidden=16, heads=4, kv_heads=2, head_dim=8, mlp=24, laye
     first) shorter than inputs_for's sequences."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    torch.manual_seed(seed)
-    config = Gemma2Config(
-        vocab_size=61,
-        hidden_size=hidden,
-        intermediate_size=mlp,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        query_pre_attn_scalar=12,
-        attn_logit_softcapping=4.0,
-        final_logit_softcapping=5.0,
-        sliding_window=window,
-        attention_bias=bias,
-        max_position_embeddings=32,
-        tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
+    sizes = (hidden, heads, kv_heads, mlp, layers)
+    caps = dict(attn_logit_softcapping=4.0, final_logit_softcapping=5.0)
+    extra = dict(head_dim=head_dim, query_pre_attn_scalar=12, sliding_window=window, attention_bias=bias, **caps)
+    return _causal_lm(
+        (Gemma2Config, Gemma2ForCausalLM), seed, 0.0, *sizes, tie_word_embeddings=True, pad_token_id=None, **extra
     )
-    model = Gemma2ForCausalLM(config)
-    _draw(model, seed, norm_gain=0.0)
-    return model.eval()
 
 
 def tiny_mixtral(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, top_k=2, layers=2, window=None):
@@ -320,28 +277,9 @@ def tiny_mixtral(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, top_
     `window`: a sliding window in every layer."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
-    torch.manual_seed(seed)
-    config = MixtralConfig(
-        vocab_size=61,
-        hidden_size=hidden,
-        intermediate_size=mlp,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=hidden // heads,
-        num_local_experts=experts,
-        num_experts_per_tok=top_k,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
-        sliding_window=window,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
-    )
-    model = MixtralForCausalLM(config)
-    _draw(model, seed, norm_gain=1.0)
-    return model.eval()
+    sizes = (hidden, heads, kv_heads, mlp, layers)
+    extra = dict(head_dim=hidden // heads, num_local_experts=experts, num_experts_per_tok=top_k)
+    return _causal_lm((MixtralConfig, MixtralForCausalLM), seed, 1.0, *sizes, sliding_window=window, **extra)
 
 
 def tiny_olmo2(seed=0, hidden=32, heads=4, kv_heads=2, mlp=48, layers=2, bias=False):
@@ -349,26 +287,8 @@ def tiny_olmo2(seed=0, hidden=32, heads=4, kv_heads=2, mlp=48, layers=2, bias=Fa
     keys), weights and every norm's gain drawn as tiny_llama's."""
     from transformers import Olmo2Config, Olmo2ForCausalLM
 
-    torch.manual_seed(seed)
-    config = Olmo2Config(
-        vocab_size=61,
-        hidden_size=hidden,
-        intermediate_size=mlp,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
-        attention_bias=bias,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
-    )
-    model = Olmo2ForCausalLM(config)
-    _draw(model, seed, norm_gain=1.0)
-    return model.eval()
+    sizes = (hidden, heads, kv_heads, mlp, layers)
+    return _causal_lm((Olmo2Config, Olmo2ForCausalLM), seed, 1.0, *sizes, attention_bias=bias, pad_token_id=None)
 
 
 def tiny_qwen2_moe(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, top_k=2, layers=2, norm=False):
@@ -377,32 +297,11 @@ def tiny_qwen2_moe(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, to
     norm_topk_prob. Sliding windows in every other layer (window 4)."""
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
-    torch.manual_seed(seed)
-    config = Qwen2MoeConfig(
-        vocab_size=61,
-        hidden_size=hidden,
-        intermediate_size=mlp,
-        moe_intermediate_size=mlp,
-        shared_expert_intermediate_size=24,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        num_experts=experts,
-        num_experts_per_tok=top_k,
-        norm_topk_prob=norm,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
-        use_sliding_window=True,
-        sliding_window=4,
-        max_window_layers=layers,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
-    )
-    model = Qwen2MoeForCausalLM(config)
-    _draw(model, seed, norm_gain=1.0)
-    return model.eval()
+    sizes = (hidden, heads, kv_heads, mlp, layers)
+    moe = dict(moe_intermediate_size=mlp, shared_expert_intermediate_size=24, num_experts=experts)
+    moe |= dict(num_experts_per_tok=top_k, norm_topk_prob=norm)
+    sliding = dict(use_sliding_window=True, sliding_window=4, max_window_layers=layers)
+    return _causal_lm((Qwen2MoeConfig, Qwen2MoeForCausalLM), seed, 1.0, *sizes, **moe, **sliding)
 
 
 def tiny_gemma3(seed=0, hidden=16, heads=4, kv_heads=2, head_dim=8, mlp=24, layers=2, window=4, scaling=None):
@@ -411,30 +310,13 @@ def tiny_gemma3(seed=0, hidden=16, heads=4, kv_heads=2, head_dim=8, mlp=24, laye
     their own, `scaling`: a rotary scaling of the global layers."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    torch.manual_seed(seed)
     full = {"rope_type": "default", "rope_theta": 1000.0, **(scaling or {})}
-    config = Gemma3TextConfig(
-        vocab_size=61,
-        hidden_size=hidden,
-        intermediate_size=mlp,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        query_pre_attn_scalar=12,
-        sliding_window=window,
-        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
-        rope_parameters={"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}},
-        max_position_embeddings=32,
-        tie_word_embeddings=True,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
-    )
-    model = Gemma3ForCausalLM(config)
-    _draw(model, seed, norm_gain=0.0)
-    return model.eval()
+    rope = {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}}
+    types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    sizes = (hidden, heads, kv_heads, mlp, layers)
+    extra = dict(head_dim=head_dim, query_pre_attn_scalar=12, sliding_window=window, layer_types=types)
+    extra |= dict(rope_parameters=rope, tie_word_embeddings=True, pad_token_id=None)
+    return _causal_lm((Gemma3TextConfig, Gemma3ForCausalLM), seed, 0.0, *sizes, **extra)
 
 
 def tiny_qwen3_moe(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, top_k=2, layers=2, norm=True):
@@ -443,31 +325,11 @@ def tiny_qwen3_moe(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, to
     in every layer."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    torch.manual_seed(seed)
-    config = Qwen3MoeConfig(
-        vocab_size=61,
-        hidden_size=hidden,
-        intermediate_size=mlp,
-        moe_intermediate_size=mlp,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=hidden // heads,
-        num_experts=experts,
-        num_experts_per_tok=top_k,
-        norm_topk_prob=norm,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
-        use_sliding_window=True,
-        sliding_window=4,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
-    )
-    model = Qwen3MoeForCausalLM(config)
-    _draw(model, seed, norm_gain=1.0)
-    return model.eval()
+    sizes = (hidden, heads, kv_heads, mlp, layers)
+    moe = dict(moe_intermediate_size=mlp, num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=norm)
+    sliding = dict(use_sliding_window=True, sliding_window=4)
+    extra = dict(head_dim=hidden // heads, **moe, **sliding)
+    return _causal_lm((Qwen3MoeConfig, Qwen3MoeForCausalLM), seed, 1.0, *sizes, **extra)
 
 
 def tiny_olmoe(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, top_k=2, layers=2, norm=False):
@@ -475,25 +337,6 @@ def tiny_olmoe(seed=0, hidden=32, heads=4, kv_heads=2, mlp=16, experts=4, top_k=
     `top_k` per token; `norm`: norm_topk_prob), weights and every norm's gain drawn as tiny_llama's."""
     from transformers import OlmoeConfig, OlmoeForCausalLM
 
-    torch.manual_seed(seed)
-    config = OlmoeConfig(
-        vocab_size=61,
-        hidden_size=hidden,
-        intermediate_size=mlp,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        num_experts=experts,
-        num_experts_per_tok=top_k,
-        norm_topk_prob=norm,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 100.0},
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        attn_implementation="eager",
-    )
-    model = OlmoeForCausalLM(config)
-    _draw(model, seed, norm_gain=1.0)
-    return model.eval()
+    sizes = (hidden, heads, kv_heads, mlp, layers)
+    moe = dict(num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=norm)
+    return _causal_lm((OlmoeConfig, OlmoeForCausalLM), seed, 1.0, *sizes, pad_token_id=None, **moe)
