@@ -32,20 +32,15 @@ def check_sparse(cfg: Any) -> None:
         )
 
 
-class Qwen2MoeFamily(MixtralFamily):
-    name = "qwen2_moe"
-    model_types = ("qwen2_moe",)
-    hf_classes = ("Qwen2MoeForCausalLM",)
-    mlp_kind = "moe_shared"
-    config_class: Any = Qwen2MoeConfig
-    model_class: Any = Qwen2MoeForCausalLM
+class SparseMoeFamily(MixtralFamily):
+    """Mixtral's experts as the Qwen MoE configs lay them out: num_experts experts of moe_intermediate_size
+    units, routing renormalised where norm_topk_prob says, every layer a mixture (check_sparse)."""
 
     def build_extras(self, cfg: Any) -> dict[str, Any]:
         return {
             "num_experts": cfg.num_experts,
             "num_experts_per_tok": cfg.experts_per_token,
             "moe_intermediate_size": cfg.mlp_size,
-            "shared_expert_intermediate_size": cfg.mlp_size,
         }
 
     def to_canonical(self, hf_model) -> CanonicalTransformer:
@@ -55,6 +50,21 @@ class Qwen2MoeFamily(MixtralFamily):
     def to_hf(self, model, template) -> nn.Module:
         check_sparse(template.config)
         return super().to_hf(model, template)
+
+    def config_extras(self, cfg: Any) -> dict[str, Any]:
+        return {"experts_top_k": cfg.num_experts_per_tok, "experts_renormalise": bool(cfg.norm_topk_prob)}
+
+
+class Qwen2MoeFamily(SparseMoeFamily):
+    name = "qwen2_moe"
+    model_types = ("qwen2_moe",)
+    hf_classes = ("Qwen2MoeForCausalLM",)
+    mlp_kind = "moe_shared"
+    config_class: Any = Qwen2MoeConfig
+    model_class: Any = Qwen2MoeForCausalLM
+
+    def build_extras(self, cfg: Any) -> dict[str, Any]:
+        return {**super().build_extras(cfg), "shared_expert_intermediate_size": cfg.mlp_size}
 
     def mlp_params(self, mlp: nn.Module, g, gamma: Tensor) -> dict[str, Tensor]:
         shared, width = mlp.shared_expert, mlp.shared_expert.down_proj.out_features
@@ -77,9 +87,6 @@ class Qwen2MoeFamily(MixtralFamily):
         set_linear(shared.up_proj, p(pre + "in_w"), p(pre + "in_b"), pre + "in")
         set_linear(shared.down_proj, p(pre + "out_w"), p(pre + "out_b"), pre + "out")
         set_param(mlp.shared_expert_gate.weight, p(pre + "shared_sigmoid_w"), pre + "shared_sigmoid_w")
-
-    def config_extras(self, cfg: Any) -> dict[str, Any]:
-        return {"experts_top_k": cfg.num_experts_per_tok, "experts_renormalise": bool(cfg.norm_topk_prob)}
 
 
 FAMILY = Qwen2MoeFamily()

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from glmc.models.canonical import CanonicalTransformer
-from glmc.models.families.mixtral import MixtralFamily
-from glmc.models.families.qwen2_moe import check_sparse
+from glmc.models.families.qwen2_moe import SparseMoeFamily
 from glmc.models.families.qwen3 import Qwen3Family
 
 
-class Qwen3MoeFamily(MixtralFamily, Qwen3Family):
-    """Mixtral's experts (mlp_kind, the MLP hooks) on Qwen3's attention (attention_kind, the head norms)."""
+class Qwen3MoeFamily(SparseMoeFamily, Qwen3Family):
+    """Mixtral's experts as Qwen2-MoE configures them (mlp_kind, the MLP hooks) on Qwen3's attention
+    (attention_kind, the head norms)."""
 
     name = "qwen3_moe"
     model_types = ("qwen3_moe",)
@@ -31,23 +29,7 @@ class Qwen3MoeFamily(MixtralFamily, Qwen3Family):
     model_class: Any = Qwen3MoeForCausalLM
 
     def build_extras(self, cfg: Any) -> dict[str, Any]:
-        return {
-            "num_experts": cfg.num_experts,
-            "num_experts_per_tok": cfg.experts_per_token,
-            "moe_intermediate_size": cfg.mlp_size,
-            "norm_topk_prob": True,
-        }
-
-    def to_canonical(self, hf_model) -> CanonicalTransformer:
-        check_sparse(hf_model.config)
-        return super().to_canonical(hf_model)
-
-    def to_hf(self, model, template) -> nn.Module:
-        check_sparse(template.config)
-        return super().to_hf(model, template)
-
-    def config_extras(self, cfg: Any) -> dict[str, Any]:
-        return {"experts_top_k": cfg.num_experts_per_tok, "experts_renormalise": bool(cfg.norm_topk_prob)}
+        return {**super().build_extras(cfg), "norm_topk_prob": True}
 
 
 FAMILY = Qwen3MoeFamily()
