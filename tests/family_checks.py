@@ -92,6 +92,23 @@ def assert_alignment_keeps_b(hf_a, hf_b, method: str, data: DataLoader, run_dir)
     return {name.split(".")[0] for name in alignment.transform}
 
 
+def alignment_tests(build, methods=("weight", "activation", "learned"), mapped=(), unmapped=()):
+    """A module-scoped fixture named `pair` (build(seed=0), build(seed=1), next-token data) and a test that
+    glmc.align keeps B under each of `methods`, mapping every space kind in `mapped` and none in `unmapped`."""
+
+    @pytest.fixture(scope="module", name="pair")
+    def pair():
+        return build(seed=0), build(seed=1), next_token_data(61)
+
+    @pytest.mark.parametrize("method", list(methods))
+    def test_alignment_keeps_b(pair, method, tmp_path):
+        hf_a, hf_b, data = pair
+        spaces = assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
+        assert set(mapped) <= spaces and not set(unmapped) & spaces, spaces
+
+    return pair, test_alignment_keeps_b
+
+
 def assert_export_reloads(hf, run_dir):
     """The canonical form of `hf` exported with `hf` as template reloads with from_pretrained and gives the
     same logits; the reloaded model, for checks of its tensors."""

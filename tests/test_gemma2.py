@@ -11,14 +11,7 @@ from glmc.models import to_canonical
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.models.export import export_hf
 
-from family_checks import (
-    assert_alignment_keeps_b,
-    assert_export_reloads,
-    canonical_fixture,
-    cli_on_two_folders,
-    next_token_data,
-    symmetry_tests,
-)
+from family_checks import alignment_tests, assert_export_reloads, canonical_fixture, cli_on_two_folders, symmetry_tests
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_gemma2
 
@@ -61,15 +54,7 @@ canonical = canonical_fixture(tiny_gemma2)
 test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_gemma2(seed=0), tiny_gemma2(seed=1), next_token_data(61)
-
-
-@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
-def test_alignment_keeps_b(pair, method, tmp_path):
-    hf_a, hf_b, data = pair
-    assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
+pair, test_alignment_keeps_b = alignment_tests(tiny_gemma2)
 
 
 def test_export_reloads_and_matches(tmp_path):

@@ -12,14 +12,7 @@ from glmc.models import to_canonical
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.models.families.llama import unread_rope_type
 
-from family_checks import (
-    assert_alignment_keeps_b,
-    assert_export_reloads,
-    canonical_fixture,
-    cli_on_two_folders,
-    next_token_data,
-    symmetry_tests,
-)
+from family_checks import alignment_tests, assert_export_reloads, canonical_fixture, cli_on_two_folders, symmetry_tests
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_gemma3
 
@@ -71,15 +64,7 @@ canonical = canonical_fixture(tiny_gemma3)
 test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_gemma3(seed=0), tiny_gemma3(seed=1), next_token_data(61)
-
-
-@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
-def test_alignment_keeps_b(pair, method, tmp_path):
-    hf_a, hf_b, data = pair
-    assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
+pair, test_alignment_keeps_b = alignment_tests(tiny_gemma3)
 
 
 def test_export_reloads_and_matches(tmp_path):

@@ -14,7 +14,7 @@ from glmc.models.export import export_hf
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
 from family_checks import (
-    assert_alignment_keeps_b,
+    alignment_tests,
     assert_export_reloads,
     canonical_fixture,
     cli_on_two_folders,
@@ -56,18 +56,10 @@ canonical = canonical_fixture(tiny_mixtral, window=4)
 test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_mixtral(seed=0), tiny_mixtral(seed=1), next_token_data(61)
-
-
-@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
-def test_alignment_keeps_b(pair, method, tmp_path):
-    hf_a, hf_b, data = pair
-    spaces = assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
-    assert {"heads", "qheads"} <= spaces and "mlp" not in spaces, spaces
-    # every matcher orders the experts (learned matching keeps weight matching's order, learns the rest)
-    assert {"experts", "expert_units"} <= spaces, spaces
+# every matcher orders the experts (learned matching keeps weight matching's order, learns the rest)
+pair, test_alignment_keeps_b = alignment_tests(
+    tiny_mixtral, mapped={"heads", "qheads", "experts", "expert_units"}, unmapped={"mlp"}
+)
 
 
 def test_a_planted_transform_is_recovered_exactly_and_only_with_expert_reordering():

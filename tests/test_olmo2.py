@@ -10,13 +10,7 @@ from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.symmetry import Invertible, SemiPermutation, SymmetrySpec, Transform, apply
 from glmc.symmetry.embed_width import embed_width
 
-from family_checks import (
-    assert_alignment_keeps_b,
-    assert_export_reloads,
-    cli_on_two_folders,
-    next_token_data,
-    symmetry_tests,
-)
+from family_checks import alignment_tests, assert_export_reloads, cli_on_two_folders, symmetry_tests
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_olmo2
 
@@ -106,15 +100,7 @@ def test_the_maps_the_joint_norms_remove_change_logits_and_pair_signs_do_not(can
     assert relative_deviation(embed_width(model, model.width, vo_dim=10)(x), model(x)) < KEEPS
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_olmo2(seed=0), tiny_olmo2(seed=1), next_token_data(61)
-
-
-@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
-def test_alignment_keeps_b(pair, method, tmp_path):
-    hf_a, hf_b, data = pair
-    assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
+pair, test_alignment_keeps_b = alignment_tests(tiny_olmo2)
 
 
 def test_export_reloads_and_matches(tmp_path):

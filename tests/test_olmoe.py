@@ -8,13 +8,7 @@ import torch
 
 from glmc.models import to_canonical
 
-from family_checks import (
-    assert_alignment_keeps_b,
-    assert_export_reloads,
-    canonical_fixture,
-    next_token_data,
-    symmetry_tests,
-)
+from family_checks import alignment_tests, assert_export_reloads, canonical_fixture, symmetry_tests
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_olmoe
 
@@ -47,11 +41,10 @@ canonical = canonical_fixture(tiny_olmoe)
 test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
 
 
-@pytest.mark.parametrize("method", ["weight"])  # activation and learned: tests/test_mixtral.py's experts
-def test_alignment_keeps_b_without_query_key_maps(method, tmp_path):
-    hf_a, hf_b, data = tiny_olmoe(seed=0), tiny_olmoe(seed=1), next_token_data(61)
-    spaces = assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
-    assert "qk" not in spaces and "heads" in spaces and "experts" in spaces, spaces
+# activation and learned: tests/test_mixtral.py's experts
+pair, test_alignment_keeps_b_without_query_key_maps = alignment_tests(
+    tiny_olmoe, ["weight"], mapped={"heads", "experts"}, unmapped={"qk"}
+)
 
 
 def test_export_reloads_and_matches(tmp_path):

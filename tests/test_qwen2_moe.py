@@ -7,13 +7,7 @@ import torch
 
 from glmc.models import to_canonical
 
-from family_checks import (
-    assert_alignment_keeps_b,
-    assert_export_reloads,
-    canonical_fixture,
-    next_token_data,
-    symmetry_tests,
-)
+from family_checks import alignment_tests, assert_export_reloads, canonical_fixture, symmetry_tests
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_qwen2_moe
 
@@ -50,11 +44,8 @@ canonical = canonical_fixture(tiny_qwen2_moe)
 test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
 
 
-@pytest.mark.parametrize("method", ["weight"])  # activation and learned: tests/test_mixtral.py's experts
-def test_alignment_keeps_b(method, tmp_path):
-    hf_a, hf_b, data = tiny_qwen2_moe(seed=0), tiny_qwen2_moe(seed=1), next_token_data(61)
-    spaces = assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
-    assert {"heads", "mlp"} <= spaces and "experts" in spaces, spaces
+# activation and learned: tests/test_mixtral.py's experts
+pair, test_alignment_keeps_b = alignment_tests(tiny_qwen2_moe, ["weight"], mapped={"heads", "mlp", "experts"})
 
 
 def test_export_reloads_and_matches(tmp_path):

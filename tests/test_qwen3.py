@@ -10,14 +10,7 @@ from glmc.interpolation import merge_params
 from glmc.models import to_canonical
 from glmc.models.canonical import CanonicalTransformer
 
-from family_checks import (
-    assert_alignment_keeps_b,
-    assert_export_reloads,
-    canonical_fixture,
-    cli_on_two_folders,
-    next_token_data,
-    symmetry_tests,
-)
+from family_checks import alignment_tests, assert_export_reloads, canonical_fixture, cli_on_two_folders, symmetry_tests
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_qwen3
 
@@ -59,16 +52,9 @@ canonical = canonical_fixture(tiny_qwen3, window=4, full=1)
 test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_qwen3(seed=0), tiny_qwen3(seed=1), next_token_data(61)
-
-
-@pytest.mark.parametrize("method", ["weight", "activation", "learned"])
-def test_alignment_keeps_b_without_query_key_maps(pair, method, tmp_path):
-    hf_a, hf_b, data = pair
-    spaces = assert_alignment_keeps_b(hf_a, hf_b, method, data, tmp_path)
-    assert "qk" not in spaces and {"heads", "qheads", "vo"} <= spaces, spaces
+pair, test_alignment_keeps_b_without_query_key_maps = alignment_tests(
+    tiny_qwen3, mapped={"heads", "qheads", "vo"}, unmapped={"qk"}
+)
 
 
 def test_circuit_interpolation_stacks_values_and_keeps_queries_and_keys_factored(pair):
