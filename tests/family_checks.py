@@ -109,14 +109,15 @@ def alignment_tests(build, methods=("weight", "activation", "learned"), mapped=(
     return pair, test_alignment_keeps_b
 
 
-def assert_export_reloads(hf, run_dir):
+def assert_export_reloads(hf, run_dir, kept: tuple[str, ...] = ()) -> None:
     """The canonical form of `hf` exported with `hf` as template reloads with from_pretrained and gives the
-    same logits; the reloaded model, for checks of its tensors."""
+    same logits, and each parameter named in `kept` (e.g. a norm the export writes back) comes back as it was."""
     model, x = to_canonical(hf), inputs_for(hf)
     loaded = type(hf).from_pretrained(export_hf(model, hf, run_dir / "out")).eval()
     with torch.no_grad():
         assert_close_rel(loaded(x).logits, hf(x).logits, FORWARD, "exported vs original logits")
-    return loaded
+    for name in kept:
+        assert torch.allclose(loaded.get_parameter(name), hf.get_parameter(name)), name
 
 
 def cli_on_two_folders(monkeypatch, capsys, tmp_path, family: str, dtype=torch.float32, **model) -> dict:

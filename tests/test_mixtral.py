@@ -92,8 +92,7 @@ def test_activation_matching_finds_a_planted_expert_order_and_units(tmp_path):
 
 def test_export_reloads_and_matches(tmp_path):
     hf = tiny_mixtral(window=4)
-    loaded = assert_export_reloads(hf, tmp_path)
-    assert torch.allclose(loaded.model.layers[1].mlp.experts.down_proj, hf.model.layers[1].mlp.experts.down_proj)
+    assert_export_reloads(hf, tmp_path, kept=("model.layers.1.mlp.experts.down_proj",))
 
 
 def test_a_template_with_other_experts_is_refused(tmp_path):

@@ -50,8 +50,7 @@ pair, test_alignment_keeps_b_without_query_key_maps = alignment_tests(
 
 def test_export_reloads_and_matches(tmp_path):
     hf = tiny_qwen3_moe(norm=False)
-    loaded = assert_export_reloads(hf, tmp_path)
-    assert torch.allclose(loaded.model.layers[1].self_attn.k_norm.weight, hf.model.layers[1].self_attn.k_norm.weight)
+    assert_export_reloads(hf, tmp_path, kept=("model.layers.1.self_attn.k_norm.weight",))
 
 
 def test_dense_mlp_layers_are_refused():
