@@ -30,6 +30,14 @@ MATCHERS = {
     "learned": dict(max_steps=2, lr=1e-2, weight_max_iter=3, checkpoint_every=10**6),
 }
 
+# the (space kind, class) pairs a family's CASES are made of, grouped by the tensors whose maps they are
+STREAM = {("residual", "orthogonal"), ("residual", "permutation")}
+HEADS = {("heads", "permutation"), ("heads", "semi_permutation"), ("qheads", "permutation")}
+ROTARY_QK = {("qk", "rotary_scale")}
+VO = {("vo", "invertible"), ("vo", "orthogonal_scale")}
+GATED_MLP = {("mlp", "permutation"), ("mlp_scale", "diagonal")}
+EXPERTS = {("experts", "permutation"), ("expert_units", "permutation")}
+
 
 def claimed(model) -> set[tuple[str, str]]:
     """(space kind, class) for every class a space of the model's SymmetrySpec offers."""

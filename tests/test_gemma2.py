@@ -11,7 +11,17 @@ from glmc.models import to_canonical
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.models.export import export_hf
 
-from family_checks import alignment_tests, assert_export_reloads, canonical_fixture, cli_on_two_folders, symmetry_tests
+from family_checks import (
+    GATED_MLP,
+    HEADS,
+    ROTARY_QK,
+    VO,
+    alignment_tests,
+    assert_export_reloads,
+    canonical_fixture,
+    cli_on_two_folders,
+    symmetry_tests,
+)
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_gemma2
 
@@ -37,17 +47,7 @@ def test_conversion_matches_hf(bias):
 
 
 # Gemma's group with the residual stream narrowed to permutations (blocks/sandwich.py says why)
-CASES = {
-    ("residual", "permutation"),
-    ("heads", "permutation"),
-    ("heads", "semi_permutation"),
-    ("qheads", "permutation"),
-    ("qk", "rotary_scale"),
-    ("vo", "invertible"),
-    ("vo", "orthogonal_scale"),
-    ("mlp", "permutation"),
-    ("mlp_scale", "diagonal"),
-}
+CASES = {("residual", "permutation")} | HEADS | ROTARY_QK | VO | GATED_MLP
 
 
 canonical = canonical_fixture(tiny_gemma2)

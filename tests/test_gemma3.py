@@ -12,7 +12,16 @@ from glmc.models import to_canonical
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.models.families.llama import unread_rope_type
 
-from family_checks import alignment_tests, assert_export_reloads, canonical_fixture, cli_on_two_folders, symmetry_tests
+from family_checks import (
+    GATED_MLP,
+    HEADS,
+    VO,
+    alignment_tests,
+    assert_export_reloads,
+    canonical_fixture,
+    cli_on_two_folders,
+    symmetry_tests,
+)
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_gemma3
 
@@ -48,16 +57,7 @@ def test_rotary_types_glmc_does_not_read_are_refused_per_layer_type():
 
 
 # Gemma 2's group without the per-head query/key maps (blocks/qk_norm.py, blocks/sandwich.py say why)
-CASES = {
-    ("residual", "permutation"),
-    ("heads", "permutation"),
-    ("heads", "semi_permutation"),
-    ("qheads", "permutation"),
-    ("vo", "invertible"),
-    ("vo", "orthogonal_scale"),
-    ("mlp", "permutation"),
-    ("mlp_scale", "diagonal"),
-}
+CASES = {("residual", "permutation")} | HEADS | VO | GATED_MLP
 
 
 canonical = canonical_fixture(tiny_gemma3)

@@ -14,6 +14,11 @@ from glmc.models.export import export_hf
 from glmc.symmetry import SymmetrySpec, Transform, apply
 
 from family_checks import (
+    EXPERTS,
+    HEADS,
+    ROTARY_QK,
+    STREAM,
+    VO,
     alignment_tests,
     assert_export_reloads,
     canonical_fixture,
@@ -38,18 +43,7 @@ def test_conversion_matches_hf(window):
 
 
 # Llama's, with the gated MLP's unit spaces replaced by the experts' (blocks/moe.py says why)
-CASES = {
-    ("residual", "orthogonal"),
-    ("residual", "permutation"),
-    ("heads", "permutation"),
-    ("heads", "semi_permutation"),
-    ("qheads", "permutation"),
-    ("qk", "rotary_scale"),
-    ("vo", "invertible"),
-    ("vo", "orthogonal_scale"),
-    ("experts", "permutation"),
-    ("expert_units", "permutation"),
-}
+CASES = STREAM | HEADS | ROTARY_QK | VO | EXPERTS
 
 
 canonical = canonical_fixture(tiny_mixtral, window=4)

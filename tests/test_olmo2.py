@@ -10,7 +10,7 @@ from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.symmetry import Invertible, SemiPermutation, SymmetrySpec, Transform, apply
 from glmc.symmetry.embed_width import embed_width
 
-from family_checks import alignment_tests, assert_export_reloads, cli_on_two_folders, symmetry_tests
+from family_checks import GATED_MLP, VO, alignment_tests, assert_export_reloads, cli_on_two_folders, symmetry_tests
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_olmo2
 
@@ -33,15 +33,7 @@ def test_conversion_matches_hf(bias):
 
 
 # Llama's without qk, head copies or an orthogonal stream (blocks/qk_norm_all.py, blocks/sandwich.py say why)
-CASES = {
-    ("residual", "permutation"),
-    ("heads", "permutation"),
-    ("qheads", "permutation"),
-    ("vo", "invertible"),
-    ("vo", "orthogonal_scale"),
-    ("mlp", "permutation"),
-    ("mlp_scale", "diagonal"),
-}
+CASES = {("residual", "permutation"), ("heads", "permutation"), ("qheads", "permutation")} | VO | GATED_MLP
 
 
 @pytest.fixture(scope="module")

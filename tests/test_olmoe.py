@@ -8,7 +8,7 @@ import torch
 
 from glmc.models import to_canonical
 
-from family_checks import alignment_tests, assert_export_reloads, canonical_fixture, symmetry_tests
+from family_checks import EXPERTS, STREAM, VO, alignment_tests, assert_export_reloads, canonical_fixture, symmetry_tests
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_olmoe
 
@@ -25,16 +25,7 @@ def test_conversion_matches_hf(norm):
 
 
 # OLMo-2's attention spaces (no qk, heads permuted only) with Mixtral's experts
-CASES = {
-    ("residual", "orthogonal"),
-    ("residual", "permutation"),
-    ("heads", "permutation"),
-    ("qheads", "permutation"),
-    ("vo", "invertible"),
-    ("vo", "orthogonal_scale"),
-    ("experts", "permutation"),
-    ("expert_units", "permutation"),
-}
+CASES = STREAM | {("heads", "permutation"), ("qheads", "permutation")} | VO | EXPERTS
 
 
 canonical = canonical_fixture(tiny_olmoe)

@@ -7,7 +7,18 @@ import torch
 
 from glmc.models import to_canonical
 
-from family_checks import alignment_tests, assert_export_reloads, canonical_fixture, symmetry_tests
+from family_checks import (
+    EXPERTS,
+    GATED_MLP,
+    HEADS,
+    ROTARY_QK,
+    STREAM,
+    VO,
+    alignment_tests,
+    assert_export_reloads,
+    canonical_fixture,
+    symmetry_tests,
+)
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_qwen2_moe
 
@@ -24,20 +35,7 @@ def test_conversion_matches_hf(norm):
 
 
 # Mixtral's (tests/test_mixtral.py), with the shared expert's gated units and their up/down scale
-CASES = {
-    ("residual", "orthogonal"),
-    ("residual", "permutation"),
-    ("heads", "permutation"),
-    ("heads", "semi_permutation"),
-    ("qheads", "permutation"),
-    ("qk", "rotary_scale"),
-    ("vo", "invertible"),
-    ("vo", "orthogonal_scale"),
-    ("experts", "permutation"),
-    ("expert_units", "permutation"),
-    ("mlp", "permutation"),
-    ("mlp_scale", "diagonal"),
-}
+CASES = STREAM | HEADS | ROTARY_QK | VO | EXPERTS | GATED_MLP
 
 
 canonical = canonical_fixture(tiny_qwen2_moe)

@@ -10,7 +10,17 @@ from glmc.interpolation import merge_params
 from glmc.models import to_canonical
 from glmc.models.canonical import CanonicalTransformer
 
-from family_checks import alignment_tests, assert_export_reloads, canonical_fixture, cli_on_two_folders, symmetry_tests
+from family_checks import (
+    GATED_MLP,
+    HEADS,
+    STREAM,
+    VO,
+    alignment_tests,
+    assert_export_reloads,
+    canonical_fixture,
+    cli_on_two_folders,
+    symmetry_tests,
+)
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_qwen3
 
@@ -35,17 +45,7 @@ def test_conversion_matches_hf(settings):
 
 
 # Llama's without qk (blocks/qk_norm.py says why; tests/test_qk_norm.py applies the maps it removes)
-CASES = {
-    ("residual", "orthogonal"),
-    ("residual", "permutation"),
-    ("heads", "permutation"),
-    ("heads", "semi_permutation"),
-    ("qheads", "permutation"),
-    ("vo", "invertible"),
-    ("vo", "orthogonal_scale"),
-    ("mlp", "permutation"),
-    ("mlp_scale", "diagonal"),
-}
+CASES = STREAM | HEADS | VO | GATED_MLP
 
 
 canonical = canonical_fixture(tiny_qwen3, window=4, full=1)

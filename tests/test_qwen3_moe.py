@@ -8,7 +8,16 @@ import torch
 
 from glmc.models import to_canonical
 
-from family_checks import alignment_tests, assert_export_reloads, canonical_fixture, symmetry_tests
+from family_checks import (
+    EXPERTS,
+    HEADS,
+    STREAM,
+    VO,
+    alignment_tests,
+    assert_export_reloads,
+    canonical_fixture,
+    symmetry_tests,
+)
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_qwen3_moe
 
@@ -25,17 +34,7 @@ def test_conversion_matches_hf(norm):
 
 
 # Qwen3's attention spaces (no qk) with Mixtral's experts
-CASES = {
-    ("residual", "orthogonal"),
-    ("residual", "permutation"),
-    ("heads", "permutation"),
-    ("heads", "semi_permutation"),
-    ("qheads", "permutation"),
-    ("vo", "invertible"),
-    ("vo", "orthogonal_scale"),
-    ("experts", "permutation"),
-    ("expert_units", "permutation"),
-}
+CASES = STREAM | HEADS | VO | EXPERTS
 
 
 canonical = canonical_fixture(tiny_qwen3_moe)
