@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor, nn
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from glmc.models.export import set_param
 from glmc.models.families.gemma2 import Gemma2Family
 from glmc.models.families.llama import rope_parameters
+from glmc.models.families.qwen3 import QueryKeyNormHooks
 
 
 def local_rope(cfg: Any) -> float | None:
@@ -33,24 +32,13 @@ def local_rope(cfg: Any) -> float | None:
     return None if theta is None else float(theta)
 
 
-class Gemma3Family(Gemma2Family):
+class Gemma3Family(QueryKeyNormHooks, Gemma2Family):
     name = "gemma3"
     model_types = ("gemma3_text",)
     hf_classes = ("Gemma3ForCausalLM",)
     attention_kind = "qk_norm"
     config_class: Any = Gemma3TextConfig
     model_class: Any = Gemma3ForCausalLM
-
-    def query_scale(self, attn: nn.Module) -> float:
-        return 1.0
-
-    def head_norms(self, attn: nn.Module, g) -> dict[str, Tensor]:
-        q_gain, k_gain = self.norm_offset + g(attn.q_norm.weight), self.norm_offset + g(attn.k_norm.weight)
-        return {"q_norm": attn.scaling * q_gain, "k_norm": k_gain}
-
-    def set_head_norms(self, attn: nn.Module, p, pre: str) -> None:
-        set_param(attn.q_norm.weight, p(pre + "q_norm") / attn.scaling - self.norm_offset, pre + "q_norm")
-        set_param(attn.k_norm.weight, p(pre + "k_norm") - self.norm_offset, pre + "k_norm")
 
     def config_extras(self, cfg: Any) -> dict[str, Any]:
         return {**super().config_extras(cfg), "rope_local_theta": local_rope(cfg)}

@@ -17,23 +17,31 @@ from glmc.models.export import set_param
 from glmc.models.families.llama import LlamaFamily
 
 
-class Qwen3Family(LlamaFamily):
+class QueryKeyNormHooks:
+    """The Llama conversion's hooks for per-head query/key norms (HF q_norm, k_norm; gains norm_offset + w),
+    the attention's scaling folded into the query gain: shared by Qwen3 and Gemma 3."""
+
+    norm_offset: float
+
+    def query_scale(self, attn: nn.Module) -> float:
+        return 1.0
+
+    def head_norms(self, attn: nn.Module, g) -> dict[str, Tensor]:
+        q_gain, k_gain = self.norm_offset + g(attn.q_norm.weight), self.norm_offset + g(attn.k_norm.weight)
+        return {"q_norm": attn.scaling * q_gain, "k_norm": k_gain}
+
+    def set_head_norms(self, attn: nn.Module, p, pre: str) -> None:
+        set_param(attn.q_norm.weight, p(pre + "q_norm") / attn.scaling - self.norm_offset, pre + "q_norm")
+        set_param(attn.k_norm.weight, p(pre + "k_norm") - self.norm_offset, pre + "k_norm")
+
+
+class Qwen3Family(QueryKeyNormHooks, LlamaFamily):
     name = "qwen3"
     model_types = ("qwen3",)
     hf_classes = ("Qwen3ForCausalLM",)
     attention_kind = "qk_norm"
     config_class: Any = Qwen3Config
     model_class: Any = Qwen3ForCausalLM
-
-    def query_scale(self, attn: nn.Module) -> float:
-        return 1.0
-
-    def head_norms(self, attn: nn.Module, g) -> dict[str, Tensor]:
-        return {"q_norm": attn.scaling * g(attn.q_norm.weight), "k_norm": g(attn.k_norm.weight)}
-
-    def set_head_norms(self, attn: nn.Module, p, pre: str) -> None:
-        set_param(attn.q_norm.weight, p(pre + "q_norm") / attn.scaling, pre + "q_norm")
-        set_param(attn.k_norm.weight, p(pre + "k_norm"), pre + "k_norm")
 
 
 FAMILY = Qwen3Family()
