@@ -603,7 +603,7 @@ def _cli(cache: Path, run: Path) -> list[str]:
         "debug=fast",
         "logger=none",
         "matcher.methods=[vanilla]",
-        "train.max_epochs=3",
+        "train.max_epochs=2",  # killed at its first epoch's checkpoint, resumed for the second
         "data.limit_train=128",
         f"cache_dir={cache}",
         f"hydra.run.dir={run}",
