@@ -19,7 +19,7 @@ pytestmark = pytest.mark.numeric
 def test_conversion_matches_hf(norm):
     hf = tiny_olmoe(norm=norm)
     model, x = to_canonical(hf), inputs_for(hf)
-    assert model.config.experts_renormalise == norm
+    assert model.config.block_settings["experts_renormalise"] == norm
     with torch.no_grad():
         assert_close_rel(model(x), hf(x).logits, FEW_OPS, "canonical vs HF logits")
 

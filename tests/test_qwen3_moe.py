@@ -28,7 +28,8 @@ pytestmark = pytest.mark.numeric
 def test_conversion_matches_hf(norm):
     hf = tiny_qwen3_moe(norm=norm)
     model, x = to_canonical(hf), inputs_for(hf)
-    assert (model.config.experts_renormalise, model.config.sliding_window) == (norm, 4) and x.shape[1] > 4
+    settings = model.config.block_settings
+    assert (settings["experts_renormalise"], model.config.sliding_window) == (norm, 4) and x.shape[1] > 4
     with torch.no_grad():
         assert_close_rel(model(x), hf(x).logits, FEW_OPS, "canonical vs HF logits")
 

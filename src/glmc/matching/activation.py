@@ -10,6 +10,8 @@ of their activations over non-padding tokens (Eq. 1) and assigned to maximise it
             their sums; grouped-query attention assigns groups on their query heads' best assignment, with
             one value permutation per group; rotary q/k are left alone. `monotonic` keeps heads in place;
             `ignore` moves features between heads (not a symmetry; refused for grouped-query attention).
+  kinds     spaces of a block kind's own, by its hook (BlockKind.activation), where the matcher matches
+            that kind's sublayer (mlp or heads not none).
 Permuted factored weights are interpolated as they are (qk = vo = none), as in paper 003.
 """
 
@@ -25,9 +27,9 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.matching.activation_experts import expert_assignment
 from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
 from glmc.metrics import IGNORE_INDEX, is_token_task
+from glmc.models.blocks.registry import ActivationHook, hook
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.models.families import family_named
 from glmc.models.families.base import role_of
@@ -94,19 +96,6 @@ def record_moments(
                     xa, xb = xa[keep], xb[keep]
                 moments[name].update(xa, xb)
     return moments
-
-
-# the states a mixture of experts records (blocks.moe): router logits (E) and expert activations (E*F)
-EXPERT_STATES = ("router_logits", "expert_act")
-
-
-def match_experts(moments: dict, spec: SymmetrySpec, l: int, transform: Transform, correlation: dict) -> None:
-    """Layer l's experts and each expert's units into `transform` (expert_assignment), the mean
-    correlation of the experts' router logits (before, after) into `correlation`."""
-    router, units = (moments[f"blocks.{l}.{s}"].correlation() for s in EXPERT_STATES)
-    order, units, _ = expert_assignment(units, router, spec[f"experts.{l}"].size)
-    transform[f"experts.{l}"], transform[f"expert_units.{l}"] = order, units
-    correlation[f"experts.{l}"] = (mean_matched(router), mean_matched(router, order.perm))
 
 
 def _recorder(states: dict, key: str, names: set[str]):
@@ -276,10 +265,10 @@ class ActivationMatcher(Matcher):
         start = time.perf_counter()
         states = residual_states(a.num_layers, self.residual)
         spec = SymmetrySpec.from_model(a)
-        units = self.mlp != "none" and "mlp.0" in spec.spaces  # a routed mixture alone has no MLP units
-        experts = self.mlp != "none" and "experts.0" in spec.spaces
+        units = self.mlp != "none" and "mlp.0" in spec.spaces  # a block kind's own MLP may have no such units
+        hooks = self.kind_hooks(a)
         names = self.recorded_names(a.num_layers, states, units)
-        names |= {f"blocks.{l}.{s}" for l in range(a.num_layers) for s in EXPERT_STATES} if experts else set()
+        names |= {f"blocks.{l}.{s}" for l in range(a.num_layers) for h in hooks for s in h.states}
         batches = itertools.islice(iter(context.train_batches(self.name)), self.batches)
         moments = record_moments(a, b, batches, names, a.task, context.device) if names else {}
         recorded = time.perf_counter()
@@ -289,8 +278,8 @@ class ActivationMatcher(Matcher):
         for l in range(a.num_layers):
             if units:
                 self.match_mlp(moments[f"blocks.{l}.mlp_act"], spec, l, transform, correlation)
-            if experts:
-                match_experts(moments, spec, l, transform, correlation)
+            for h in hooks:
+                hook(h.match)(moments, spec, l, transform, correlation)
             if self.heads == "ignore":
                 corr = moments[f"blocks.{l}.heads"].correlation()
                 joint[l] = torch.as_tensor(assign(corr)[0])
@@ -324,6 +313,12 @@ class ActivationMatcher(Matcher):
                 "query heads share their group's keys and values, so features cannot be assigned across heads one "
                 "by one: use heads=two_stage, monotonic or none"
             )
+
+    def kind_hooks(self, model: CanonicalTransformer) -> list[ActivationHook]:
+        """The activation hooks of the model's block kinds whose sublayer this matcher matches."""
+        matched = {"attention": self.heads != "none", "mlp": self.mlp != "none"}
+        kinds = family_named(model.config.family).kinds(model.config.form)
+        return [k.activation for k in kinds if k.activation is not None and matched.get(k.sublayer, True)]
 
     def recorded_names(self, layers: int, states: list[str], units: bool) -> set[str]:
         """The activations to record: the residual `states`, and per layer the MLP units (`units`) and heads'

@@ -8,9 +8,15 @@ permutation of j adds to <theta_A, T(theta_B)>, so maximising it minimises the d
 permutation gives the matched value v_ij; the experts' order maximises sum_i v_i,sigma(i) +
 <router_A i, router_B sigma(i)>. Without reordering (reorder=False) sigma is the identity and each expert's
 units are matched to the same expert of A's.
+
+blocks.moe names weight_step as its weight-matching step: the search runs it where it matches MLP units,
+reordering experts unless the matcher's option `experts` is "fixed" (matcher.weight.experts).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -68,6 +74,16 @@ class ExpertsStep:
             state.perms[f"experts.{l}"], state.perms[f"expert_units.{l}"] = order, units
 
 
-def has_experts(problem: MatchingProblem) -> bool:
-    """Whether the model's blocks declare experts (a mixture-of-experts MLP)."""
-    return f"experts.{problem.layers[0]}" in problem.spec.spaces
+# matcher.weight.experts: whether the experts are reordered
+REORDER = {"permutation": True, "fixed": False}
+
+
+def weight_step(problem: MatchingProblem, options: Mapping[str, Any]) -> ExpertsStep | None:
+    """The experts' step for a search with these options (BlockKind.weight_step): none where MLP units are
+    not searched (options["mlp"] false)."""
+    if not options["mlp"]:
+        return None
+    chosen = options.get("experts", "permutation")
+    if chosen not in REORDER:
+        raise ValueError(f"matcher option experts={chosen!r}: choose permutation (reorder experts) or fixed")
+    return ExpertsStep(problem, REORDER[chosen])

@@ -10,7 +10,8 @@ rerun resumes). The hard projection is returned unless its path is worse than th
 batches, or training diverged (`kept_start`, `diverged`); the Sinkhorn matcher returns the soft-aligned B
 (not function-preserving) with the hard projection as a variant. Spaces no latent learns (Llama's
 qheads, qk, vo, mlp_scale) take weight matching's elements, applied to B first and carried along by the
-learned permutations.
+learned permutations; those of a task head's hidden state and of the spaces block kinds keep
+(BlockKind.kept_spaces) are applied to B first and kept.
 """
 
 from __future__ import annotations
@@ -50,14 +51,18 @@ def as_dense(g) -> Tensor:
 
 # per-group and per-unit spaces that no latent learns, and the learned space that orders their elements
 CARRIED = {"qheads": "heads", "qk": "heads", "vo": "heads", "mlp_scale": "mlp"}
-# spaces no latent learns whose elements act on axes no latent moves: kept as weight matching found them
-# (a task head's hidden state; a mixture's expert order and each expert's units)
-KEPT = (HEAD_HIDDEN, "experts", "expert_units")
 
 
-def kept(transform: Transform, learned: dict) -> Transform:
-    """The elements of `transform` in KEPT spaces that have no latent in `learned`."""
-    return Transform({n: g for n, g in transform.items() if n.partition(".")[0] in KEPT and n not in learned})
+def kept_spaces(model: CanonicalTransformer) -> tuple[str, ...]:
+    """The space kinds no latent learns whose elements act on axes no latent moves, kept as weight matching
+    found them: a task head's hidden state's, and those the model's block kinds keep."""
+    kinds = family_named(model.config.family).kinds(model.config.form)
+    return (HEAD_HIDDEN, *(space for kind in kinds for space in kind.kept_spaces))
+
+
+def kept(transform: Transform, learned: dict, spaces: tuple[str, ...]) -> Transform:
+    """The elements of `transform` in the kept `spaces` (kept_spaces) that have no latent in `learned`."""
+    return Transform({n: g for n, g in transform.items() if n.partition(".")[0] in spaces and n not in learned})
 
 
 def _rows(g: Element, index: Tensor) -> Element:
@@ -175,7 +180,8 @@ class LearnedMatcher(Matcher):
             return self.keep_start(a, b, begun.start, next(iter(loader))[0], diverged, diagnostics)
 
         learned = module.hard_transform()
-        hard = Transform({**learned, **carried_along(begun.fixed, learned), **kept(begun.fixed, learned)})
+        held = kept(begun.fixed, learned, kept_spaces(b))
+        hard = Transform({**learned, **carried_along(begun.fixed, learned), **held})
         aligned = apply(hard, b)
         inputs = next(iter(loader))[0]
         with torch.no_grad():
@@ -220,7 +226,7 @@ class LearnedMatcher(Matcher):
         # spaces without latents (grouped rotary models; a post-LN head's own hidden state): weight
         # matching's elements, applied to B first
         fixed = carried_along(start, start, inverse=True)
-        fixed.update(kept(start, kinds))
+        fixed.update(kept(start, kinds, kept_spaces(b)))
         b_fixed = apply(fixed, b) if fixed else b
         return Begun(start, wm, fixed, b_fixed, time.perf_counter() - tick)
 

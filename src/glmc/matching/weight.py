@@ -12,7 +12,10 @@ fix the all-ones vector, so merges of mean-zero streams still export to LayerNor
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -32,6 +35,9 @@ from glmc.ranges import check_settings
 from glmc.settings.methods import WeightMatcherConfig
 from glmc.symmetry import Orthogonal, Transform, apply
 from glmc.symmetry.family_defaults import resolve_residual
+
+log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 10.0  # an iteration ending this long after the last progress line writes one
 
 
 def _iteration(steps: list[Step], objective: Objective, state: SearchState, it: int) -> tuple[float, Transform]:
@@ -64,11 +70,19 @@ def _search(
     best = objective(state.pb_cur, best_t)
     values: list[float] = [best]
     per_iteration: list[float] = []
+    begun = last_line = time.perf_counter()
     for it in range(max_iter):
         started = time.perf_counter()
         value, current = _iteration(steps, objective, state, it)
         values.append(value)
-        per_iteration.append(time.perf_counter() - started)
+        now = time.perf_counter()
+        per_iteration.append(now - started)
+        if now - last_line >= PROGRESS_EVERY_S:  # large models: a line per iteration, small ones none
+            log.info(
+                "weight matching: iteration %d of at most %d, distance %.6f, %.0f s so far",
+                it + 1, max_iter, value, now - begun,
+            )  # fmt: skip
+            last_line = now
         improved = best - value
         if value < best:
             best, best_t = value, Transform(current)
@@ -113,14 +127,15 @@ def weight_matching(
     reuse: bool = True,
     layerwise: bool | None = None,
     device: str | torch.device | None = None,
-    experts: bool = True,
+    options: Mapping[str, Any] | None = None,
 ) -> tuple[Transform, dict[str, Any]]:
     """Transform T (float32 elements, on B's device) with T(B) close to A in weight space; diagnostics hold
     the per-iteration objective. The search runs in `dtype` (Procrustes and cancellations in float64) on
     `device` (None: where A's weights are). `tokens`: the vocabulary rows compared (None: all). `threads`:
     layers' MLP assignments solved at once (None: torch's thread count; the same solutions). `reuse`: skip
     work whose inputs did not change. `layerwise`: B's transformed weights built layer by layer (the same
-    floats; None: by size). `experts`: whether a mixture's experts are reordered (glmc.matching.experts)."""
+    floats; None: by size). `options`: settings of the steps the models' block kinds add (BlockKind.weight_step;
+    None: their defaults)."""
     if residual not in ("orthogonal", "permutation", "none"):
         raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
@@ -129,7 +144,8 @@ def weight_matching(
         problem = MatchingProblem.build(model_a, model_b, dtype, tokens, layerwise, device)
         state = start_state(problem, residual, heads, mlp)
         carried = Reuse.build(problem, residual, heads, mlp, reuse)
-        steps = iteration_steps(problem, carried, residual, keep_mean, heads, mlp, threads, experts)
+        kinds = family_named(model_b.config.family).kinds("factored")
+        steps = iteration_steps(problem, carried, residual, keep_mean, heads, mlp, threads, kinds, options)
         best_t, best, values, per_iteration = _search(steps, Objective(problem, carried), state, max_iter, tol)
     best_t = best_t.to(device=_device_of(model_b), dtype=torch.float32)
     diagnostics = _diagnostics(best_t, best, values, per_iteration, state, carried)
@@ -173,8 +189,8 @@ class WeightMatcher(Matcher):
 
     qk / vo: "circuit" interpolates those pairs as circuits, "none" factored. keep_mean: "auto" fixes the
     all-ones vector when both streams are mean-zero, "always" requires that, "never" does not. device:
-    where the search runs (search_device). experts: "permutation" reorders a mixture's experts, "fixed"
-    keeps their order (their units are matched either way)."""
+    where the search runs (search_device). options: the settings of WeightMatcherConfig that the steps of
+    block kinds read (weight_matching's `options`)."""
 
     def __init__(
         self,
@@ -189,10 +205,13 @@ class WeightMatcher(Matcher):
         vocabulary: str = "train",
         keep_mean: str = "never",
         device: str = "auto",
-        experts: str = "permutation",
+        **options: Any,
     ):
-        check_settings(WeightMatcherConfig, f"matcher.{name}", locals())  # the ranges glmc.settings declares
-        self.keep_mean, self.device, self.experts = keep_mean, device, experts
+        check_settings(WeightMatcherConfig, f"matcher.{name}", {**locals(), **options})  # the declared ranges
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(WeightMatcherConfig)})
+        if unknown:
+            raise TypeError(f"matcher.{name} has no setting {unknown[0]!r}: see WeightMatcherConfig's settings")
+        self.keep_mean, self.device, self.options = keep_mean, device, options
         self.name, self.residual, self.heads, self.mlp = name, residual, heads != "none", mlp != "none"
         self.circuits, self.max_iter, self.tol, self.vocabulary = circuit_pairs(qk, vo), max_iter, tol, vocabulary
 
@@ -213,7 +232,7 @@ class WeightMatcher(Matcher):
             tokens=tokens,
             keep_mean=keep_mean,
             device=device,
-            experts=self.experts == "permutation",
+            options=self.options,
         )
         diagnostics["keep_mean"] = keep_mean
         if tokens is not None:

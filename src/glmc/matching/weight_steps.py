@@ -1,16 +1,17 @@
 """The steps of one weight-matching iteration (glmc.matching.weight), each chosen once for the models
-at hand: the residual map, B under it, heads, MLP units, in-head maps, the head's hidden units."""
+at hand: the residual map, B under it, heads, MLP units, the steps the models' block kinds add for spaces
+of their own (BlockKind.weight_step), in-head maps, the head's hidden units."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
+from typing import Any
 
 from torch import Tensor
 
 from glmc.matching.assignment import PARALLEL_UNITS, assign_layers, group_assignment, projected, warm_layers
 from glmc.matching.circuits import circuit_cost, circuit_move, head_similarity
-from glmc.matching.experts import ExpertsStep, has_experts
 from glmc.matching.in_head import in_head_maps, rotary_head_cost
 from glmc.matching.mlp_units import gated_mlp_similarity, mlp_similarity, unit_scales
 from glmc.matching.projections import polar_factor
@@ -21,6 +22,7 @@ from glmc.matching.residual_map import (
     ones_complement,
 )
 from glmc.matching.weight_problem import MatchingProblem, Reuse, SearchState
+from glmc.models.blocks.registry import BlockKind, hook
 from glmc.models.families.roles import HEAD_HIDDEN, HEAD_PAIRS
 from glmc.symmetry import Orthogonal, Permutation, Transform
 from glmc.symmetry.groups import Element
@@ -194,6 +196,12 @@ def head_pairs(problem: MatchingProblem) -> frozenset[str]:
     return frozenset(s.kind for s in problem.spec if s.kind in HEAD_PAIRS)
 
 
+def kind_steps(problem: MatchingProblem, kinds: tuple[BlockKind, ...], options: Mapping[str, Any]) -> list:
+    """The steps the block kinds declare (BlockKind.weight_step) for a search with these options."""
+    made = (hook(kind.weight_step)(problem, options) for kind in kinds if kind.weight_step is not None)
+    return [step for step in made if step is not None]
+
+
 def iteration_steps(
     problem: MatchingProblem,
     reuse: Reuse,
@@ -202,18 +210,19 @@ def iteration_steps(
     heads: bool,
     mlp: bool,
     threads: int | None,
-    experts: bool = True,
-) -> list[Step | ExpertsStep]:
-    """One iteration's steps, in order, each chosen once for the models at hand (the MLP units and experts
-    their blocks declare); `experts`: whether experts are reordered."""
-    steps: list[Step | ExpertsStep] = [] if residual == "none" else [ResidualStep(problem, reuse, residual, keep_mean)]
+    kinds: tuple[BlockKind, ...] = (),
+    options: Mapping[str, Any] | None = None,
+) -> list[Step]:
+    """One iteration's steps, in order, each chosen once for the models at hand (the MLP units their blocks
+    declare, and the steps of their `kinds`); `options`: the matcher's settings for the kinds' steps, which
+    also see the heads and mlp flags."""
+    steps: list[Step] = [] if residual == "none" else [ResidualStep(problem, reuse, residual, keep_mean)]
     steps.append(ApplyResidual(problem, reuse))
     if heads:
         steps.append((GroupedHeads if problem.grouped else CircuitHeads)(problem, reuse))
     if mlp and f"mlp.{problem.layers[0]}" in problem.spec.spaces:
         steps.append((GatedMlp if problem.gated else PlainMlp)(problem, reuse, threads))
-    if mlp and has_experts(problem):
-        steps.append(ExpertsStep(problem, experts))
+    steps += kind_steps(problem, kinds, {**(options or {}), "heads": heads, "mlp": mlp})
     if problem.factored and head_pairs(problem):
         steps.append(InHeadMaps(problem, reuse))
     if problem.hidden is not None:

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from glmc.models.blocks.registry import BlockKind, block_kind, kind_names
 from glmc.models.families.registry import family_named, family_names
 
 Recorder = Callable[[str, Tensor], None]
@@ -92,10 +93,9 @@ class CanonicalConfig:
     logit_softcap: float | None = None
     # the rotary base of the sliding-window layers, which rotate unscaled (Gemma 3); None: as the others
     rope_local_theta: float | None = None
-    # mixture-of-experts blocks: the experts each token goes to, and whether their router weights are
-    # renormalised to sum to 1 over those (Mixtral) or kept as the softmax over all experts gave them
-    experts_top_k: int | None = None
-    experts_renormalise: bool = True
+    # the settings of the family's block kinds (BlockKind.settings: each kind reads its own keys, with the
+    # defaults it declares); keys no kind of the family declares are refused
+    block_settings: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.activation = canonical_activation(self.activation)
@@ -107,13 +107,39 @@ class CanonicalConfig:
             raise ValueError(f"unknown form {self.form!r}")
         if self.sliding_window is not None and (not self.causal or self.sliding_window < 1):
             raise ValueError(f"sliding_window={self.sliding_window}: a window needs causal attention and size >= 1")
+        self.block_settings = dict(self.block_settings)  # a copy: replace() shares nothing with the original
+        declared = _settings(family_named(self.family).kinds("factored"))
+        unknown = sorted(set(self.block_settings) - declared)
+        if unknown:
+            raise ValueError(
+                f"block_settings has {unknown[0]!r}, which no block kind of the {self.family} family declares "
+                f"(they declare: {', '.join(sorted(declared)) or 'none'}): remove it"
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> CanonicalConfig:
-        return cls(**d)
+        """The config `to_dict` wrote. Written before block_settings, it holds block kinds' settings as keys
+        of its own: those of its family's kinds move into block_settings, other kinds' (stored for every
+        family) are dropped."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        older = {k: v for k, v in d.items() if k not in fields}
+        if not older:
+            return cls(**d)
+        ours = _settings(family_named(d["family"]).kinds("factored")) if d.get("family") in family_names() else set()
+        known = _settings(block_kind(name) for name in kind_names())
+        if set(older) - known:
+            raise ValueError(f"canonical config has {sorted(set(older) - known)}: no setting of CanonicalConfig")
+        current = {k: v for k, v in d.items() if k in fields}
+        current["block_settings"] = {**{k: v for k, v in older.items() if k in ours}, **d.get("block_settings", {})}
+        return cls(**current)
+
+
+def _settings(kinds: Iterable[BlockKind]) -> set[str]:
+    """The setting names these block kinds declare."""
+    return {key for kind in kinds for key in kind.settings}
 
 
 def rms_norm(x: Tensor, norm_dim: int, eps: float) -> Tensor:

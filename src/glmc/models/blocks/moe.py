@@ -4,9 +4,9 @@ through, scaled by a sigmoid gate.
 
 Tensors (E experts of F units, D width): router_w (E, D) reads the pre-normed stream; expert_gate_w,
 expert_in_w (E, F, D) and expert_out_w (E, D, F) are the experts stacked, out_w(act(gate_w h) * in_w h)
-each. The router's softmax over all experts keeps the top config.experts_top_k, renormalised to sum to 1
-where config.experts_renormalise (Mixtral; OLMoE and Qwen-MoE by their norm_topk_prob). The shared expert
-is blocks.moe_shared.
+each. The router's softmax over all experts keeps the top experts_top_k, renormalised to sum to 1 where
+experts_renormalise (Mixtral; OLMoE and Qwen-MoE by their norm_topk_prob): the kind's settings, which the
+families set in CanonicalConfig.block_settings. The shared expert is blocks.moe_shared.
 
 What keeps the function. Every tensor reads the pre-normed stream and the outputs add linearly, so the
 residual classes are the pre-norm ones. Reordering the experts together with the router's rows permutes the
@@ -14,6 +14,10 @@ softmax's inputs and outputs alike, so top-k picks the same experts (space exper
 its units permute on their own (space expert_units, one permutation per expert, batched over the expert
 axis); the shared expert's units permute, and scale against its up branch, as a gated MLP's do (spaces mlp,
 mlp_scale). Each expert's up/down scale is also a symmetry; it is not declared (no batched diagonal class).
+
+Matching the experts' spaces: weight matching's step is glmc.matching.experts (its option `experts`:
+"fixed" keeps the experts' order), activation matching's hook glmc.matching.activation_experts (router
+logits and expert activations); learned matching keeps both spaces as weight matching found them.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from glmc.models.blocks.registry import BlockKind
+from glmc.models.blocks.registry import ActivationHook, BlockKind
 from glmc.models.families.roles import Acts, Role
 
 R, X, XU = "residual", "experts", "expert_units"
@@ -40,12 +44,12 @@ ROLES = (
 )
 
 
-def routing(config, logits: Tensor) -> Tensor:
-    """(..., E) weight of each expert per token: the softmax's top-k entries (renormalised where the config
-    says), zero elsewhere."""
+def routing(settings, logits: Tensor) -> Tensor:
+    """(..., E) weight of each expert per token: the softmax's top-k entries (renormalised where the
+    settings say: BlockKind.settings_of), zero elsewhere."""
     probs = torch.softmax(logits, -1)
-    top, index = probs.topk(config.experts_top_k, dim=-1)
-    if config.experts_renormalise:
+    top, index = probs.topk(settings.experts_top_k, dim=-1)
+    if settings.experts_renormalise:
         top = top / top.sum(-1, keepdim=True)
     return torch.zeros_like(probs).scatter(-1, index, top)
 
@@ -58,7 +62,17 @@ def experts(config, p, pre, h, act, rec) -> Tensor:
     a = a * torch.einsum("...d,efd->...ef", h, p[pre + "expert_in_w"])
     rec(pre + "expert_act", a.flatten(-2))  # (..., E * F): expert-major, as activation matching reads it
     out = torch.einsum("...ef,edf->...ed", a, p[pre + "expert_out_w"])
-    return (routing(config, logits).unsqueeze(-1) * out).sum(-2)
+    return (routing(KIND.settings_of(config), logits).unsqueeze(-1) * out).sum(-2)
 
 
-KIND = BlockKind("moe", "mlp", experts, ROLES)
+KIND = BlockKind(
+    "moe",
+    "mlp",
+    experts,
+    ROLES,
+    weight_step="glmc.matching.experts:weight_step",
+    kept_spaces=(X, XU),
+    activation=ActivationHook(("router_logits", "expert_act"), "glmc.matching.activation_experts:match"),
+    # the experts each token goes to; whether their weights are renormalised to sum to 1 over those
+    settings={"experts_top_k": None, "experts_renormalise": True},
+)

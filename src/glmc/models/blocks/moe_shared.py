@@ -4,10 +4,13 @@ token goes through, scaled by sigmoid(shared_sigmoid_w h) (shared_sigmoid_w (1, 
 The shared expert's tensors are blocks.gated's under their own names (gate_w, in_w, out_w and biases; the
 experts' are expert_*), so its units permute and scale against its up branch as a gated MLP's do (spaces mlp,
 mlp_scale), and whatever matches gated MLP units matches them, besides the experts' spaces of blocks.moe.
-Its gate reads the pre-normed stream, so the residual classes stay the pre-norm ones.
+Its gate reads the pre-normed stream, so the residual classes stay the pre-norm ones. The experts match,
+and take their settings, as blocks.moe's do.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -26,4 +29,4 @@ def mlp(config, p, pre, h, act, rec) -> Tensor:
     return moe.experts(config, p, pre, h, act, rec) + torch.sigmoid(F.linear(h, p[pre + "shared_sigmoid_w"])) * shared
 
 
-KIND = BlockKind("moe_shared", "mlp", mlp, ROLES)
+KIND: BlockKind = dataclasses.replace(moe.KIND, name="moe_shared", forward=mlp, roles=ROLES)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 from transformers import MixtralConfig, MixtralForCausalLM
 
+from glmc.models.blocks import block_kind
 from glmc.models.export import set_param
 from glmc.models.families.llama import LlamaFamily
 from glmc.ranges import finite_number
@@ -63,11 +64,11 @@ class MixtralFamily(LlamaFamily):
         return sizes["expert_units"][layer]
 
     def config_extras(self, cfg: Any) -> dict[str, Any]:
-        return {"experts_top_k": cfg.num_experts_per_tok, "experts_renormalise": True}
+        return {"block_settings": {"experts_top_k": cfg.num_experts_per_tok, "experts_renormalise": True}}
 
     def input_properties(self, config, params):
         yield from super().input_properties(config, params)
-        yield "routes each token to {} experts", config.experts_top_k
+        yield "routes each token to {} experts", block_kind(self.mlp_kind).settings_of(config).experts_top_k
 
 
 FAMILY = MixtralFamily()

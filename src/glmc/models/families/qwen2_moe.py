@@ -52,7 +52,12 @@ class SparseMoeFamily(MixtralFamily):
         return super().to_hf(model, template)
 
     def config_extras(self, cfg: Any) -> dict[str, Any]:
-        return {"experts_top_k": cfg.num_experts_per_tok, "experts_renormalise": bool(cfg.norm_topk_prob)}
+        return {
+            "block_settings": {
+                "experts_top_k": cfg.num_experts_per_tok,
+                "experts_renormalise": bool(cfg.norm_topk_prob),
+            }
+        }
 
 
 class Qwen2MoeFamily(SparseMoeFamily):
