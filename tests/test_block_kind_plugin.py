@@ -18,7 +18,7 @@ from glmc.matching.learned import LearnedMatcher
 from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
 from glmc.models.blocks import ActivationHook, BlockKind, plain, registry
-from glmc.models.canonical import CanonicalTransformer
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.symmetry import Permutation, SymmetrySpec
 
@@ -88,6 +88,10 @@ def test_a_kind_registered_from_outside_brings_its_settings_step_kept_spaces_and
         assert not torch.allclose(scaled(x), a(x))
     with pytest.raises(ValueError, match="'toy_scal', which no block kind of the gpt2 family declares"):
         dataclasses.replace(a.config, block_settings={"toy_scal": 2.0})
+    # a config written before block_settings held every kind's settings as its own keys: the family's kinds' are read
+    older = {k: v for k, v in a.config.to_dict().items() if k != "block_settings"}
+    legacy = CanonicalConfig.from_dict({**older, "toy_scale": 2.0, "experts_top_k": None})
+    assert legacy.block_settings == {"toy_scale": 2.0}
 
     transform, diagnostics = weight_matching(a, b, max_iter=2)  # the kind's step runs after the MLP units'
     assert "toy" in diagnostics["seconds_by_step"]

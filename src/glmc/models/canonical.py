@@ -130,8 +130,9 @@ class CanonicalConfig:
             return cls(**d)
         ours = _settings(family_named(d["family"]).kinds("factored")) if d.get("family") in family_names() else set()
         known = _settings(block_kind(name) for name in kind_names())
-        if set(older) - known:
-            raise ValueError(f"canonical config has {sorted(set(older) - known)}: no setting of CanonicalConfig")
+        unknown = sorted(set(older) - known)
+        if unknown:
+            raise ValueError(f"canonical config has {unknown}, no setting of CanonicalConfig or a kind: remove them")
         current = {k: v for k, v in d.items() if k in fields}
         current["block_settings"] = {**{k: v for k, v in older.items() if k in ours}, **d.get("block_settings", {})}
         return cls(**current)
