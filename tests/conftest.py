@@ -50,6 +50,55 @@ def run_script(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+class ForkedRun:
+    """`python run.py args...` in a child forked from this process: the child keeps the imports (a new
+    interpreter spends seconds importing before it starts) and can be signalled and killed like the command
+    line's process. Its stdout and stderr go to `log`. Use it where a test must kill or signal the run;
+    poll() and kill() mirror subprocess.Popen's."""
+
+    def __init__(self, args: list[str], log: Path):
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: run.py as __main__, then leave without the parent's cleanup
+            os._exit(_child_runs(args, log))
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, 9)
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+
+
+def _child_runs(args: list[str], log: Path) -> int:
+    import runpy
+    import traceback
+
+    code = 1
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)
+        torch.set_num_threads(1)  # a forked child must not reuse the parent's thread pool
+        os.chdir(ROOT)
+        sys.argv = ["run.py", *args]
+        runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+    return code
+
+
 def make_read_only(monkeypatch, folder: Path) -> None:
     """Make write probes in `folder` fail as a folder without write permission does, also when the tests
     run as root (who may write anywhere)."""

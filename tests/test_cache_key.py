@@ -182,6 +182,9 @@ def test_a_joblib_sweep_on_an_empty_cache_trains_each_endpoint_once(tmp_path, mo
         "-m",
         "hydra/launcher=local_grid",
         "hydra.launcher.n_jobs=2",
+        # forked workers keep this process's imports (loky's fresh interpreters spend seconds importing);
+        # they are processes all the same, coordinating through the cache's file locks
+        "hydra.launcher.backend=multiprocessing",
         "threads=1",
         "debug=fast",
         "logger=none",

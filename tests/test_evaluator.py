@@ -136,7 +136,7 @@ def _rank_metric(rank, world, init_file, queue):
 def test_ranks_share_the_split_and_reduce_to_the_whole_split_metric(tmp_path):
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")  # the ranks keep this process's imports (a spawned one re-imports for seconds)
     queue = ctx.Queue()
     procs = [ctx.Process(target=_rank_metric, args=(r, 2, tmp_path / "init", queue)) for r in range(2)]
     for p in procs:

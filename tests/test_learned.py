@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
 import torch
@@ -336,8 +337,19 @@ def test_other_settings_or_endpoints_never_resume_a_stale_checkpoint(tmp_path, p
 
 
 @pytest.mark.slow
-def test_ddp_with_two_cpu_processes(tmp_path, pair):
-    cfg = config(tmp_path, "trainer=ddp_cpu", "trainer.enable_progress_bar=false")
+def test_ddp_with_two_cpu_processes(tmp_path, pair, monkeypatch):
+    # ddp_fork: the launcher of ddp_cpu's ddp_spawn with forked ranks, which keep this process's imports
+    # (a spawned rank spends seconds importing); what spawn would send to its ranks must still pickle
+    from glmc.train import latent_fit
+
+    real = latent_fit._fit
+
+    def fit_sending_pickles(trainer, module, data, resume):
+        pickle.loads(pickle.dumps((module, data)))
+        real(trainer, module, data, resume)
+
+    monkeypatch.setattr(latent_fit, "_fit", fit_sending_pickles)
+    cfg = config(tmp_path, "trainer=ddp_cpu", "trainer.strategy=ddp_fork", "trainer.enable_progress_bar=false")
     data = digits(cfg)
     learned = matcher(cfg, "learned")
     assert isinstance(learned, LearnedMatcher)

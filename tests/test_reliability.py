@@ -12,8 +12,6 @@ import pickle
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,7 +41,7 @@ from glmc.pipeline.validate import ConfigError, validate_config
 from glmc.train.divergence import DivergenceError
 from glmc.train.resume import resumable
 
-from conftest import ROOT, compose_config
+from conftest import ROOT, ForkedRun, compose_config
 from tiny_hf import tiny_gpt2, tiny_vit
 
 NO_TRACKING = SimpleNamespace(lightning_logger=lambda name, stage: False)
@@ -598,8 +596,6 @@ def test_ctrl_c_during_learned_matching_resumes_in_the_same_folder(tmp_path, mon
 
 def _cli(cache: Path, run: Path) -> list[str]:
     return [
-        sys.executable,
-        "run.py",
         "debug=fast",
         "logger=none",
         "matcher.methods=[vanilla]",
@@ -616,21 +612,19 @@ def _endpoint_losses(run: Path) -> list[float]:
 
 def test_endpoint_training_killed_with_sigkill_resumes_to_the_same_endpoint(tmp_path, caplog):
     cache, run = tmp_path / "killed", tmp_path / "run_killed"
-    with open(tmp_path / "first.log", "w") as out:
-        proc = subprocess.Popen(_cli(cache, run), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-        found: list[Path] = []
-        deadline = time.monotonic() + 180
-        while proc.poll() is None and time.monotonic() < deadline and not found:
-            found = list(cache.glob("*/.train_seed_*/last.ckpt"))
-            time.sleep(0.02)
-        proc.kill()  # SIGKILL: no handler runs
-        proc.wait()
+    proc = ForkedRun(_cli(cache, run), tmp_path / "first.log")  # run.py's process, killed below
+    found: list[Path] = []
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline and not found:
+        found = list(cache.glob("*/.train_seed_*/last.ckpt"))
+        time.sleep(0.02)
+    proc.kill()  # SIGKILL: no handler runs
     assert found, "no epoch checkpoint appeared: " + (tmp_path / "first.log").read_text()[-2000:]
     assert found[0].exists() and not (run / "results.json").exists()  # killed mid-training, nothing cached for it
     print(f"\n  killed after {found[0]} (epoch {torch.load(found[0], weights_only=True)['epoch']})")
 
-    # the same settings again, in this process (the command line's own start is exercised above)
-    settings = lambda cache: [a for a in _cli(cache, run)[2:] if not a.startswith("hydra.")]  # noqa: E731
+    # the same settings again, in this process
+    settings = lambda cache: [a for a in _cli(cache, run) if not a.startswith("hydra.")]  # noqa: E731
     with caplog.at_level(logging.INFO, logger="glmc"):
         run_pipeline(compose_config(*settings(cache)), run)
     assert f"resuming training from {found[0]}" in caplog.text

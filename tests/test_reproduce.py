@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from glmc.report.artefact import Artefact, Step
 
-from conftest import CONF, ROOT, compose_config
+from conftest import CONF, ROOT, compose_config, run_script
 
 sys.path.insert(0, str(ROOT / "experiments"))
 import reproduce  # noqa: E402  (a script, importable once its folder is on the path)
@@ -138,10 +138,15 @@ def test_second_call_skips_finished_steps_and_builds_the_report(tiny):
 
 
 @pytest.mark.slow
-def test_grid_step_trains_endpoints_once_then_runs_every_job(tmp_path, monkeypatch):
-    # the endpoint run in this process, the grid through run.py -m and its launcher
-    command = reproduce.run_command
-    either = lambda args, *rest: (command if "-m" in args else run_in_this_process)(args, *rest)  # noqa: E731
+def test_grid_step_trains_endpoints_once_then_runs_every_job(tmp_path, monkeypatch, capsys):
+    # the endpoint run through run_pipeline, the grid through run.py -m and its launcher, both in this
+    # process (with one job the joblib launcher runs the jobs here too)
+    def grid_in_this_process(args, what, folder, env=None):
+        code, out, err = run_script(monkeypatch, capsys, *args)
+        assert code == 0, out[-2000:] + err[-2000:]
+        return 1.0
+
+    either = lambda args, *rest: (grid_in_this_process if "-m" in args else run_in_this_process)(args, *rest)  # noqa: E731
     monkeypatch.setattr(reproduce, "run_command", either)
     step = Step("grid", ("matcher.methods=[vanilla],[canonical]",), multirun=True, tiny=("seeds=[0,1]",))
     artefact = Artefact("grid_test", "a grid", (step,), make=lambda root, out: [])

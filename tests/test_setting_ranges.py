@@ -6,6 +6,7 @@ config schema reads the declarations without importing a matcher."""
 from __future__ import annotations
 
 import ast
+import functools
 import math
 
 import pytest
@@ -77,13 +78,20 @@ def test_the_config_check_refuses_the_value_naming_the_key(where, key, bad):
         validate_config(cfg)
 
 
+@functools.cache
+def _defaults(name: str) -> dict:
+    """Method `name`'s default settings as plain values, built once per test process (the schema takes
+    tens of milliseconds to build)."""
+    return OmegaConf.to_container(default_method_config(name), resolve=True)
+
+
 METHOD_CASES = [(w.split(".")[1], k, v) for w, k, v in CASES if w != "multi"]
 
 
 @pytest.mark.parametrize("name, key, bad", METHOD_CASES, ids=[f"{n}.{k}={_value(v)}" for n, k, v in METHOD_CASES])
 def test_the_matcher_constructor_refuses_the_value_naming_the_key(name, key, bad):
     """Python callers build the classes directly: their constructors check the same declarations."""
-    node = OmegaConf.to_container(default_method_config(name), resolve=True)
+    node = dict(_defaults(name))
     cls = get_class(node.pop("_target_"))
     with pytest.raises(ValueError, match=f"matcher.{name}.{key}="):
         cls(**{**node, key: bad})
