@@ -46,7 +46,8 @@ def plot_barrier_curves(methods: dict[str, dict[str, Any]], path: Path, title: s
     ax_acc.legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    # fixed margins: tight_layout would draw the figure once more only to measure it (most of a run's plot time)
+    fig.subplots_adjust(left=0.07, right=0.985, bottom=0.12, top=0.88 if title else 0.95, wspace=0.22)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
