@@ -41,10 +41,11 @@ def check_supported(cfg: Any) -> None:
         )
 
 
-def _affine(norm: nn.LayerNorm, width: int, g) -> tuple[Tensor, Tensor]:
-    """A LayerNorm's gain and offset (1 and 0 where layer_norm_elementwise_affine=False)."""
+def _affine(norm: nn.LayerNorm, width: int, g, device: torch.device) -> tuple[Tensor, Tensor]:
+    """A LayerNorm's gain and offset (1 and 0 on `device`, the model's, where layer_norm_elementwise_affine=False)."""
     if norm.weight is None:
-        return torch.ones(width, dtype=torch.float64), torch.zeros(width, dtype=torch.float64)
+        ones = torch.ones(width, dtype=torch.float64, device=device)
+        return ones, torch.zeros_like(ones)
     return g(norm.weight), g(norm.bias)
 
 
@@ -52,7 +53,7 @@ def _affine(norm: nn.LayerNorm, width: int, g) -> tuple[Tensor, Tensor]:
 def opt_to_canonical(model: OPTForCausalLM) -> CanonicalTransformer:
     cfg, dec = model.config, model.model.decoder
     check_supported(cfg)
-    dtype = dec.embed_tokens.weight.dtype
+    dtype, device = dec.embed_tokens.weight.dtype, dec.embed_tokens.weight.device
     g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back at the end
     D = cfg.hidden_size
 
@@ -64,10 +65,10 @@ def opt_to_canonical(model: OPTForCausalLM) -> CanonicalTransformer:
     for i, layer in enumerate(dec.layers):
         attn = layer.self_attn
         qkv = [(*linear(lin), s) for lin, s in ((attn.q_proj, attn.scaling), (attn.k_proj, 1.0), (attn.v_proj, 1.0))]
-        norms = _affine(layer.self_attn_layer_norm, D, g), _affine(layer.final_layer_norm, D, g)
+        norms = _affine(layer.self_attn_layer_norm, D, g, device), _affine(layer.final_layer_norm, D, g, device)
         o, mlp = linear(attn.out_proj), (linear(layer.fc1), linear(layer.fc2))
         p |= fold_block(f"blocks.{i}.", attn.num_heads, norms[0], qkv, o, norms[1], *mlp)
-    p["head.w"], p["head.b"] = fold_norm(g(model.lm_head.weight), None, *_affine(dec.final_layer_norm, D, g))
+    p["head.w"], p["head.b"] = fold_norm(g(model.lm_head.weight), None, *_affine(dec.final_layer_norm, D, g, device))
 
     norms = [dec.final_layer_norm] + [
         n for layer in dec.layers for n in (layer.self_attn_layer_norm, layer.final_layer_norm)
