@@ -147,10 +147,25 @@ def rms_norm(x: Tensor, norm_dim: int, eps: float) -> Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) / norm_dim + eps)
 
 
+DEVIATION_CHUNK = 1 << 22  # elements compared at a time: large logits are never copied whole in float64
+
+
 def relative_deviation(a: Tensor, b: Tensor) -> float:
-    """max|a - b| / max|b|: the worst logit error relative to the logit scale of b."""
-    a, b = a.detach().double(), b.detach().double()
-    return ((a - b).abs().max() / b.abs().max()).item()
+    """max|a - b| / max|b|: the worst logit error relative to the logit scale of b, in float64, a chunk of
+    DEVIATION_CHUNK elements at a time (the same maxima as on the whole tensors: a language model's logits
+    over a large vocabulary are never held again in float64)."""
+    a, b = a.detach(), b.detach()
+    if a.shape != b.shape or a.numel() <= DEVIATION_CHUNK:  # broadcast shapes: as a whole
+        a, b = a.double(), b.double()
+        return ((a - b).abs().max() / b.abs().max()).item()
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    error = scale = torch.zeros((), dtype=torch.float64, device=a.device)
+    for start in range(0, flat_a.numel(), DEVIATION_CHUNK):
+        part_a = flat_a[start : start + DEVIATION_CHUNK].double()
+        part_b = flat_b[start : start + DEVIATION_CHUNK].double()
+        error = torch.maximum(error, (part_a - part_b).abs().max())  # NaN propagates, as .max() does
+        scale = torch.maximum(scale, part_b.abs().max())
+    return (error / scale).item()
 
 
 def num_layers(params: dict[str, Tensor]) -> int:

@@ -341,6 +341,7 @@ def load_model(f: Folder):
     from transformers.utils import logging as hf_logging
 
     cls = getattr(transformers, f.hf_class)
+    log.info("%s: loading its %s weights", f.key, f.hf_class)  # a large model takes a while to read
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:

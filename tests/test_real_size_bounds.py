@@ -1,0 +1,62 @@
+"""What keeps a real-size run within its bounds: the logit deviation compared a chunk at a time (never the
+logits again in float64), progress lines from weight matching's slow iterations and from a folder's load."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from glmc.matching import weight
+from glmc.models import canonical, to_canonical
+from glmc.pipeline.hf_folders import load_model, read_folder
+
+from tiny_hf import tiny_gpt_neox
+
+
+def whole(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def test_the_deviation_in_chunks_is_the_whole_tensors_bit_for_bit(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    b = torch.randn(3, 5, 11, generator=g)
+    a = b + 1e-3 * torch.randn(3, 5, 11, generator=g)
+    a[2, 4, 10] += 0.5  # the worst element in the last, short chunk
+    expected = whole(a, b)
+    monkeypatch.setattr(canonical, "DEVIATION_CHUNK", 7)  # 165 elements: 24 chunks
+    assert canonical.relative_deviation(a, b) == expected
+    a[0, 0, 0] = float("nan")
+    assert torch.isnan(torch.tensor(canonical.relative_deviation(a, b)))
+    # shapes that broadcast are compared as a whole, as before
+    assert canonical.relative_deviation(b[:1] + 1, b) == whole(b[:1] + 1, b)
+
+
+def test_weight_matching_writes_a_line_per_slow_iteration(monkeypatch, caplog):
+    a, b = to_canonical(tiny_gpt_neox(seed=0)), to_canonical(tiny_gpt_neox(seed=1))
+    with caplog.at_level(logging.INFO, logger="glmc.matching.weight"):
+        weight.weight_matching(a, b, max_iter=3, tol=-float("inf"))
+    assert not caplog.messages  # iterations of tiny models write no line
+    monkeypatch.setattr(weight, "PROGRESS_EVERY_S", 0.0)  # every iteration as slow as a large model's
+    with caplog.at_level(logging.INFO, logger="glmc.matching.weight"):
+        _, diagnostics = weight.weight_matching(a, b, max_iter=3, tol=-float("inf"))
+    lines = [m for m in caplog.messages if m.startswith("weight matching: iteration")]
+    assert [line.split(",")[0] for line in lines] == [f"weight matching: iteration {i} of at most 3" for i in (1, 2, 3)]
+    assert f"distance {diagnostics['objective'][-1]:.6f}" in lines[-1]
+
+
+def test_loading_a_folder_writes_a_line_naming_it(tmp_path, caplog):
+    tiny_gpt_neox().save_pretrained(tmp_path / "a")
+    folder = read_folder(str(tmp_path / "a"), 0, "causal_lm")
+    with caplog.at_level(logging.INFO, logger="glmc.pipeline.hf_folders"):
+        load_model(folder)
+    assert f"endpoints.paths[0]={tmp_path / 'a'}: loading its GPTNeoXForCausalLM weights" in caplog.messages
+
+
+def test_large_logits_are_compared_in_chunks_with_the_same_result():
+    size = canonical.DEVIATION_CHUNK + 5  # two chunks at the module's own size
+    g = torch.Generator().manual_seed(1)
+    b = torch.randn(size, generator=g)
+    a = b + 1e-4 * torch.randn(size, generator=g)
+    assert canonical.relative_deviation(a, b) == whole(a, b)
