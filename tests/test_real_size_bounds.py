@@ -4,9 +4,11 @@ logits again in float64), progress lines from weight matching's slow iterations 
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 
+from glmc.alignment import Alignment
 from glmc.matching import weight
 from glmc.models import canonical, to_canonical
 from glmc.pipeline.hf_folders import load_model, read_folder
@@ -60,3 +62,50 @@ def test_large_logits_are_compared_in_chunks_with_the_same_result():
     b = torch.randn(size, generator=g)
     a = b + 1e-4 * torch.randn(size, generator=g)
     assert canonical.relative_deviation(a, b) == whole(a, b)
+
+
+def tiny_pair():
+    return to_canonical(tiny_gpt_neox(seed=0)), to_canonical(tiny_gpt_neox(seed=1))
+
+
+def batches(count: int = 3):
+    g = torch.Generator().manual_seed(2)
+    draw = lambda: torch.randint(0, 53, (2, 8), generator=g)  # noqa: E731
+    return [(draw(), draw()) for _ in range(count)]
+
+
+def test_a_path_frees_each_points_parameters_before_building_the_next(monkeypatch):
+    from glmc.eval import evaluator
+
+    built = []
+
+    def merge(*args, **kwargs):
+        # the previous point's interpolated tensors are gone when the next point's are built
+        assert all(ref() is None for ref in built), "two points' parameters held at once"
+        params = evaluator_merge(*args, **kwargs)
+        built.append(weakref.ref(params["embed.tokens"]))
+        return params
+
+    evaluator_merge = evaluator.merge_params
+    monkeypatch.setattr(evaluator, "merge_params", merge)
+    a, b = tiny_pair()
+    curve = evaluator.Evaluator(batches(), "causal_lm", progress=False).path(Alignment(a, b), [0.25, 0.5, 0.75])
+    assert len(built) == 3 and len(curve["loss"]) == 3
+
+
+def test_each_batch_s_logits_are_freed_before_the_next_forward(monkeypatch):
+    from glmc.eval import evaluator
+
+    made = []
+
+    def forward(*args, **kwargs):
+        assert all(ref() is None for ref in made), "two batches' logits held at once"
+        logits = evaluator_forward(*args, **kwargs)
+        made.append(weakref.ref(logits))
+        return logits
+
+    evaluator_forward = evaluator.canonical_forward
+    monkeypatch.setattr(evaluator, "canonical_forward", forward)
+    a, _ = tiny_pair()
+    loss, _ = evaluator.Evaluator(batches(), "causal_lm", progress=False).evaluate(a)
+    assert len(made) == 3 and loss > 0

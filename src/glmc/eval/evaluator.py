@@ -111,6 +111,7 @@ class Evaluator:
             with self._autocast():
                 logits = forward(inputs)
             loss, correct, count = loss_and_correct(logits.float(), targets, self.task)
+            del logits  # freed before the next batch's: a large vocabulary's logits are held once
             totals += torch.stack(
                 [loss.double(), correct.double(), torch.as_tensor(count, dtype=torch.float64, device=self.device)]
             )
@@ -132,10 +133,11 @@ class Evaluator:
         if fa.canonical != fb.canonical:
             raise TypeError("the two ends of a path must both be canonical or both be the original models")
         curve: dict[str, Any] = {"lambdas": [float(x) for x in lambdas], "loss": [], "accuracy": []}
+        params: dict[str, Tensor] | None = None
         for lam in tqdm(curve["lambdas"], desc=desc, disable=not self.progress, leave=False):
             if not 0.0 <= lam <= 1.0:
                 raise ValueError(f"lambda={lam} is outside [0, 1]")
-            config = None
+            config, params = None, None  # the last point's parameters freed before this one's are built
             with torch.inference_mode():
                 if fa.canonical:
                     params = merge_params([fa.tensors, fb.tensors], [lam, 1.0 - lam], alignment.circuits)
