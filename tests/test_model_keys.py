@@ -34,9 +34,9 @@ RUNS = {
     "qwen3": ("experiment=llama_text", "model=qwen3_text"),
     "olmo2": ("experiment=llama_text", "model=olmo2_text"),
     "mixtral": ("experiment=llama_text", "model=mixtral_text"),
-    "qwen2_moe": ("experiment=llama_text", "model=mixtral_text", "model.family=qwen2_moe"),
-    "qwen3_moe": ("experiment=llama_text", "model=mixtral_text", "model.family=qwen3_moe"),
-    "olmoe": ("experiment=llama_text", "model=mixtral_text", "model.family=olmoe"),
+    "qwen2_moe": ("experiment=llama_text", "model=qwen2_moe_text"),
+    "qwen3_moe": ("experiment=llama_text", "model=qwen3_moe_text"),
+    "olmoe": ("experiment=llama_text", "model=olmoe_text"),
     "opt": ("experiment=demo_text", "model=opt_text"),
     "gpt_neox": ("model=pythia_text", "data=pydoc"),
 }
