@@ -8,7 +8,16 @@ import torch
 
 from glmc.models import to_canonical
 
-from family_checks import EXPERTS, STREAM, VO, alignment_tests, assert_export_reloads, canonical_fixture, symmetry_tests
+from family_checks import (
+    EXPERTS,
+    STREAM,
+    VO,
+    alignment_tests,
+    assert_export_reloads,
+    canonical_fixture,
+    cli_on_two_folders,
+    symmetry_tests,
+)
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_olmoe
 
@@ -48,3 +57,11 @@ def test_clipped_queries_keys_and_values_are_refused():
     hf.config.clip_qkv = 8.0
     with pytest.raises(NotImplementedError, match="clip_qkv=8.0"):
         to_canonical(hf)
+
+
+def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
+    model = dict(hidden_act="silu", max_positions=16, num_experts=4)
+    results = cli_on_two_folders(monkeypatch, capsys, tmp_path, "olmoe", dtype=torch.bfloat16, **model)
+    assert results["stored_dtype"] == "bfloat16"
+    assert results["symmetry"]["blocks"] == {"attention": "qk_norm_all", "mlp": "moe", "head_spaces": ["vo"]}
+    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]

@@ -17,6 +17,7 @@ from family_checks import (
     alignment_tests,
     assert_export_reloads,
     canonical_fixture,
+    cli_on_two_folders,
     symmetry_tests,
 )
 from numeric import FEW_OPS, assert_close_rel
@@ -57,3 +58,11 @@ def test_dense_mlp_layers_are_refused():
     hf.config.mlp_only_layers = [0]
     with pytest.raises(NotImplementedError, match="mlp_only_layers=\\[0\\]"):
         to_canonical(hf)
+
+
+def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
+    model = dict(hidden_act="silu", max_positions=16, num_experts=4)
+    results = cli_on_two_folders(monkeypatch, capsys, tmp_path, "qwen2_moe", dtype=torch.bfloat16, **model)
+    assert results["stored_dtype"] == "bfloat16"
+    assert results["symmetry"]["blocks"] == {"attention": "grouped", "mlp": "moe_shared", "head_spaces": ["qk", "vo"]}
+    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]

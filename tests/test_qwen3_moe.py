@@ -16,6 +16,7 @@ from family_checks import (
     alignment_tests,
     assert_export_reloads,
     canonical_fixture,
+    cli_on_two_folders,
     symmetry_tests,
 )
 from numeric import FEW_OPS, assert_close_rel
@@ -58,3 +59,11 @@ def test_dense_mlp_layers_are_refused():
     hf.config.decoder_sparse_step = 2
     with pytest.raises(NotImplementedError, match="decoder_sparse_step=2"):
         to_canonical(hf)
+
+
+def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
+    model = dict(hidden_act="silu", max_positions=16, num_experts=4)
+    results = cli_on_two_folders(monkeypatch, capsys, tmp_path, "qwen3_moe", dtype=torch.bfloat16, **model)
+    assert results["stored_dtype"] == "bfloat16"
+    assert results["symmetry"]["blocks"] == {"attention": "qk_norm", "mlp": "moe", "head_spaces": ["vo"]}
+    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
