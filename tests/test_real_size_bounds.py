@@ -4,10 +4,12 @@ logits again in float64), progress lines from weight matching's slow iterations 
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 
 import torch
 
+from glmc import host_memory
 from glmc.alignment import Alignment
 from glmc.matching import weight
 from glmc.models import canonical, to_canonical
@@ -109,3 +111,29 @@ def test_each_batch_s_logits_are_freed_before_the_next_forward(monkeypatch):
     a, _ = tiny_pair()
     loss, _ = evaluator.Evaluator(batches(), "causal_lm", progress=False).evaluate(a)
     assert len(made) == 3 and loss > 0
+
+
+def resident() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_freed_heap_pages_are_handed_back_to_the_system():
+    mib = 2**20
+    torch.ones(24 * mib // 4)  # a large block freed: glibc's mmap threshold rises above the blocks below
+    blocks = [torch.ones(4 * mib // 4) for _ in range(64)]  # 256 MiB from the heap, touched
+    last = blocks[-1]  # kept: the heap's top stays in use, so nothing is trimmed by itself
+    del blocks
+    held = resident()
+    assert host_memory.release_freed()
+    assert held - resident() > 128 * mib  # most of the 252 MiB freed came back
+    assert last.sum() > 0
+
+
+def test_only_large_models_release_after_a_stage(monkeypatch):
+    calls = []
+    monkeypatch.setattr(host_memory, "release_freed", lambda: calls.append(1) or True)
+    small = [torch.zeros(1000)]
+    assert not host_memory.release_after(small) and not calls
+    large = [torch.empty(host_memory.RELEASE_ABOVE // 4, device="meta")]  # counted by size, never allocated
+    assert host_memory.release_after(large) and calls == [1]

@@ -15,6 +15,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from glmc.alignment import Alignment
+from glmc.host_memory import release_after
 from glmc.interpolation import interpolate_state_dicts, merge_configs, merge_params
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
@@ -133,6 +134,7 @@ class Evaluator:
         if fa.canonical != fb.canonical:
             raise TypeError("the two ends of a path must both be canonical or both be the original models")
         curve: dict[str, Any] = {"lambdas": [float(x) for x in lambdas], "loss": [], "accuracy": []}
+        release_after(fa.tensors.values())  # a large model's matching left its working set's pages behind
         params: dict[str, Tensor] | None = None
         for lam in tqdm(curve["lambdas"], desc=desc, disable=not self.progress, leave=False):
             if not 0.0 <= lam <= 1.0:

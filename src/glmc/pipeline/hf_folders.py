@@ -418,13 +418,17 @@ def untie_mixed_heads(folders: list[Folder], models: list) -> list:
 
 
 def canonical_of(f: Folder, model):
-    """The folder's model in canonical form; FolderError naming the folder where its family cannot convert it."""
+    """The folder's model in canonical form; FolderError naming the folder where its family cannot convert it.
+    A large model's conversion temporaries are handed back to the system (glmc.host_memory)."""
+    from glmc.host_memory import release_after
     from glmc.models.convert import to_canonical
 
     try:
-        return to_canonical(model)
+        converted = to_canonical(model)
     except (NotImplementedError, ValueError, TypeError) as err:
         raise FolderError(f"{f.key}: the {f.family.name} family cannot convert this {f.hf_class} ({err})") from err
+    release_after(converted.params().values())
+    return converted
 
 
 def mixed_dtypes_warning(cfg: Config, folders: list[Folder]) -> str | None:
