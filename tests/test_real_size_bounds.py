@@ -137,3 +137,13 @@ def test_only_large_models_release_after_a_stage(monkeypatch):
     assert not host_memory.release_after(small) and not calls
     large = [torch.empty(host_memory.RELEASE_ABOVE // 4, device="meta")]  # counted by size, never allocated
     assert host_memory.release_after(large) and calls == [1]
+
+
+def test_weight_matching_releases_its_working_set_before_transforming_b(monkeypatch):
+    order = []
+    monkeypatch.setattr(weight, "release_after", lambda tensors: order.append(("release", len(list(tensors)))))
+    apply = weight.apply
+    monkeypatch.setattr(weight, "apply", lambda *args: order.append(("apply",)) or apply(*args))
+    a, b = tiny_pair()
+    weight.WeightMatcher(max_iter=2).match(a, b)
+    assert order == [("release", len(b.params())), ("apply",)]

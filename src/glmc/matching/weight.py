@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
+from glmc.host_memory import release_after
 from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
 from glmc.matching.residual_map import eigen_angles
 from glmc.matching.weight_problem import MatchingProblem, Objective, Reuse, SearchState, start_state
@@ -237,6 +238,7 @@ class WeightMatcher(Matcher):
         diagnostics["keep_mean"] = keep_mean
         if tokens is not None:
             diagnostics["vocabulary_rows"] = int(tokens.numel())
+        release_after(b.params().values())  # a large search's working set, before B's transformed copy
         return Alignment(a, apply(transform, b), transform, self.circuits, diagnostics)
 
     def resolve_keep_mean(self, a: CanonicalTransformer, b: CanonicalTransformer, residual: str) -> bool:
