@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -133,3 +135,36 @@ def adapt(work: int | None = None, stage: str = "the run") -> int | None:
         log.info("%s: %d torch thread(s) (%d usable cores%s)", stage, chosen, len(cores), busy)
         torch.set_num_threads(chosen)
     return chosen
+
+
+class _OneThread:
+    """How many sections of this process want one torch thread now, and torch's count before the first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.before = 1
+
+
+_ONE = _OneThread()
+
+
+@contextmanager
+def one_thread():
+    """torch on one intra-op thread while the section runs, in every thread of the process (the count is
+    global), restored when the last such section ends. For work whose parallel parts are short and many
+    (relaxation rounds, LAPACK decompositions, problems already solved side by side): each parallel part
+    waits for its slowest thread, and beside a busy process that thread waits for a core."""
+    with _ONE.lock:
+        if _ONE.depth == 0:
+            _ONE.before = torch.get_num_threads()
+            if _ONE.before != 1:
+                torch.set_num_threads(1)
+        _ONE.depth += 1
+    try:
+        yield
+    finally:
+        with _ONE.lock:
+            _ONE.depth -= 1
+            if _ONE.depth == 0 and _ONE.before != 1:
+                torch.set_num_threads(_ONE.before)

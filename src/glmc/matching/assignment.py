@@ -14,6 +14,7 @@ from torch import Tensor
 from glmc.matching.device_assignment import device_project
 from glmc.matching.warm_assignment import WarmAssignments
 from glmc.symmetry import Permutation
+from glmc.threads import one_thread
 
 # the smallest MLP whose layers' assignments are solved side by side (measured in matching_speed.py: at
 # 512 units a thread pool costs what it saves, at 2,048 it saves a fifth of the MLP step)
@@ -30,12 +31,12 @@ def assign_layers(
 ) -> list[Permutation]:
     """Per layer, solve(layer) (an assignment, typically Permutation.project of a similarity). The
     layers' problems are independent and SciPy's Hungarian solver releases the GIL, so `threads`
-    layers (None: torch's thread count) are built and solved at once; only that many similarity
-    matrices are held at a time."""
+    layers (None: torch's thread count) are built and solved at once, each on one torch thread (threads
+    of their own would outnumber the cores); only that many similarity matrices are held at a time."""
     threads = torch.get_num_threads() if threads is None else threads
     if threads <= 1 or len(layers) < 2:
         return [solve(layer) for layer in layers]
-    with ThreadPoolExecutor(min(threads, len(layers))) as pool:
+    with one_thread(), ThreadPoolExecutor(min(threads, len(layers))) as pool:
         return list(pool.map(solve, layers))
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from glmc.matching.projections import decomposing
 from glmc.matching.rotary_pairs import as_complex, pair_distance, passthrough_cost, rotary_scales, solve_pairs
 from glmc.matching.scales import best_scales, scale_objective
 from glmc.models.blocks import grouped
@@ -26,7 +27,8 @@ def closed_form_rotations(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, group:
     m = xa @ xb.transpose(1, 2) + ya @ yb.transpose(1, 2)
     if group == "permutation":
         return torch.stack([Permutation.project(head).dense(torch.float64) for head in m])
-    u, _, vh = torch.linalg.svd(m)
+    with decomposing(m):
+        u, _, vh = torch.linalg.svd(m)
     return u @ vh
 
 
@@ -93,7 +95,8 @@ def rotary_head_cost(
         qk = qk + passthrough_cost(*(t[:, rotary:] for t in (qa, ka, qb, kb)))
     gv = torch.einsum("ide,jfe->ijdf", va, vb)
     go = torch.einsum("ide,jfe->ijdf", oa, ob)
-    u, _, vh = torch.linalg.svd(gv + go)
+    with decomposing(gv):
+        u, _, vh = torch.linalg.svd(gv + go)
     r = u @ vh
     pv, po = (r * gv).sum((-1, -2)), (r * go).sum((-1, -2))
     Pv, Po = norms(vb).sum(-1)[None].expand_as(pv), norms(ob).sum(-1)[None].expand_as(pv)

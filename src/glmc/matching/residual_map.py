@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from glmc.matching.head_hidden import HiddenHead
+from glmc.matching.projections import decomposing
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.models.families.base import residual_axis
@@ -199,5 +200,6 @@ def eigen_angles(matrix: Tensor) -> list[float]:
     """The angles |arg z| in [0, pi] of an orthogonal matrix's eigenvalues z, ascending, from the singular
     values |z - 1| = 2 sin(t / 2) of the normal matrix Q - I (cheaper than general eigenvalues)."""
     q = matrix.detach().cpu().double()
-    sines = torch.linalg.svdvals(q - torch.eye(len(q), dtype=q.dtype)).mul(0.5).clamp(max=1.0)
+    with decomposing(q):
+        sines = torch.linalg.svdvals(q - torch.eye(len(q), dtype=q.dtype)).mul(0.5).clamp(max=1.0)
     return sorted(float(a) for a in 2 * torch.asin(sines))

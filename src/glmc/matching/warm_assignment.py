@@ -25,7 +25,9 @@ from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 from torch import Tensor
 
 from glmc.matching.device_assignment import device_project, solves_on_device
+from glmc.matching.projections import decomposing
 from glmc.symmetry import Permutation
+from glmc.threads import one_thread
 
 # relaxation rounds before a certificate (or, sooner, a radius) is given up (measured: under twenty)
 MAX_ROUNDS = 32
@@ -68,7 +70,13 @@ def potentials(
 
 
 def relax(arcs: Tensor, start: Tensor | None, margin: float, rounds: int) -> tuple[Tensor | None, int]:
-    """potentials(), with the number of rounds it took."""
+    """potentials(), with the number of rounds it took (on one thread: its rounds are many short
+    operations, each waiting for its slowest thread)."""
+    with one_thread():
+        return _relax(arcs, start, margin, rounds)
+
+
+def _relax(arcs: Tensor, start: Tensor | None, margin: float, rounds: int) -> tuple[Tensor | None, int]:
     n = arcs.shape[0]
     v = torch.zeros(n, dtype=arcs.dtype, device=arcs.device) if start is None else start.clone()
     # Only the columns whose potential rose in the last round can raise another one in this round: the
@@ -126,7 +134,14 @@ def candidate_potentials(
     similarity: Tensor, perm: Tensor, values: Tensor, columns: Tensor, rounds: int = FRESH_ROUNDS
 ) -> tuple[Tensor | None, int]:
     """relax() on the arcs among each row's candidates only: cheap rounds, whose potentials one pass over
-    the whole matrix (`holds`) usually confirms."""
+    the whole matrix (`holds`) usually confirms; on one thread, as relax()."""
+    with one_thread():
+        return _candidate_potentials(similarity, perm, values, columns, rounds)
+
+
+def _candidate_potentials(
+    similarity: Tensor, perm: Tensor, values: Tensor, columns: Tensor, rounds: int
+) -> tuple[Tensor | None, int]:
     s = similarity.detach()
     n = len(perm)
     rows = Permutation(perm).inverse().perm
@@ -147,13 +162,15 @@ def candidate_potentials(
 
 
 def holds(similarity: Tensor, perm: Tensor, v: Tensor) -> bool:
-    """Whether potentials v prove `perm` optimal over the whole matrix (to within 2 TIE), in float64."""
+    """Whether potentials v prove `perm` optimal over the whole matrix (to within 2 TIE), in float64 (on
+    one thread, as relax())."""
     s = similarity.detach()
     slack = s.gather(1, perm[:, None]).squeeze(1).double() - v.index_select(0, perm) + 2 * TIE
-    for i in range(0, s.shape[0], CHUNK):
-        worst = (s[i : i + CHUNK].double() - v[None, :]).amax(1)
-        if not bool((worst <= slack[i : i + CHUNK]).all()):  # (a NaN fails too)
-            return False
+    with one_thread():
+        for i in range(0, s.shape[0], CHUNK):
+            worst = (s[i : i + CHUNK].double() - v[None, :]).amax(1)
+            if not bool((worst <= slack[i : i + CHUNK]).all()):  # (a NaN fails too)
+                return False
     return True
 
 
@@ -183,7 +200,8 @@ def spectral_norm_bound(matrix: Tensor) -> float:
     float64, raised by more than its rounding error."""
     m = matrix.detach().double()
     gram = m.T @ m if m.shape[0] >= m.shape[1] else m @ m.T
-    top = float(torch.linalg.eigvalsh(gram)[-1].clamp_min(0.0))
+    with decomposing(gram):
+        top = float(torch.linalg.eigvalsh(gram)[-1].clamp_min(0.0))
     return math.sqrt(top * (1.0 + 1e-9) + 1e-300)
 
 
