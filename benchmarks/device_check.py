@@ -2,6 +2,7 @@
 
     python benchmarks/device_check.py --tokenizer GPT2_FOLDER --shakespeare INPUT_TXT [--budget 560]
         [--out outputs/device_check] [--learned-steps 1000] [--write-report] [--dry-run]
+    python benchmarks/device_check.py --only weight [--device cuda|cpu] [--layers N]
 
 Parts, each in its own process with its own time limit (a part that runs out is stopped and reported as
 such; the next part still runs):
@@ -9,6 +10,10 @@ such; the next part still runs):
   gpu tests    `pytest -m gpu`
   step cost    benchmarks/learned_step_cost.py --device cuda on the digits ViT (run.py's default) and on the
                paper-size GPT-2 shape (experiment=paper_gpt2_embedded, windows of 128), as docs/methods.md's tables
+  weight       benchmarks/weight_floor.py --device cuda: weight matching on the card for GPT-2 124M (all 12
+               layers) and the 1.1B Llama shape (cut to its first 4 of 22 layers, to fit the time), per
+               iteration against the floor that script measures (products at the card's GEMM rate plus the
+               assignments)
   shakespeare  paper 001's Tiny Shakespeare column at the paper's size (experiment=shakespeare_gpt2
                trainer=gpu) on two disjoint seed pairs, seeds 0-3, with the GPT-2 tokenizer of --tokenizer and
                the corpus of --shakespeare; it gets whatever time the other parts leave
@@ -22,8 +27,10 @@ parts; every other setting is the experiment's. A GPT-2 tokenizer folder comes f
 benchmarks/gpt2_tokenizer_from_ranks.py; the corpus is the 1.1 MB char-rnn `input.txt` (a file, or a folder
 holding input.txt or tiny_shakespeare/input.txt).
 
-Without a visible CUDA device the script says so and exits with status 2; --dry-run prints the commands it
-would run and exits 0 anywhere.
+--only weight runs the weight parts alone (no tokenizer or corpus needed); with --device cpu they run on the
+host, and --layers N cuts both shapes to N layers (`--only weight --device cpu --layers 1`: the same code path
+in a few minutes on a workstation). Asked for CUDA without a visible CUDA device the script says so and exits
+with status 2; --dry-run prints the commands it would run and exits 0 anywhere.
 """
 
 from __future__ import annotations
@@ -47,7 +54,11 @@ STEP_COST = {  # label -> learned_step_cost.py overrides
     "digits ViT": (),
     "paper-size GPT-2, windows of 128": ("experiment=paper_gpt2_embedded", "data.seq_len=128"),
 }
-LIMITS = {"inputs": 60, "gpu tests": 75, "step cost": 70}  # seconds per part (per run for step cost)
+WEIGHT_SHAPES = {  # label -> weight_floor.py's shape, its layers (None: all)
+    "GPT-2 124M": ("gpt2-124m", None),
+    "1.1B Llama shape": ("llama-1.1b", 4),
+}
+LIMITS = {"inputs": 60, "gpu tests": 75, "step cost": 70, "weight": 90}  # seconds per part (per run, per shape)
 
 
 @dataclass
@@ -97,8 +108,28 @@ def shakespeare_command(args: argparse.Namespace, root: Path) -> list[str]:
     ]
 
 
+def log_path(args: argparse.Namespace, name: str) -> Path:
+    return args.out / f"{name.replace(' ', '_').replace(',', '')}.log"
+
+
+def weight_parts(args: argparse.Namespace) -> list[Part]:
+    """Weight matching against its floor, one part per shape, on --device (--layers: every shape cut so)."""
+    parts = []
+    for label, (shape, layers) in WEIGHT_SHAPES.items():
+        layers = args.layers if args.layers is not None else layers
+        command = [PY, "benchmarks/weight_floor.py", "--device", args.device, "--iterations", "2", "--shapes", shape]
+        command += [] if layers is None else ["--layers", str(layers)]
+        name = f"weight, {label}"
+        # on the host (a smoke run of the same code path) only the budget bounds a part
+        limit = LIMITS["weight"] if args.device == "cuda" else float("inf")
+        parts.append(Part(name, command, limit, log_path(args, name)))
+    return parts
+
+
 def plan(args: argparse.Namespace, root: Path) -> list[Part]:
-    log = lambda name: args.out / f"{name.replace(' ', '_').replace(',', '')}.log"  # noqa: E731
+    if args.only == "weight":
+        return weight_parts(args)
+    log = lambda name: log_path(args, name)  # noqa: E731
     inputs = [
         PY,
         str(Path(__file__).resolve()),
@@ -120,6 +151,7 @@ def plan(args: argparse.Namespace, root: Path) -> list[Part]:
     for label, overrides in STEP_COST.items():
         command = [PY, "benchmarks/learned_step_cost.py", "--device", "cuda", *overrides]
         parts.append(Part(f"step cost, {label}", command, LIMITS["step cost"], log(f"step_cost {label}")))
+    parts += weight_parts(args)
     parts.append(Part("shakespeare", shakespeare_command(args, root), float("inf"), log("shakespeare")))
     return parts
 
@@ -190,6 +222,31 @@ def step_cost_rows(label: str, text: str) -> list[tuple[str, str]]:
     ]
 
 
+WEIGHT_FIGURES = {  # weight_floor.py's wording
+    "cut": r"== \S+ -- CUT to (\d+ of \d+ layers)",
+    "rate": r"float32 ([\d.]+) GFLOP/s",
+    "row": r"^ +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)x +(\d+)%",
+    "decompositions": r"decompositions .*? ([\d.]+) s per iteration",
+    "peak": r"peak memory above the two models: ([\d.]+ GiB)",
+}
+
+
+def weight_rows(label: str, text: str) -> list[tuple[str, str]]:
+    """One shape's weight matching per iteration: seconds against the floor, the floor's parts, memory."""
+    found = {key: re.search(pattern, text, re.MULTILINE) for key, pattern in WEIGHT_FIGURES.items()}
+    what = f"weight matching, {label}" + (f" ({found['cut'].group(1)})" if found["cut"] else "")
+    if not (found["row"] and found["rate"]):
+        return [(what, "no table in the output")]
+    seconds, products, assign, floor, ratio, share = found["row"].groups()
+    extra = f"; decompositions {found['decompositions'].group(1)} s" if found["decompositions"] else ""
+    extra += f"; {found['peak'].group(1)} above the two models" if found["peak"] else ""
+    measured = (
+        f"{seconds} s / iteration, {ratio}x its floor of {floor} s (products {products} s at "
+        f"{found['rate'].group(1)} GFLOP/s float32, assignments {assign} s, {share} % of the total){extra}"
+    )
+    return [(what, measured)]
+
+
 def shakespeare_rows(results: dict) -> list[tuple[str, str]]:
     """Endpoint losses (and the epoch each kept) and each method's barrier, mean ± s.e. and per pair."""
     ends = results["endpoints"]
@@ -213,6 +270,8 @@ def collect(part: Part, args: argparse.Namespace) -> None:
         part.rows = pytest_rows(text)
     elif part.name.startswith("step cost, ") and part.status == "ok":
         part.rows = step_cost_rows(part.name.removeprefix("step cost, "), text)
+    elif part.name.startswith("weight, ") and part.status == "ok":
+        part.rows = weight_rows(part.name.removeprefix("weight, "), text)
     elif part.name == "shakespeare":
         results = args.out / "shakespeare" / "results.json"
         if results.is_file():
@@ -225,9 +284,15 @@ def collect(part: Part, args: argparse.Namespace) -> None:
 
 
 def table(parts: list[Part], card: str, args: argparse.Namespace, total: float) -> str:
+    if args.only == "weight":
+        head = f"Weight matching on {card} (`python benchmarks/device_check.py --only weight`, {total:.0f} s in all):"
+    else:
+        head = (
+            f"Device check on one {card} (`python benchmarks/device_check.py`, {total:.0f} s in all; Tiny "
+            f"Shakespeare at paper size, learned matching {args.learned_steps} steps per pair, methods {args.methods}):"
+        )
     lines = [
-        f"Device check on one {card} (`python benchmarks/device_check.py`, {total:.0f} s in all; Tiny Shakespeare "
-        f"at paper size, learned matching {args.learned_steps} steps per pair, methods {args.methods}):",
+        head,
         "",
         "| part | status | seconds | measured | value |",
         "| --- | --- | --- | --- | --- |",
@@ -254,16 +319,25 @@ def check_inputs(args: argparse.Namespace) -> int:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokenizer", type=Path, required=True, help="GPT-2 tokenizer folder (save_pretrained)")
-    parser.add_argument("--shakespeare", type=Path, required=True, help="Tiny Shakespeare input.txt, or its folder")
+    parser.add_argument("--tokenizer", type=Path, help="GPT-2 tokenizer folder (save_pretrained)")
+    parser.add_argument("--shakespeare", type=Path, help="Tiny Shakespeare input.txt, or its folder")
     parser.add_argument("--budget", type=float, default=560.0, help="seconds for everything (default 560)")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "device_check", help="logs, runs, table")
     parser.add_argument("--learned-steps", type=int, default=1000, help="learned-matching steps per pair")
     parser.add_argument("--methods", default=METHODS, help=f"Tiny Shakespeare methods (default {METHODS})")
     parser.add_argument("--write-report", action="store_true", help="also write report/device_check.md")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    parser.add_argument("--only", choices=("weight",), help="run only these parts (weight: weight matching)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the weight parts run")
+    parser.add_argument("--layers", type=int, help="cut every weight-matching shape to this many layers")
     parser.add_argument("--inputs-only", action="store_true", help=argparse.SUPPRESS)  # the first part
     args = parser.parse_args(argv)
+    if args.only is None and (args.tokenizer is None or args.shakespeare is None):
+        parser.error("--tokenizer and --shakespeare are required unless --only weight")
+    if args.only is None and args.device != "cuda":
+        parser.error(f"--device {args.device} applies to the weight parts alone: add --only weight")
+    if args.only is not None and args.write_report:
+        parser.error("--write-report writes the whole check's table to report/device_check.md: leave out --only")
     args.out = args.out.resolve()
     return args
 
@@ -275,19 +349,25 @@ def main(argv: list[str] | None = None) -> int:
         return check_inputs(args)
     import torch
 
-    if not args.dry_run and not torch.cuda.is_available():
-        print("device check: no CUDA device is visible here; run it on a GPU machine (--dry-run prints the commands)")
+    if not args.dry_run and args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "device check: no CUDA device is visible here; run it on a GPU machine (--dry-run prints the commands; "
+            "--only weight --device cpu runs the weight parts on the host)"
+        )
         return 2
     if not args.dry_run:
         args.out.mkdir(parents=True, exist_ok=True)
-    root = args.out / "data" if args.dry_run else data_root(corpus_file(args.shakespeare), args.out)
+    if args.dry_run or args.only is not None:
+        root = args.out / "data"
+    else:
+        root = data_root(corpus_file(args.shakespeare), args.out)
     parts = plan(args, root)
     if args.dry_run:
         for part in parts:
             limit = "the rest of the budget" if part.limit == float("inf") else f"{part.limit:.0f} s"
             print(f"# {part.name} (at most {limit})\n{' '.join(part.command)}")
         return 0
-    card = torch.cuda.get_device_name(0)
+    card = torch.cuda.get_device_name(0) if args.device == "cuda" else "the host (--device cpu)"
     deadline = start + args.budget - 15  # the table and its files after the last part
     for part in parts:
         print(f"[device check] {part.name}: {' '.join(part.command[1:])}", flush=True)

@@ -318,6 +318,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and auto != "cuda":
+        print("weight_floor: --device cuda but torch sees no CUDA device here: use --device cpu or auto")
+        sys.exit(2)
     device = torch.device(auto if args.device == "auto" else args.device)
     print(scale.machine() + (f"; {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""))
     print(f"load average {os.getloadavg()[0]:.2f} over {os.cpu_count()} cores")

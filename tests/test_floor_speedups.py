@@ -1,0 +1,135 @@
+"""Weight matching's host work that runs on one torch thread (glmc.threads.one_thread): the count inside and
+after, nested and from several threads at once, the layers solved side by side, the decompositions; and
+benchmarks/device_check.py's weight-matching parts."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+import torch
+
+from glmc.matching import warm_assignment
+from glmc.matching.assignment import assign_layers
+from glmc.matching.projections import decomposing, polar_factor
+from glmc.threads import one_thread
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import device_check  # noqa: E402  (a script, importable once its folder is on the path)
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_one_thread_inside_restored_after_nested_and_from_threads(two_threads):
+    with one_thread():
+        assert torch.get_num_threads() == 1
+        with one_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 1  # the outer section still runs
+    assert torch.get_num_threads() == 2
+    # sections that overlap in two threads, the first to start ending first: the count comes back once both end
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def first():
+        with one_thread():
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second():
+        first_in.wait(5)
+        with one_thread():
+            second_in.set()
+            first_out.wait(5)
+            seen.append(torch.get_num_threads())
+
+    workers = [threading.Thread(target=f) for f in (first, second)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(10)
+    assert seen == [1] and torch.get_num_threads() == 2
+    with pytest.raises(RuntimeError), one_thread():  # an error inside restores the count too
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == 2
+
+
+def test_layers_side_by_side_each_on_one_thread_same_answers(two_threads):
+    g = torch.Generator().manual_seed(0)
+    similarities = [torch.randn(40, 40, generator=g) for _ in range(4)]
+    counts = []
+
+    def solve(layer):
+        counts.append(torch.get_num_threads())
+        return warm_assignment.fresh_assignment(similarities[layer])[0]
+
+    side_by_side = assign_layers(solve, range(4), threads=2)
+    assert counts == [1] * 4 and torch.get_num_threads() == 2
+    one_by_one = assign_layers(solve, range(4), threads=1)
+    assert counts[4:] == [2] * 4  # solved in this thread: torch's count as it was
+    assert all(torch.equal(a.perm, b.perm) for a, b in zip(side_by_side, one_by_one))
+
+
+def test_decompositions_on_one_host_thread(two_threads, monkeypatch):
+    counts = []
+    eigh = torch.linalg.eigh
+
+    def counted(*args, **kwargs):
+        counts.append(torch.get_num_threads())
+        return eigh(*args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "eigh", counted)
+    a = torch.randn(30, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) + 6 * torch.eye(30)
+    q, gram = polar_factor(a)
+    assert gram and counts == [1] and torch.get_num_threads() == 2
+    assert torch.allclose(q.T @ q, torch.eye(30, dtype=torch.float64), atol=1e-12)
+    with decomposing(torch.zeros(2, device="meta")):  # not the host: the count stays
+        assert torch.get_num_threads() == 2
+
+
+FLOOR_OUTPUT = """\
+== llama-1.1b -- CUT to 4 of 22 layers (--layers)
+  GEMM 5632x4097 @ 4097x5632, the faster of before and after: float32 51234.5 GFLOP/s, float64 49811.0 GFLOP/s
+     seconds  products    assign     floor   ratio  assign share
+       1.250     0.020     0.700     0.720   1.74x          56%
+  of the rest: decompositions (eigh, SVD; not in the floor) 0.210 s per iteration
+  peak memory above the two models: 3.10 GiB
+"""
+
+
+def test_weight_parts_alone_on_the_host_and_their_row(tmp_path, capsys):
+    assert device_check.main(["--only", "weight", "--device", "cpu", "--layers", "1", "--dry-run"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if "weight_floor.py" in line]
+    assert [c.split("--shapes ")[1] for c in commands] == ["gpt2-124m --layers 1", "llama-1.1b --layers 1"]
+    assert all("--device cpu" in c for c in commands)
+    full = device_check.plan(device_check.parse(["--tokenizer", "t", "--shakespeare", "s"]), tmp_path)
+    weight = [p for p in full if p.name.startswith("weight, ")]
+    assert [p.command[-2:] for p in weight] == [["--shapes", "gpt2-124m"], ["--layers", "4"]]
+    assert all("cuda" in p.command and p.limit == device_check.LIMITS["weight"] for p in weight)
+    assert full[-1].name == "shakespeare"  # the last part still gets what the others leave
+    ((what, measured),) = device_check.weight_rows("1.1B Llama shape", FLOOR_OUTPUT)
+    assert what == "weight matching, 1.1B Llama shape (4 of 22 layers)"
+    assert measured.startswith("1.250 s / iteration, 1.74x its floor of 0.720 s") and "51234.5 GFLOP/s" in measured
+    assert "56 %" in measured and "3.10 GiB above" in measured
+    missing = device_check.weight_rows("GPT-2 124M", "Traceback")
+    assert missing == [("weight matching, GPT-2 124M", "no table in the output")]
+
+
+def test_weight_parts_on_cuda_refused_without_one(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_check.main(["--only", "weight"]) == 2
+    printed = capsys.readouterr().out
+    assert "no CUDA device" in printed and "--only weight --device cpu" in printed
+    with pytest.raises(SystemExit):  # cpu only for the weight parts, which need no tokenizer or corpus
+        device_check.main(["--device", "cpu", "--tokenizer", "t", "--shakespeare", "s"])
+    assert "applies to the weight parts alone" in capsys.readouterr().err
