@@ -285,7 +285,8 @@ def collect(part: Part, args: argparse.Namespace) -> None:
 
 def table(parts: list[Part], card: str, args: argparse.Namespace, total: float) -> str:
     if args.only == "weight":
-        head = f"Weight matching on {card} (`python benchmarks/device_check.py --only weight`, {total:.0f} s in all):"
+        options = f"--only weight --device {args.device}" + ("" if args.layers is None else f" --layers {args.layers}")
+        head = f"Weight matching on {card} (`python benchmarks/device_check.py {options}`, {total:.0f} s in all):"
     else:
         head = (
             f"Device check on one {card} (`python benchmarks/device_check.py`, {total:.0f} s in all; Tiny "
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             limit = "the rest of the budget" if part.limit == float("inf") else f"{part.limit:.0f} s"
             print(f"# {part.name} (at most {limit})\n{' '.join(part.command)}")
         return 0
-    card = torch.cuda.get_device_name(0) if args.device == "cuda" else "the host (--device cpu)"
+    card = torch.cuda.get_device_name(0) if args.device == "cuda" else "the host"
     deadline = start + args.budget - 15  # the table and its files after the last part
     for part in parts:
         print(f"[device check] {part.name}: {' '.join(part.command[1:])}", flush=True)

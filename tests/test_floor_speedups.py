@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from glmc.matching import warm_assignment
+from glmc.matching import projections, warm_assignment
 from glmc.matching.assignment import assign_layers
 from glmc.matching.projections import decomposing, polar_factor
 from glmc.threads import one_thread
@@ -95,6 +95,15 @@ def test_decompositions_on_one_host_thread(two_threads, monkeypatch):
     assert torch.allclose(q.T @ q, torch.eye(30, dtype=torch.float64), atol=1e-12)
     with decomposing(torch.zeros(2, device="meta")):  # not the host: the count stays
         assert torch.get_num_threads() == 2
+    # wide ones keep torch's threads only while no other process takes a core
+    monkeypatch.setattr(projections, "THREADED_FROM", 30)
+    for free, inside in ((2, 2), (1, 1)):
+        monkeypatch.setattr(projections, "free_threads", lambda free=free: free)
+        with decomposing(a):
+            assert torch.get_num_threads() == inside
+        with decomposing(a[:, :29]):
+            assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
 
 
 FLOOR_OUTPUT = """\
@@ -123,6 +132,12 @@ def test_weight_parts_alone_on_the_host_and_their_row(tmp_path, capsys):
     assert "56 %" in measured and "3.10 GiB above" in measured
     missing = device_check.weight_rows("GPT-2 124M", "Traceback")
     assert missing == [("weight matching, GPT-2 124M", "no table in the output")]
+    only = device_check.parse(["--only", "weight", "--layers", "2"])
+    part = device_check.weight_parts(only)[1]
+    part.rows, part.status = device_check.weight_rows("1.1B Llama shape", FLOOR_OUTPUT), "ok"
+    text = device_check.table([part], "NVIDIA H100 80GB HBM3", only, 42.0)
+    assert text.startswith("Weight matching on NVIDIA H100 80GB HBM3 (`python benchmarks/device_check.py --only")
+    assert "--device cuda --layers 2`, 42 s in all" in text and "| weight, 1.1B Llama shape | ok |" in text
 
 
 def test_weight_parts_on_cuda_refused_without_one(capsys, monkeypatch):

@@ -8,13 +8,14 @@ sinkhorn                      exp(Z / tau) made doubly stochastic by alternating
 from __future__ import annotations
 
 import math
+import time
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import Tensor
 
 from glmc.symmetry import Permutation
-from glmc.threads import one_thread
+from glmc.threads import RESAMPLE_AFTER, busy_cores, choose_threads, one_thread, usable_cores
 
 
 def straight_through_permutation(latent: Tensor, perm: Tensor | None = None) -> Tensor:
@@ -78,11 +79,32 @@ def _svd(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return torch.linalg.svd(a, full_matrices=False)
 
 
+# from this many columns a decomposition on the host keeps torch's threads while no other process keeps a
+# core busy (on 2 cores a 2,048-wide SVD took 3.3 s on two threads, 4.6 s on one, 18 to 36 s on two beside
+# a busy process); narrower ones gain little from threads (768 wide: 0.11 s on one)
+THREADED_FROM = 1024
+_FREE: list[tuple[float, int]] = []  # (when sampled, threads the cores not taken allow)
+
+
 def decomposing(a: Tensor) -> AbstractContextManager:
-    """The context a decomposition of `a` runs in: one thread on the host (LAPACK's threads wait on each
-    other at every stage, and beside a busy process for a core: up to twenty times slower on two cores);
-    unchanged on a device."""
-    return one_thread() if a.device.type == "cpu" else nullcontext()
+    """The context a decomposition of `a` runs in: on the host one thread (LAPACK's threads wait on each
+    other at every stage, and beside a busy process for a core), but torch's own where `a` is at least
+    THREADED_FROM wide and no core is taken; unchanged on a device."""
+    if a.device.type != "cpu":
+        return nullcontext()
+    if a.shape[-1] >= THREADED_FROM and torch.get_num_threads() > 1 and free_threads() > 1:
+        return nullcontext()
+    return one_thread()
+
+
+def free_threads() -> int:
+    """Threads for the cores no other process keeps busy (glmc.threads.choose_threads), sampled at most
+    every RESAMPLE_AFTER seconds."""
+    now = time.monotonic()
+    if not _FREE or now - _FREE[0][0] > RESAMPLE_AFTER:
+        cores = usable_cores()
+        _FREE[:] = [(now, choose_threads(len(cores), busy_cores(cores)))]
+    return _FREE[0][1]
 
 
 def polar_factor(a: Tensor, try_gram: bool = True) -> tuple[Tensor, bool]:
