@@ -29,9 +29,10 @@ line and sampling its resident memory (/proc/<pid>/status, every 0.2 s). Reporte
   peak      the run's resident memory above its level just before the first folder is loaded (the line
             naming the folder's load), against the two models' float32 bytes; with when it came, the line
             before it and how much of it was file-backed (the folders' weights, which transformers maps)
-  gap       the longest time between two of the run's output lines from the folders' load to its end
+  gap       the longest time between two of the run's output lines (ended by a newline: a progress bar's
+            rewrites of its line do not count) from the folders' load to its end
 
-On a shared machine every figure is an upper bound (run it under the machine's CPU lock).
+On a shared machine every figure is an upper bound: run it with nothing else busy.
 """
 
 from __future__ import annotations
@@ -126,9 +127,8 @@ class Watched:
     def __init__(self, command: list[str], log_file: Path):
         self.start = time.perf_counter()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1
-        )
+        # bytes: a line ends at a newline only (a progress bar's carriage returns rewrite one line)
+        self.proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         self.lines: list[tuple[float, str]] = []
         self.samples: list[tuple[float, int]] = []
         self.log = log_file.open("w", encoding="utf-8")
@@ -136,10 +136,11 @@ class Watched:
         self.reader.start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
+        for raw in self.proc.stdout:
             at = time.perf_counter() - self.start
-            self.lines.append((at, line.rstrip("\n")))
-            self.log.write(f"[{at:8.2f}] {line}")
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n").rsplit("\r", 1)[-1]
+            self.lines.append((at, line))
+            self.log.write(f"[{at:8.2f}] {line}\n")
             self.log.flush()
 
     def _rss(self) -> tuple[int, int] | None:

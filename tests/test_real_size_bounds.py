@@ -147,3 +147,16 @@ def test_weight_matching_releases_its_working_set_before_transforming_b(monkeypa
     a, b = tiny_pair()
     weight.WeightMatcher(max_iter=2).match(a, b)
     assert order == [("release", len(b.params())), ("apply",)]
+
+
+def test_a_slow_path_writes_a_line_per_point_where_progress_is_shown(monkeypatch, caplog):
+    from glmc.eval import evaluator
+
+    a, b = tiny_pair()
+    monkeypatch.setattr(evaluator, "PROGRESS_EVERY_S", 0.0)  # every point as slow as a large model's
+    with caplog.at_level(logging.INFO, logger="glmc.eval.evaluator"):
+        evaluator.Evaluator(batches(), "causal_lm", progress=False).path(Alignment(a, b), [0.0, 1.0], desc="quiet")
+        assert not caplog.messages  # a quiet evaluator (a matcher's checks) writes none
+        curve = evaluator.Evaluator(batches(), "causal_lm", progress=True).path(Alignment(a, b), [0.0, 0.5, 1.0], "w")
+    assert [m.split(",")[0] for m in caplog.messages] == [f"w: {i} of 3 points" for i in (1, 2, 3)]
+    assert f"loss {curve['loss'][-1]:.4f} at lambda 1" in caplog.messages[-1]

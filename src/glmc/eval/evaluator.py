@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -21,6 +23,9 @@ from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 
 AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}
+PROGRESS_EVERY_S = 10.0  # a path's point ending this long after its last progress line writes one (large models)
+
+log = logging.getLogger(__name__)
 
 
 def _world() -> tuple[int, int]:
@@ -136,6 +141,7 @@ class Evaluator:
         curve: dict[str, Any] = {"lambdas": [float(x) for x in lambdas], "loss": [], "accuracy": []}
         release_after(fa.tensors.values())  # a large model's matching left its working set's pages behind
         params: dict[str, Tensor] | None = None
+        begun = last_line = time.perf_counter()
         for lam in tqdm(curve["lambdas"], desc=desc, disable=not self.progress, leave=False):
             if not 0.0 <= lam <= 1.0:
                 raise ValueError(f"lambda={lam} is outside [0, 1]")
@@ -149,6 +155,19 @@ class Evaluator:
             loss, acc = self._metrics(functools.partial(fa.forward, params, config=config))
             curve["loss"].append(loss)
             curve["accuracy"].append(acc)
+            now = time.perf_counter()
+            if self.progress and now - last_line >= PROGRESS_EVERY_S:  # a log's line where tqdm only rewrites
+                done = len(curve["loss"])
+                log.info(
+                    "%s: %d of %d points, loss %.4f at lambda %g, %.0f s so far",
+                    desc,
+                    done,
+                    len(lambdas),
+                    loss,
+                    lam,
+                    now - begun,
+                )
+                last_line = now
         return curve
 
     @torch.inference_mode()
