@@ -160,3 +160,27 @@ def test_a_slow_path_writes_a_line_per_point_where_progress_is_shown(monkeypatch
         curve = evaluator.Evaluator(batches(), "causal_lm", progress=True).path(Alignment(a, b), [0.0, 0.5, 1.0], "w")
     assert [m.split(",")[0] for m in caplog.messages] == [f"w: {i} of 3 points" for i in (1, 2, 3)]
     assert f"loss {curve['loss'][-1]:.4f} at lambda 1" in caplog.messages[-1]
+
+
+def test_apply_transforms_a_group_of_tensors_at_a_time_with_the_same_floats(monkeypatch):
+    import dataclasses
+    import importlib
+
+    from glmc.models.canonical import CanonicalTransformer
+    from glmc.symmetry.spec import SymmetrySpec
+
+    apply_module = importlib.import_module("glmc.symmetry.apply")  # the package's `apply` is the function
+
+    a, b = tiny_pair()
+    transform, _ = weight.weight_matching(a, b, max_iter=2)
+    spec, params = SymmetrySpec.from_model(b), b.params()
+    whole = apply_module.apply_params(transform, spec, {k: v.double() for k, v in params.items()})
+    sizes = []
+    apply_params = apply_module.apply_params
+    counted = lambda t, s, p, strict: sizes.append(len(p)) or apply_params(t, s, p, strict)  # noqa: E731
+    monkeypatch.setattr(apply_module, "apply_params", counted)
+    moved = apply_module.apply(transform, b)
+    assert isinstance(moved, CanonicalTransformer) and moved.config == dataclasses.replace(b.config)
+    assert list(moved.params()) == list(params)
+    assert all(torch.equal(moved.params()[k], whole[k].float()) for k in params)
+    assert sum(sizes) == len(params) and max(sizes) < len(params) / 2  # each layer, then the rest

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from glmc.models.canonical import CanonicalTransformer
+from glmc.models.families.roles import layer_of
 from glmc.symmetry.groups import Diagonal, Element, Permutation, SemiPermutation
 from glmc.symmetry.spec import Axis, Space, SymmetrySpec
 from glmc.symmetry.transform import Transform
@@ -101,12 +102,24 @@ def apply_params(
 @torch.no_grad()
 def apply(transform: Transform, model: CanonicalTransformer, strict: bool = True) -> CanonicalTransformer:
     """A new model computing the same function (for valid transforms), in float64 cast back; the input
-    is not modified. config.norm_dim is kept, which keeps rectangular residual maps exact."""
+    is not modified. config.norm_dim is kept, which keeps rectangular residual maps exact. One layer at a
+    time (then the tensors outside the layers): the same operations on each tensor, in the same order,
+    while only that group is held in float64 (a whole model twice over in float64 was three times its size)."""
     spec = SymmetrySpec.from_model(model)
     original = model.params()
-    new = apply_params(transform, spec, {k: v.double() for k, v in original.items()}, strict)
-    new = {k: v.to(original[k].dtype) for k, v in new.items()}
-    return CanonicalTransformer(dataclasses.replace(model.config), new)
+    unknown = set(transform) - set(spec.spaces)
+    if unknown:  # named here: a group's restricted spec would not see them
+        apply_params(transform, spec, {}, strict)
+    groups: dict[int | None, list[str]] = {}
+    for name in original:
+        groups.setdefault(layer_of(name), []).append(name)
+    new: dict[str, Tensor] = {}
+    for names in groups.values():
+        part = spec.restricted_to(set(names))
+        elements = Transform({k: g for k, g in transform.items() if k in part.spaces})
+        done = apply_params(elements, part, {k: original[k].double() for k in names}, strict)
+        new.update({k: done[k].to(original[k].dtype) for k in names})
+    return CanonicalTransformer(dataclasses.replace(model.config), {k: new[k] for k in original})
 
 
 def apply_dense(matrices: dict[str, Tensor], spec: SymmetrySpec, params: dict[str, Tensor]) -> dict[str, Tensor]:
