@@ -110,10 +110,14 @@ def write_inputs(folder: Path, layers: int, windows: int) -> tuple[list[Path], P
     wanted = int(windows * SEQ_LEN * 4.5 / 0.05)
     text_file.write_text((corpus * (wanted // len(corpus) + 1))[:wanted], encoding="utf-8")
     tokenizer = bpe_tokenizer(text_file)
+    test = text_file.read_text(encoding="utf-8")[int(wanted * 0.95) :]
+    if len(tokenizer(test)["input_ids"]) < windows * (SEQ_LEN + 1):
+        raise SystemExit(f"the text's test block holds fewer than {windows} windows: raise `wanted` in write_inputs")
     paths = []
     for seed in (0, 1):
         path = folder / f"pythia160m_seed{seed}"
-        if not (path / "model.safetensors").is_file():
+        config = path / "config.json"
+        if not config.is_file() or json.loads(config.read_text())["num_hidden_layers"] != layers:
             torch.manual_seed(seed)
             GPTNeoXForCausalLM(pythia_config(layers)).save_pretrained(path)
         tokenizer.save_pretrained(path)
