@@ -148,3 +148,20 @@ def test_weight_parts_on_cuda_refused_without_one(capsys, monkeypatch):
     with pytest.raises(SystemExit):  # cpu only for the weight parts, which need no tokenizer or corpus
         device_check.main(["--device", "cpu", "--tokenizer", "t", "--shakespeare", "s"])
     assert "applies to the weight parts alone" in capsys.readouterr().err
+
+
+def test_relaxation_on_one_thread_only_where_torch_would_split_it(two_threads, monkeypatch):
+    counts = []
+    inner = warm_assignment._relax
+
+    def counted(*args):
+        counts.append(torch.get_num_threads())
+        return inner(*args)
+
+    monkeypatch.setattr(warm_assignment, "_relax", counted)
+    g = torch.Generator().manual_seed(2)
+    for n in (12, 300):  # 12 x 12 arcs are below torch's grain, 256 rows of 300 above it
+        s = torch.randn(n, n, generator=g)
+        perm = warm_assignment.fresh_assignment(s)[0].perm
+        assert warm_assignment.potentials(warm_assignment.arc_weights(s, perm)) is not None
+    assert counts == [2, 1] and torch.get_num_threads() == 2

@@ -27,7 +27,7 @@ from torch import Tensor
 from glmc.matching.device_assignment import device_project, solves_on_device
 from glmc.matching.projections import decomposing
 from glmc.symmetry import Permutation
-from glmc.threads import one_thread
+from glmc.threads import GRAIN, one_thread
 
 # relaxation rounds before a certificate (or, sooner, a radius) is given up (measured: under twenty)
 MAX_ROUNDS = 32
@@ -70,8 +70,10 @@ def potentials(
 
 
 def relax(arcs: Tensor, start: Tensor | None, margin: float, rounds: int) -> tuple[Tensor | None, int]:
-    """potentials(), with the number of rounds it took (on one thread: its rounds are many short
-    operations, each waiting for its slowest thread)."""
+    """potentials(), with the number of rounds it took (on one thread where torch would split its
+    operations: its rounds are many short ones, each waiting for its slowest thread)."""
+    if min(CHUNK, arcs.shape[0]) * arcs.shape[-1] < GRAIN:  # not split: the thread count stays
+        return _relax(arcs, start, margin, rounds)
     with one_thread():
         return _relax(arcs, start, margin, rounds)
 
