@@ -8,6 +8,7 @@ every layer's MLP units in reverse order (an order neither matcher's own MLP ass
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 import torch
@@ -20,8 +21,9 @@ from glmc.models import to_canonical
 from glmc.models.blocks import ActivationHook, BlockKind, plain, registry
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.families import family_named
-from glmc.symmetry import Permutation, SymmetrySpec
+from glmc.symmetry import Permutation, SymmetrySpec, Transform, apply
 
+from numeric import FORWARD, assert_close_rel
 from tiny_hf import inputs_for, tiny_gpt2
 
 
@@ -109,3 +111,37 @@ def test_a_kind_registered_from_outside_brings_its_settings_step_kept_spaces_and
     alignment = ActivationMatcher(batches=1).match(a, b, MatchContext(data=batches, run_dir=tmp_path))
     assert alignment.diagnostics["mean_correlation"]["toy.1"] == [0.0, float(x[:, 1:].numel())]
     assert torch.equal(alignment.transform["mlp.1"].perm, reverse[1])
+
+
+def _own_space(acts):
+    return dataclasses.replace(acts, space="toy_units") if acts.space == "mlp" else acts
+
+
+# the plain MLP whose units are a space of the kind's own naming: the spec lists it, default permutations
+OWN_SPACE_KIND = BlockKind(
+    "toy_units_mlp",
+    "mlp",
+    plain.mlp,
+    tuple(dataclasses.replace(r, acts=tuple(_own_space(a) for a in r.acts)) for r in plain.ROLES),
+)
+
+
+def test_a_kind_with_a_space_of_its_own_gets_it_in_the_spec_and_its_elements_keep_the_function(monkeypatch):
+    monkeypatch.setattr(registry, "MODULES", dict(registry.MODULES))
+    monkeypatch.setattr(sys.modules[__name__], "KIND", OWN_SPACE_KIND)
+    registry.register_kind("toy_units_mlp", __name__)
+    monkeypatch.setattr(family_named("gpt2"), "mlp_kind", "toy_units_mlp")
+    try:
+        hf = tiny_gpt2(0, hidden=16, heads=2, mlp=24)
+        b, x = to_canonical(hf), inputs_for(hf)
+        spec = SymmetrySpec.from_model(b)
+        names = list(spec.spaces)
+        assert "mlp.0" not in names and names.index("heads.0") < names.index("toy_units.0") < names.index("heads.1")
+        assert spec["toy_units.1"].size == 24 and spec["toy_units.1"].classes == ("permutation",)
+        g = torch.Generator().manual_seed(0)
+        moved = Transform({f"toy_units.{l}": Permutation(torch.randperm(24, generator=g)) for l in range(2)})
+        with torch.no_grad():
+            assert_close_rel(apply(moved, b)(x), b(x), FORWARD, "a random element of the kind's own space")
+            assert not torch.equal(apply(moved, b).params()["blocks.0.in_w"], b.params()["blocks.0.in_w"])
+    finally:
+        registry.block_kind.cache_clear()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from glmc.models.canonical import RELU_FAMILY, CanonicalConfig, CanonicalTransformer, num_layers
 from glmc.models.families import family_named
-from glmc.models.families.roles import HEAD_HIDDEN, HEAD_PAIRS, LAYER_SPACES
+from glmc.models.families.roles import HEAD_HIDDEN, HEAD_PAIRS, layer_space_order
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,8 @@ class SymmetrySpec:
                 name = acts.space if acts.space in ("residual", HEAD_HIDDEN) else f"{acts.space}.{layer}"
                 kinds[name] = (acts.space, layer if name != acts.space else None)
                 axes[name].append(Axis(role.at(layer), acts.axis, acts.side, acts.head_axis, acts.extra))
-        order = ["residual"] + [f"{k}.{l}" for l in layers for k in LAYER_SPACES] + [HEAD_HIDDEN]
+        per_layer = layer_space_order(kind for kind, _ in kinds.values())
+        order = ["residual"] + [f"{k}.{l}" for l in layers for k in per_layer] + [HEAD_HIDDEN]
         spaces = [_space(config, family, n, *kinds[n], tuple(axes[n]), params) for n in order if n in axes]
         absorbed = tuple(f"{k}.{l}" for l in layers for k in HEAD_PAIRS) if config.form == "circuit" else ()
         return cls({s.name: s for s in spaces}, absorbed)

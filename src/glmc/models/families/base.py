@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from glmc.models.blocks.registry import BlockKind, block_kind
-from glmc.models.families.roles import LAYER_SPACES, POST_NORMS, Role, role_key, writer
+from glmc.models.families.roles import POST_NORMS, Role, layer_space_order, role_key, writer
 
 if TYPE_CHECKING:
     from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
@@ -210,7 +210,7 @@ def residual_axis(layout: dict[str, Role], name: str, side: str) -> int | None:
 def layer_sizes(layout: dict[str, Role], params: dict[str, Tensor], layers: int) -> dict[str, list[int]]:
     """Per layer, the size of every layer space the tensors act on (heads, qk, vo, mlp, ...)."""
     sizes: dict[str, list[int]] = {}
-    for kind in LAYER_SPACES:
+    for kind in layer_space_order(a.space for role in layout.values() for a in role.acts):
         role = next((r for r in layout.values() if r.acts_on(kind)), None)
         if role is None:
             continue

@@ -16,9 +16,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-# the per-layer space kinds, in the order their spaces are listed (heads before the per-head qk and vo,
-# experts before the units of each expert)
-LAYER_SPACES = ("heads", "qheads", "qk", "vo", "mlp", "mlp_scale", "experts", "expert_units")
+# the per-layer space kinds listed first, in this order (heads before the per-head qk and vo); a block kind's
+# own spaces (a mixture's experts, then each expert's units) follow in the order its roles name them
+LAYER_SPACES = ("heads", "qheads", "qk", "vo", "mlp", "mlp_scale")
+
+
+def layer_space_order(kinds) -> tuple[str, ...]:
+    """The per-layer space kinds among `kinds` (in the order roles name them): LAYER_SPACES first, then the
+    others in their first-named order."""
+    named = dict.fromkeys(k for k in kinds if k not in ("residual", HEAD_HIDDEN))
+    return (*(k for k in LAYER_SPACES if k in named), *(k for k in named if k not in LAYER_SPACES))
+
+
 # per-head attention pairs that the circuit form absorbs
 HEAD_PAIRS = ("qk", "vo")
 # the hidden state of a task head with a layer of its own (BERT's masked-LM transform or pooler)
