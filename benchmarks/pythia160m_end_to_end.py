@@ -74,18 +74,7 @@ GIB = 2**30
 
 
 def pythia_config(layers: int) -> GPTNeoXConfig:
-    return GPTNeoXConfig(
-        hidden_size=768,
-        num_hidden_layers=layers,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        vocab_size=VOCAB,
-        max_position_embeddings=2048,
-        use_parallel_residual=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        tie_word_embeddings=False,
-        architectures=["GPTNeoXForCausalLM"],
-    )
+    return weight_floor.pythia_config(layers, VOCAB, width=768, heads=12, architectures=["GPTNeoXForCausalLM"])
 
 
 def bpe_tokenizer(text_file: Path):

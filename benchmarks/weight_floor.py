@@ -52,19 +52,26 @@ GIB = 2**30
 COPIES = 5  # B's layer weights held at the search's peak (its own, A's, three transformed)
 
 
+def pythia_config(layers: int, vocab: int, width: int = 1024, heads: int = 16, **extra) -> GPTNeoXConfig:
+    """A Pythia-shaped GPT-NeoX config (410M's width by default; 160M: width 768, 12 heads): MLP four times
+    the width, rotary on a quarter of each head, parallel residual, untied head."""
+    return GPTNeoXConfig(
+        hidden_size=width,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * width,
+        vocab_size=vocab,
+        max_position_embeddings=2048,
+        use_parallel_residual=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=False,
+        **extra,
+    )
+
+
 class PythiaShape(scale.Shape):
     def config(self, layers: int, vocab: int):
-        return GPTNeoXConfig(
-            hidden_size=1024,
-            num_hidden_layers=layers,
-            num_attention_heads=16,
-            intermediate_size=4096,
-            vocab_size=vocab,
-            max_position_embeddings=2048,
-            use_parallel_residual=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-            tie_word_embeddings=False,
-        )
+        return pythia_config(layers, vocab)
 
     def hf_class(self):
         return GPTNeoXForCausalLM
