@@ -64,7 +64,9 @@ class MixtralFamily(LlamaFamily):
         return sizes["expert_units"][layer]
 
     def config_extras(self, cfg: Any) -> dict[str, Any]:
-        return {"block_settings": {"experts_top_k": cfg.num_experts_per_tok, "experts_renormalise": True}}
+        # Mixtral always renormalises its top-k weights; its MoE descendants say so by norm_topk_prob
+        renormalise = bool(getattr(cfg, "norm_topk_prob", True))
+        return {"block_settings": {"experts_top_k": cfg.num_experts_per_tok, "experts_renormalise": renormalise}}
 
     def input_properties(self, config, params):
         yield from super().input_properties(config, params)

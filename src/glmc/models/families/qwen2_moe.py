@@ -51,14 +51,6 @@ class SparseMoeFamily(MixtralFamily):
         check_sparse(template.config)
         return super().to_hf(model, template)
 
-    def config_extras(self, cfg: Any) -> dict[str, Any]:
-        return {
-            "block_settings": {
-                "experts_top_k": cfg.num_experts_per_tok,
-                "experts_renormalise": bool(cfg.norm_topk_prob),
-            }
-        }
-
 
 class Qwen2MoeFamily(SparseMoeFamily):
     name = "qwen2_moe"
