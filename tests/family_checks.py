@@ -128,6 +128,21 @@ def assert_export_reloads(hf, run_dir, kept: tuple[str, ...] = ()) -> None:
         assert torch.allclose(loaded.get_parameter(name), hf.get_parameter(name)), name
 
 
+def bfloat16_folders_test(family: str, blocks: dict, residual: str | None = None, **model):
+    """The test that run.py runs on two bfloat16 folders of `family` (cli_on_two_folders), records the
+    block kinds `blocks` (and the residual class, where given) in results.json and finds a weight transform
+    that keeps the function."""
+
+    def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
+        results = cli_on_two_folders(monkeypatch, capsys, tmp_path, family, dtype=torch.bfloat16, **model)
+        assert results["stored_dtype"] == "bfloat16"
+        assert results["symmetry"]["blocks"] == blocks
+        assert residual is None or results["symmetry"]["residual"] == residual
+        assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
+
+    return test_command_line_on_two_bfloat16_folders
+
+
 def cli_on_two_folders(monkeypatch, capsys, tmp_path, family: str, dtype=torch.float32, **model) -> dict:
     """run.py with endpoints=pretrained on two tiny save_pretrained folders of `family` stored in `dtype`
     (weight matching, the vanilla midpoint exported); results.json, after checking the run succeeded."""

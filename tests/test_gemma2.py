@@ -18,8 +18,8 @@ from family_checks import (
     VO,
     alignment_tests,
     assert_export_reloads,
+    bfloat16_folders_test,
     canonical_fixture,
-    cli_on_two_folders,
     symmetry_tests,
 )
 from numeric import FEW_OPS, assert_close_rel
@@ -71,16 +71,10 @@ def test_an_export_to_a_template_with_other_caps_is_refused(tmp_path):
         export_hf(to_canonical(hf), template, tmp_path / "out")
 
 
-def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
-    results = cli_on_two_folders(
-        monkeypatch, capsys, tmp_path, "gemma2", dtype=torch.bfloat16, hidden_act="gelu_pytorch_tanh", max_positions=16
-    )
-    assert results["stored_dtype"] == "bfloat16"
-    assert results["symmetry"]["residual"] == "permutation"
-    assert results["symmetry"]["blocks"] == {
-        "attention": "grouped",
-        "mlp": "gated",
-        "head_spaces": ["qk", "vo"],
-        "branch": "sandwich",
-    }
-    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
+test_command_line_on_two_bfloat16_folders = bfloat16_folders_test(
+    "gemma2",
+    {"attention": "grouped", "mlp": "gated", "head_spaces": ["qk", "vo"], "branch": "sandwich"},
+    "permutation",
+    hidden_act="gelu_pytorch_tanh",
+    max_positions=16,
+)

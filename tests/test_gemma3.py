@@ -18,8 +18,8 @@ from family_checks import (
     VO,
     alignment_tests,
     assert_export_reloads,
+    bfloat16_folders_test,
     canonical_fixture,
-    cli_on_two_folders,
     symmetry_tests,
 )
 from numeric import FEW_OPS, assert_close_rel
@@ -74,16 +74,10 @@ def test_export_reloads_and_matches(tmp_path):
     )
 
 
-def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
-    results = cli_on_two_folders(
-        monkeypatch, capsys, tmp_path, "gemma3", dtype=torch.bfloat16, hidden_act="gelu_pytorch_tanh", max_positions=16
-    )
-    assert results["stored_dtype"] == "bfloat16"
-    assert results["symmetry"]["residual"] == "permutation"
-    assert results["symmetry"]["blocks"] == {
-        "attention": "qk_norm",
-        "mlp": "gated",
-        "head_spaces": ["vo"],
-        "branch": "sandwich",
-    }
-    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
+test_command_line_on_two_bfloat16_folders = bfloat16_folders_test(
+    "gemma3",
+    {"attention": "qk_norm", "mlp": "gated", "head_spaces": ["vo"], "branch": "sandwich"},
+    "permutation",
+    hidden_act="gelu_pytorch_tanh",
+    max_positions=16,
+)

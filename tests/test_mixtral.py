@@ -21,8 +21,8 @@ from family_checks import (
     VO,
     alignment_tests,
     assert_export_reloads,
+    bfloat16_folders_test,
     canonical_fixture,
-    cli_on_two_folders,
     next_token_data,
     symmetry_tests,
 )
@@ -95,9 +95,10 @@ def test_a_template_with_other_experts_is_refused(tmp_path):
         export_hf(model, tiny_mixtral(experts=3), tmp_path / "out")
 
 
-def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
-    model = dict(hidden_act="silu", max_positions=16, num_experts=4)
-    results = cli_on_two_folders(monkeypatch, capsys, tmp_path, "mixtral", dtype=torch.bfloat16, **model)
-    assert results["stored_dtype"] == "bfloat16"
-    assert results["symmetry"]["blocks"]["mlp"] == "moe"
-    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
+test_command_line_on_two_bfloat16_folders = bfloat16_folders_test(
+    "mixtral",
+    {"attention": "grouped", "mlp": "moe", "head_spaces": ["qk", "vo"]},
+    hidden_act="silu",
+    max_positions=16,
+    num_experts=4,
+)

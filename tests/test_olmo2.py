@@ -10,7 +10,14 @@ from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.symmetry import Invertible, SemiPermutation, SymmetrySpec, Transform, apply
 from glmc.symmetry.embed_width import embed_width
 
-from family_checks import GATED_MLP, VO, alignment_tests, assert_export_reloads, cli_on_two_folders, symmetry_tests
+from family_checks import (
+    GATED_MLP,
+    VO,
+    alignment_tests,
+    assert_export_reloads,
+    bfloat16_folders_test,
+    symmetry_tests,
+)
 from numeric import FEW_OPS, assert_close_rel
 from tiny_hf import inputs_for, tiny_olmo2
 
@@ -102,16 +109,10 @@ def test_export_reloads_and_matches(tmp_path):
     assert_export_reloads(hf, tmp_path, kept=kept)
 
 
-def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
-    results = cli_on_two_folders(
-        monkeypatch, capsys, tmp_path, "olmo2", dtype=torch.bfloat16, hidden_act="silu", max_positions=16
-    )
-    assert results["stored_dtype"] == "bfloat16"
-    assert results["symmetry"]["residual"] == "permutation"
-    assert results["symmetry"]["blocks"] == {
-        "attention": "qk_norm_all",
-        "mlp": "gated",
-        "head_spaces": ["vo"],
-        "branch": "sandwich",
-    }
-    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
+test_command_line_on_two_bfloat16_folders = bfloat16_folders_test(
+    "olmo2",
+    {"attention": "qk_norm_all", "mlp": "gated", "head_spaces": ["vo"], "branch": "sandwich"},
+    "permutation",
+    hidden_act="silu",
+    max_positions=16,
+)

@@ -16,8 +16,8 @@ from family_checks import (
     VO,
     alignment_tests,
     assert_export_reloads,
+    bfloat16_folders_test,
     canonical_fixture,
-    cli_on_two_folders,
     symmetry_tests,
 )
 from numeric import FEW_OPS, assert_close_rel
@@ -60,9 +60,10 @@ def test_dense_mlp_layers_are_refused():
         to_canonical(hf)
 
 
-def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
-    model = dict(hidden_act="silu", max_positions=16, num_experts=4)
-    results = cli_on_two_folders(monkeypatch, capsys, tmp_path, "qwen2_moe", dtype=torch.bfloat16, **model)
-    assert results["stored_dtype"] == "bfloat16"
-    assert results["symmetry"]["blocks"] == {"attention": "grouped", "mlp": "moe_shared", "head_spaces": ["qk", "vo"]}
-    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
+test_command_line_on_two_bfloat16_folders = bfloat16_folders_test(
+    "qwen2_moe",
+    {"attention": "grouped", "mlp": "moe_shared", "head_spaces": ["qk", "vo"]},
+    hidden_act="silu",
+    max_positions=16,
+    num_experts=4,
+)

@@ -17,8 +17,8 @@ from family_checks import (
     VO,
     alignment_tests,
     assert_export_reloads,
+    bfloat16_folders_test,
     canonical_fixture,
-    cli_on_two_folders,
     symmetry_tests,
 )
 from numeric import FEW_OPS, assert_close_rel
@@ -80,10 +80,6 @@ def test_an_unsupported_rotary_type_is_refused():
         to_canonical(hf)
 
 
-def test_command_line_on_two_bfloat16_folders(monkeypatch, capsys, tmp_path):
-    results = cli_on_two_folders(
-        monkeypatch, capsys, tmp_path, "qwen3", dtype=torch.bfloat16, hidden_act="silu", max_positions=16
-    )
-    assert results["stored_dtype"] == "bfloat16"
-    assert results["symmetry"]["blocks"] == {"attention": "qk_norm", "mlp": "gated", "head_spaces": ["vo"]}
-    assert results["methods"]["weight"]["pairs"][0]["function_preserving"]
+test_command_line_on_two_bfloat16_folders = bfloat16_folders_test(
+    "qwen3", {"attention": "qk_norm", "mlp": "gated", "head_spaces": ["vo"]}, hidden_act="silu", max_positions=16
+)
