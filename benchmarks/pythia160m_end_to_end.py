@@ -336,6 +336,9 @@ def measure(folder: Path, layers: int, windows: int) -> None:
         tail = "\n".join(line for _, line in watched.lines[-30:])
         raise SystemExit(f"run.py exited with status {code}; its last lines:\n{tail}")
     results = json.loads((run_dir / "results.json").read_text())
+    with (folder / "memory.csv").open("w", encoding="utf-8") as f:  # the sampled resident memory, to plot
+        f.write("seconds,resident_bytes,file_backed_bytes\n")
+        f.writelines(f"{t:.2f},{rss},{file}\n" for t, rss, file in watched.samples)
     report(paths, watched, seconds, results, windows)
 
 
