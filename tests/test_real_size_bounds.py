@@ -143,7 +143,7 @@ def test_weight_matching_releases_its_working_set_before_transforming_b(monkeypa
     order = []
     monkeypatch.setattr(weight, "release_after", lambda tensors: order.append(("release", len(list(tensors)))))
     apply = weight.apply
-    monkeypatch.setattr(weight, "apply", lambda *args: order.append(("apply",)) or apply(*args))
+    monkeypatch.setattr(weight, "apply", lambda *args, **kw: order.append(("apply",)) or apply(*args, **kw))
     a, b = tiny_pair()
     weight.WeightMatcher(max_iter=2).match(a, b)
     assert order == [("release", len(b.params())), ("apply",)]

@@ -97,11 +97,11 @@ def merge_params(
             out[name] = torch.cat([p[name] for _, p in kept], dim=acts.axis)
         else:  # o_w (H, D, dv): the whole weight, the heads' value dims its last axis
             out[name] = torch.cat([w * p[name] for w, p in kept], dim=acts.axis)
-    out.update(_weighted_sum([[p[n] for n in plain] for _, p in kept], [w for w, _ in kept], plain))
+    out.update(weighted_sum([[p[n] for n in plain] for _, p in kept], [w for w, _ in kept], plain))
     return out
 
 
-def _weighted_sum(
+def weighted_sum(
     tensor_lists: Sequence[list[Tensor]], weights: Sequence[float], names: list[str]
 ) -> dict[str, Tensor]:
     """names[j] -> sum_i weights[i] * tensor_lists[i][j], one fused kernel launch per model."""
@@ -115,6 +115,16 @@ def _weighted_sum(
 
 def interpolate_state_dicts(state_dicts: Sequence[dict[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
     """sum_i weights[i] * state_dicts[i] for floating tensors; integer buffers are taken from the first."""
+    check_same_layout(state_dicts, weights)
+    first = state_dicts[0]
+    floating = [name for name, t in first.items() if torch.is_floating_point(t)]
+    out = {name: t for name, t in first.items() if not torch.is_floating_point(t)}  # ids, masks: not averaged
+    out.update(weighted_sum([[sd[n] for n in floating] for sd in state_dicts], [float(w) for w in weights], floating))
+    return {name: out[name] for name in first}
+
+
+def check_same_layout(state_dicts: Sequence[dict[str, Tensor]], weights: Sequence[float]) -> None:
+    """ValueError naming the first parameter that one model lacks or holds in another shape than model 0."""
     if len(state_dicts) != len(weights):
         raise ValueError(f"{len(state_dicts)} models but {len(weights)} weights")
     first = state_dicts[0]
@@ -126,10 +136,6 @@ def interpolate_state_dicts(state_dicts: Sequence[dict[str, Tensor]], weights: S
                 raise ValueError(
                     f"{name}: shape {tuple(t.shape)} in model {i} but {tuple(first[name].shape)} in model 0"
                 )
-    floating = [name for name, t in first.items() if torch.is_floating_point(t)]
-    out = {name: t for name, t in first.items() if not torch.is_floating_point(t)}  # ids, masks: not averaged
-    out.update(_weighted_sum([[sd[n] for n in floating] for sd in state_dicts], [float(w) for w in weights], floating))
-    return {name: out[name] for name in first}
 
 
 def interpolate(

@@ -8,7 +8,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,12 +17,16 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from glmc.alignment import Alignment
-from glmc.host_memory import release_after
+from glmc.eval.path_point import MergedParams, interpolated_forward
+from glmc.host_memory import RELEASE_ABOVE, release_after, tensor_bytes
 from glmc.interpolation import interpolate_state_dicts, merge_configs, merge_params
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 
 AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}
+# from this size of a path's end (bytes of its tensors) a point is interpolated a layer at a time as the
+# forward reads it (glmc.eval.path_point): the same losses, without a third model held beside the two ends
+LAYERWISE_POINTS_FROM = RELEASE_ABOVE
 PROGRESS_EVERY_S = 10.0  # a path's point ending this long after its last progress line writes one (large models)
 
 log = logging.getLogger(__name__)
@@ -52,16 +56,26 @@ class _Functional:
         """`config`: a canonical model's config to run with instead of its own (a path's, merge_configs)."""
         if self.canonical:
             return canonical_forward(config or self.config, params, inputs)
-        out = torch.func.functional_call(self.module, params, (inputs,))
-        if isinstance(out, Tensor):
-            return out
-        if not hasattr(out, "logits"):  # a body without its head returns hidden states
-            raise TypeError(
-                f"{type(self.module).__name__} returned a {type(out).__name__} without logits: evaluate the model "
-                "with its head (the class for causal language modelling or image classification, not the bare "
-                "body that returns hidden states)"
-            )
-        return out.logits
+        return _logits_of(torch.func.functional_call(self.module, params, (inputs,)), self.module)
+
+    def output_size(self, example: Tensor) -> int:
+        """How many logits one example gives (a language model's: positions x vocabulary)."""
+        if self.canonical:
+            return canonical_forward(self.config, self.tensors, example).numel()
+        return self.forward(self.tensors, example).numel()
+
+
+def _logits_of(out: Any, module: torch.nn.Module) -> Tensor:
+    """The logits of a model's output (a tensor, or a Hugging Face output with .logits)."""
+    if isinstance(out, Tensor):
+        return out
+    if not hasattr(out, "logits"):  # a body without its head returns hidden states
+        raise TypeError(
+            f"{type(module).__name__} returned a {type(out).__name__} without logits: evaluate the model "
+            "with its head (the class for causal language modelling or image classification, not the bare "
+            "body that returns hidden states)"
+        )
+    return out.logits
 
 
 class Evaluator:
@@ -140,19 +154,12 @@ class Evaluator:
             raise TypeError("the two ends of a path must both be canonical or both be the original models")
         curve: dict[str, Any] = {"lambdas": [float(x) for x in lambdas], "loss": [], "accuracy": []}
         release_after(fa.tensors.values())  # a large model's matching left its working set's pages behind
-        params: dict[str, Tensor] | None = None
+        layerwise = tensor_bytes(fa.tensors.values()) >= LAYERWISE_POINTS_FROM
         begun = last_line = time.perf_counter()
         for lam in tqdm(curve["lambdas"], desc=desc, disable=not self.progress, leave=False):
             if not 0.0 <= lam <= 1.0:
                 raise ValueError(f"lambda={lam} is outside [0, 1]")
-            config, params = None, None  # the last point's parameters freed before this one's are built
-            with torch.inference_mode():
-                if fa.canonical:
-                    params = merge_params([fa.tensors, fb.tensors], [lam, 1.0 - lam], alignment.circuits)
-                    config = merge_configs([fa.config, fb.config], [lam, 1.0 - lam])  # B's own eps at lam = 0
-                else:
-                    params = interpolate_state_dicts([fa.tensors, fb.tensors], [lam, 1.0 - lam])
-            loss, acc = self._metrics(functools.partial(fa.forward, params, config=config))
+            loss, acc = self._point(fa, fb, [lam, 1.0 - lam], alignment.circuits, layerwise)
             curve["loss"].append(loss)
             curve["accuracy"].append(acc)
             now = time.perf_counter()
@@ -170,11 +177,35 @@ class Evaluator:
                 last_line = now
         return curve
 
+    def _point(
+        self, fa: _Functional, fb: _Functional, weights: list[float], circuits: Sequence[str], layerwise: bool
+    ) -> tuple[float, float]:
+        """Loss and accuracy at weights[0] * A + weights[1] * B; `layerwise`: never held whole (path_point)."""
+        ends = [fa.tensors, fb.tensors]
+        if fa.canonical:
+            config = merge_configs([fa.config, fb.config], weights)  # B's own eps at lam = 0
+            if layerwise:
+                params: Mapping[str, Tensor] = MergedParams(ends, weights, circuits)
+            else:
+                with torch.inference_mode():
+                    params = merge_params(ends, weights, circuits)
+            return self._metrics(functools.partial(fa.forward, params, config=config))
+        if layerwise:
+            with interpolated_forward(fa.module, ends, weights) as model:
+                return self._metrics(lambda x: _logits_of(model(x), model))
+        with torch.inference_mode():
+            params = interpolate_state_dicts(ends, weights)
+        return self._metrics(functools.partial(fa.forward, params))
+
     @torch.inference_mode()
-    def logits(self, model: torch.nn.Module) -> Tensor:
-        """Logits of the first batch (for comparing functions)."""
+    def logits(self, model: torch.nn.Module, max_bytes: int | None = None) -> Tensor:
+        """Logits of the first batch (for comparing functions); with `max_bytes`, of as many of its first
+        examples as keep the logits within it (at least one): a large vocabulary's are never held whole."""
         f = _Functional(model, self.device)
         inputs, _ = next(iter(self.batches()))
+        if max_bytes is not None:
+            per_example = 4 * f.output_size(inputs[:1])
+            inputs = inputs[: max(1, max_bytes // per_example)]
         with self._autocast():
             return f.forward(f.tensors, inputs).float()
 

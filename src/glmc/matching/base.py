@@ -36,6 +36,9 @@ class MatchContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     fit: Callable[..., tuple[float, int, Path | None]] | None = None
     path_loss: Callable[..., dict[str, list[float]]] | None = None
+    # whether the matcher may transform model B in place: the caller's copy is its own (a large folder's
+    # canonical form built for this pair), so the aligned B need not be held beside it
+    consume_b: bool = False
     _token_ids: torch.Tensor | None = field(default=None, repr=False)
 
     def require(self, name: str, method: str) -> Callable[..., Any]:
@@ -85,6 +88,8 @@ class Matcher(Protocol):
     `_target_` names (glmc.matching.registry checks both alike)."""
 
     name: str
+    # whether the method interpolates the models as given (vanilla) and so never reads their canonical forms
+    interpolates_originals: bool = False
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext) -> Alignment: ...
 

@@ -239,7 +239,8 @@ class WeightMatcher(Matcher):
         if tokens is not None:
             diagnostics["vocabulary_rows"] = int(tokens.numel())
         release_after(b.params().values())  # a large search's working set, before B's transformed copy
-        return Alignment(a, apply(transform, b), transform, self.circuits, diagnostics)
+        in_place = context is not None and context.consume_b  # B is the caller's own copy: not held twice
+        return Alignment(a, apply(transform, b, in_place=in_place), transform, self.circuits, diagnostics)
 
     def resolve_keep_mean(self, a: CanonicalTransformer, b: CanonicalTransformer, residual: str) -> bool:
         """Whether the orthogonal residual map is restricted to fix the all-ones vector."""

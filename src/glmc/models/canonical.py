@@ -268,7 +268,9 @@ class CanonicalTransformer(nn.Module):
 
     source: nn.Module | None = None
 
-    def __init__(self, config: CanonicalConfig, params: dict[str, Tensor]):
+    def __init__(self, config: CanonicalConfig, params: dict[str, Tensor], copy: bool = True):
+        """`copy=False`: the module takes the tensors themselves (a converter's or a transform's new ones: a
+        large model is then never held twice); with the default, the caller's tensors are left untouched."""
         super().__init__()
         self.config = config
         self._check(params)
@@ -276,7 +278,7 @@ class CanonicalTransformer(nn.Module):
         blocks: dict[int, dict] = {}
         for name, t in params.items():
             parts = name.split(".")
-            t = nn.Parameter(t.detach().clone())
+            t = nn.Parameter(t.detach().clone() if copy else t.detach())
             if parts[0] == "blocks":
                 blocks.setdefault(int(parts[1]), {})[parts[2]] = t
             else:
@@ -299,7 +301,7 @@ class CanonicalTransformer(nn.Module):
         """The canonical tensors keyed by state_dict name (shared with the module, not copies)."""
         return dict(self.named_parameters())
 
-    def with_source(self, model: nn.Module) -> CanonicalTransformer:
+    def with_source(self, model: nn.Module | None) -> CanonicalTransformer:
         self.__dict__["source"] = model  # a plain attribute, not a submodule: outside the state_dict
         return self
 

@@ -37,9 +37,11 @@ from glmc.models.families import family_named, family_names
 from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
 from glmc.pipeline.endpoint_record import Endpoint
 from glmc.pipeline.folder_fit import check_pairs, read_folders
+from glmc.pipeline.endpoint_forms import folder_forms, holds_forms
 from glmc.pipeline.hf_folders import (
     canonical_of,
     evaluation_config,
+    float32_bytes,
     load_model,
     mixed_dtypes_warning,
     untie_mixed_heads,
@@ -372,13 +374,24 @@ def _train_and_cache(cfg: Config, index: int, key: dict[str, Any], run_dir: Path
 
 def load_endpoints(cfg: Config, evaluator) -> list[Endpoint]:
     """Every folder's model, in float32 whatever its stored dtype, converted to canonical form once and
-    measured on the test split."""
-    folders, endpoints = read_folders(cfg), []
-    models = untie_mixed_heads(folders, [load_model(f) for f in folders])
-    for f, model in zip(folders, models):
-        endpoint = Endpoint(f.index, model, canonical_of(f, model), float("nan"), None, False, f.name, str(f.path))
+    measured on the test split. Folders of HOLD_BELOW bytes or more hold neither form between stages
+    (glmc.pipeline.endpoint_forms): each is built when a stage uses it."""
+    folders = read_folders(cfg)
+    if all(holds_forms(float32_bytes(f)) for f in folders):
+        models = untie_mixed_heads(folders, [load_model(f) for f in folders])
+        endpoints = [
+            Endpoint(f.index, model, canonical_of(f, model), float("nan"), None, False, f.name, str(f.path))
+            for f, model in zip(folders, models)
+        ]
+    else:  # one folder at a time: converted, its canonical form written aside, both freed
+        built = ((model, canonical_of(f, model, keep_source=False)) for f in folders for model in [load_model(f)])
+        forms = folder_forms(folders, built)
+        endpoints = [
+            Endpoint(f.index, None, None, float("nan"), None, False, f.name, str(f.path), forms=form)
+            for f, form in zip(folders, forms)
+        ]
+    for f, endpoint in zip(folders, endpoints):
         endpoint.dtype = f.dtype
-        endpoints.append(endpoint)
     check_pairs(cfg, endpoints)  # before any evaluation
     mixed = mixed_dtypes_warning(cfg, folders)
     if mixed:

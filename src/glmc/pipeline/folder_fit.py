@@ -316,26 +316,27 @@ def check_pairs(cfg: Config, endpoints: list[Endpoint]) -> None:
     # pairing=universe forms no pairs: every model is checked against the first
     pairs = seed_pairs(list(range(len(endpoints))), str(cfg.pairing)) or [(0, j) for j in range(1, len(endpoints))]
     for ia, ib in pairs:
-        a, b = endpoints[ia], endpoints[ib]
-        where = f"endpoints.paths[{ib}]={b.path} and endpoints.paths[{ia}]={a.path}"
-        if same_shapes(a.canonical, b.canonical):
+        a, b = endpoints[ia].canonical, endpoints[ib].canonical  # read once: a large folder's is built on use
+        where = f"endpoints.paths[{ib}]={endpoints[ib].path} and endpoints.paths[{ia}]={endpoints[ia].path}"
+        if same_shapes(a, b):
             try:
-                check_compatible(a.canonical, b.canonical)
+                check_compatible(a, b)
             except ValueError as err:
                 raise FolderError(f"{where} do not fit together: {str(err).removeprefix(prefix)}") from None
             continue
         reason = width_alignment_problem(cfg)
         if reason:
             raise FolderError(f"{where} differ in shape (widths, heads or MLP units): {reason}")
-        if a.canonical.config.norm_eps != b.canonical.config.norm_eps:
+        if a.config.norm_eps != b.config.norm_eps:
             raise FolderError(
-                f"{where} differ in norm epsilon ({b.canonical.config.norm_eps} and {a.canonical.config.norm_eps}): "
+                f"{where} differ in norm epsilon ({b.config.norm_eps} and {a.config.norm_eps}): "
                 "models of different widths are embedded with the first one's"
             )
         try:
-            match_widths(a.canonical, b.canonical, torch.Generator().manual_seed(ib), str(cfg.embed_stream))
+            match_widths(a, b, torch.Generator().manual_seed(ib), str(cfg.embed_stream))
         except ValueError as err:
             raise FolderError(
-                f"endpoints.paths[{ib}]={b.path} does not embed into endpoints.paths[{ia}]={a.path} ({err}): put the "
-                "widest folder first"
+                f"endpoints.paths[{ib}]={endpoints[ib].path} does not embed into endpoints.paths[{ia}]="
+                f"{endpoints[ia].path} ({err}): put the widest folder first"
             ) from None
+        del a, b  # a large pair's forms freed before the next pair's are built

@@ -410,16 +410,38 @@ def untie_mixed_heads(folders: list[Folder], models: list) -> list:
         return models
     for f, model, is_tied in zip(folders, models, tied):
         if is_tied:
-            head = model.get_output_embeddings()
-            head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
-            model.config.tie_word_embeddings = False  # kept apart where the library would tie them again
-            log.info("%s: its output head is tied to its embedding; untied to pair it with untied models", f.key)
+            untie_head(f, model)
     return models
 
 
-def canonical_of(f: Folder, model):
+def untie_head(f: Folder, model):
+    """The model with its tied output head made a tensor of its own holding the embedding's values."""
+    import torch
+
+    head = model.get_output_embeddings()
+    head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+    model.config.tie_word_embeddings = False  # kept apart where the library would tie them again
+    log.info("%s: its output head is tied to its embedding; untied to pair it with untied models", f.key)
+    return model
+
+
+def float32_bytes(f: Folder) -> int:
+    """The folder's weights in float32 bytes (what its model holds once loaded), from the files' headers."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in f.weights:
+        with safe_open(str(file), framework="pt") as weights:
+            for name in weights.keys():
+                shape = weights.get_slice(name).get_shape()
+                total += 4 * int(math.prod(shape))
+    return total
+
+
+def canonical_of(f: Folder, model, keep_source: bool = True):
     """The folder's model in canonical form; FolderError naming the folder where its family cannot convert it.
-    A large model's conversion temporaries are handed back to the system (glmc.host_memory)."""
+    A large model's conversion temporaries are handed back to the system (glmc.host_memory). `keep_source`:
+    whether the canonical model keeps `model` as its source (False: the model can be freed)."""
     from glmc.host_memory import release_after
     from glmc.models.convert import to_canonical
 
@@ -427,6 +449,8 @@ def canonical_of(f: Folder, model):
         converted = to_canonical(model)
     except (NotImplementedError, ValueError, TypeError) as err:
         raise FolderError(f"{f.key}: the {f.family.name} family cannot convert this {f.hf_class} ({err})") from err
+    if not keep_source:
+        converted.with_source(None)
     release_after(converted.params().values())
     return converted
 

@@ -127,9 +127,24 @@ def evaluate_alignment(
         "test_loss": curve["loss"],
         "test_accuracy": curve["accuracy"] if task == "classification" else [None] * len(lambdas),
         **({"test_perplexity": [math.exp(x) for x in curve["loss"]]} if is_token_task(task) else {}),
-        "endpoint_deviation": relative_deviation(evaluator.logits(alignment.model), evaluator.logits(b.model)),
+        "endpoint_deviation": relative_deviation(
+            evaluator.logits(alignment.model, DEVIATION_LOGITS_BYTES), first_logits(evaluator, b)
+        ),
         "function_preserving": alignment.function_preserving,
     }
+
+
+# how much of the first batch's logits endpoint_deviation compares (a large vocabulary's: a few examples)
+DEVIATION_LOGITS_BYTES = 64 * 2**20
+
+
+def first_logits(evaluator: Evaluator, endpoint: Endpoint) -> torch.Tensor:
+    """The endpoint's own logits on the evaluator's first batch (DEVIATION_LOGITS_BYTES of them), computed
+    once per evaluator and kept with the endpoint."""
+    key = id(evaluator)
+    if key not in endpoint.logits:
+        endpoint.logits[key] = evaluator.logits(endpoint.model, DEVIATION_LOGITS_BYTES)
+    return endpoint.logits[key]
 
 
 def check_vocabulary(cfg: Config, data: DataModule) -> None:
@@ -273,12 +288,18 @@ def align_pair(
     logger = lambda method, label=label: tracker.lightning_logger(f"{method}_{label}", "match")  # noqa: E731
     context = run.context(run.run_dir / name, logger)
     start = time.perf_counter()
-    # a narrower B is embedded exactly into A's shapes first (width-heterogeneous runs)
-    b_canonical = b.canonical
-    if not same_shapes(a.canonical, b.canonical):  # the embedding's residual map is seeded
-        seeded = torch.Generator().manual_seed(b.seed)
-        b_canonical = match_widths(a.canonical, b.canonical, seeded, str(cfg.embed_stream))
-    alignment = matcher.match(a.canonical, b_canonical, context)
+    if getattr(matcher, "interpolates_originals", False):  # vanilla: the models as given, no canonical form built
+        alignment = matcher.match(a.model, b.model, context)
+    else:
+        # read once (a large folder's form is built on each use); a narrower B is embedded exactly into A's
+        # shapes first (width-heterogeneous runs)
+        a_canonical, b_canonical = a.canonical, b.canonical
+        if not same_shapes(a_canonical, b_canonical):  # the embedding's residual map is seeded
+            seeded = torch.Generator().manual_seed(b.seed)
+            b_canonical = match_widths(a_canonical, b_canonical, seeded, str(cfg.embed_stream))
+        context.consume_b = b.built_on_use  # B's copy is this pair's own: it may be transformed in place
+        alignment = matcher.match(a_canonical, b_canonical, context)
+        del a_canonical, b_canonical  # what the alignment holds of them stays
     # a resumed learned run: with the fit time of the attempts before its checkpoint
     seconds = time.perf_counter() - start + (alignment.diagnostics or {}).get("seconds_before_resume", 0.0)
     ends = None if run.own is None else (run.own[ia], run.own[ib])
@@ -376,7 +397,7 @@ def _results(
                 "seed": e.seed,
                 **({"name": e.name, "path": e.path} if e.name is not None else seeds_of(cfg, e.seed)),
                 "stored_dtype": e.dtype,
-                "width": e.canonical.width,
+                "width": e.width,
                 "test_loss": e.test_loss,
                 "test_accuracy": e.test_accuracy if task == "classification" else None,
                 "cached": e.cached,
@@ -431,6 +452,9 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
         own = None
         if cfg.eval.precision == EvalPrecision.full:
             own = [e.test_loss if evaluator is test else evaluator.evaluate(e.model)[0] for e in endpoints]
+        for e in endpoints:  # a large folder's model is built now, one at a time, not beside a pair's forms
+            if e.built_on_use:
+                first_logits(evaluator, e)
         make_trainer = trainer_factory(cfg.trainer)
         run = PairRun(cfg, run_dir, data, evaluator, endpoints, own, lambdas, tracker, device, make_trainer)
         methods = measure_methods(run, matchers, pairs, stage, export=True)

@@ -99,27 +99,63 @@ def apply_params(
     return out
 
 
+# elements of a tensor outside the layers (an embedding, a language head) transformed in float64 at a time:
+# a large vocabulary's rows go through in chunks, never the whole matrix in float64 twice over
+ROWS_AT_A_TIME = 1 << 22
+
+
+def _row_axes_free(part: SymmetrySpec, name: str) -> bool:
+    """Whether no space of `part` acts along axis 0 of tensor `name` (its rows can be transformed apart)."""
+    return all(0 not in (ax.axis, ax.head_axis) for space in part for ax in space.acts_on if ax.param == name)
+
+
+def _apply_group(elements: Transform, part: SymmetrySpec, original: dict[str, Tensor], names: list[str], strict: bool):
+    """The group's tensors transformed in float64 and cast back; one large tensor whose rows no space mixes
+    (the vocabulary's) a chunk of rows at a time."""
+    t = original[names[0]]
+    if len(names) > 1 or t.numel() <= ROWS_AT_A_TIME or t.dim() < 2 or not _row_axes_free(part, names[0]):
+        done = apply_params(elements, part, {k: original[k].double() for k in names}, strict)
+        return {k: done[k].to(original[k].dtype) for k in names}
+    rows = max(1, ROWS_AT_A_TIME // (t.numel() // t.shape[0]))
+    chunks = [
+        apply_params(elements, part, {names[0]: t[i : i + rows].double()}, strict)[names[0]].to(t.dtype)
+        for i in range(0, t.shape[0], rows)
+    ]
+    return {names[0]: torch.cat(chunks)}
+
+
 @torch.no_grad()
-def apply(transform: Transform, model: CanonicalTransformer, strict: bool = True) -> CanonicalTransformer:
+def apply(
+    transform: Transform, model: CanonicalTransformer, strict: bool = True, in_place: bool = False
+) -> CanonicalTransformer:
     """A new model computing the same function (for valid transforms), in float64 cast back; the input
-    is not modified. config.norm_dim is kept, which keeps rectangular residual maps exact. One layer at a
-    time (then the tensors outside the layers): the same operations on each tensor, in the same order,
-    while only that group is held in float64 (a whole model twice over in float64 was three times its size)."""
+    is not modified (`in_place`: it is the model returned, each group's tensors replaced as they are done,
+    so a large model is never held twice). config.norm_dim is kept, which keeps rectangular residual maps
+    exact. One layer at a time, then each tensor outside the layers (a large one's rows in chunks): the same
+    operations on each element, in the same order, while only that group is held in float64 (a whole model
+    twice over in float64 was three times its size)."""
     spec = SymmetrySpec.from_model(model)
     original = model.params()
     unknown = set(transform) - set(spec.spaces)
     if unknown:  # named here: a group's restricted spec would not see them
         apply_params(transform, spec, {}, strict)
-    groups: dict[int | None, list[str]] = {}
+    groups: dict[int | str, list[str]] = {}
     for name in original:
-        groups.setdefault(layer_of(name), []).append(name)
+        layer = layer_of(name)
+        groups.setdefault(name if layer is None else layer, []).append(name)
     new: dict[str, Tensor] = {}
     for names in groups.values():
         part = spec.restricted_to(set(names))
         elements = Transform({k: g for k, g in transform.items() if k in part.spaces})
-        done = apply_params(elements, part, {k: original[k].double() for k in names}, strict)
-        new.update({k: done[k].to(original[k].dtype) for k in names})
-    return CanonicalTransformer(dataclasses.replace(model.config), {k: new[k] for k in original})
+        done = _apply_group(elements, part, original, names, strict)
+        if in_place:
+            for name, t in done.items():
+                original[name].data = t
+        else:
+            new.update(done)
+    if in_place:
+        return model
+    return CanonicalTransformer(dataclasses.replace(model.config), {k: new[k] for k in original}, copy=False)
 
 
 def apply_dense(matrices: dict[str, Tensor], spec: SymmetrySpec, params: dict[str, Tensor]) -> dict[str, Tensor]:

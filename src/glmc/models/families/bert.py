@@ -19,7 +19,7 @@ from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassificat
 from glmc.models.canonical import ACTIVATIONS, CanonicalConfig, CanonicalTransformer, layer_norm
 from glmc.models.export import check_model, check_template, fresh, set_modules, set_param, set_qkv
 from glmc.models.families.base import Family, encoder_sizes
-from glmc.models.families.fold import common_eps
+from glmc.models.families.fold import StoredAs, common_eps
 from glmc.models.families.roles import HEAD_HIDDEN, Acts, Role, writer
 
 # model.head -> the data task it trains on
@@ -124,8 +124,9 @@ class BertFamily(Family):
             raise NotImplementedError(f"position_embedding_type={cfg.position_embedding_type!r}")
         emb, D, H = base.embeddings, cfg.hidden_size, cfg.num_attention_heads
         dh, dtype = D // H, emb.word_embeddings.weight.dtype
-        g = lambda t: t.detach().double()  # noqa: E731  convert in float64, cast back at the end
-        p = {
+        g = lambda t: t.detach().double()  # noqa: E731  convert in float64, cast back per tensor (StoredAs)
+        p = StoredAs(dtype)
+        p |= {
             "embed.tokens": g(emb.word_embeddings.weight),
             "embed.pos": g(self.position_table(hf)),
             "embed.types": g(emb.token_type_embeddings.weight),
@@ -163,7 +164,7 @@ class BertFamily(Family):
             pooling="none" if head == "mlm" else "cls",
             pad_token_id=self.pad_token_id(cfg),
         )
-        return CanonicalTransformer(config, {k: v.to(dtype).contiguous() for k, v in p.items()})
+        return CanonicalTransformer(config, dict(p), copy=False)
 
     @torch.no_grad()
     def to_hf(self, model: CanonicalTransformer, template: nn.Module) -> nn.Module:

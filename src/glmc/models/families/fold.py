@@ -2,8 +2,31 @@
 so LN(x) = gamma * rms(x) + beta, and gamma, beta fold into the readers after the norm.
 """
 
+from __future__ import annotations
+
 import torch
 from torch import Tensor, nn
+
+
+class StoredAs(dict):
+    """A converter's canonical tensors, each cast to the model's dtype (contiguous) as it is written: the
+    folding runs in float64 a layer at a time, never the whole model (a 1B model would be 8 GB at once)."""
+
+    def __init__(self, dtype: torch.dtype, tensors: dict[str, Tensor] | None = None):
+        super().__init__()
+        self.dtype = dtype
+        self.update(tensors or {})
+
+    def __setitem__(self, name: str, t: Tensor) -> None:
+        super().__setitem__(name, t.to(self.dtype).contiguous())
+
+    def update(self, tensors: dict[str, Tensor]) -> None:
+        for name, t in tensors.items():
+            self[name] = t
+
+    def __ior__(self, tensors: dict[str, Tensor]) -> StoredAs:
+        self.update(tensors)
+        return self
 
 
 def center(t: Tensor, axis: int) -> Tensor:

@@ -15,7 +15,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, head_bias_offset, identity_norm, set_param
 from glmc.models.families.base import Family
-from glmc.models.families.fold import center, common_eps, fold_block, fold_norm, weights64
+from glmc.models.families.fold import StoredAs, center, common_eps, fold_block, fold_norm, weights64
 from glmc.models.families.roles import linear_head, writer
 
 
@@ -25,11 +25,11 @@ def gpt2_to_canonical(model: GPT2LMHeadModel) -> CanonicalTransformer:
     if cfg.add_cross_attention:
         raise NotImplementedError("GPT-2 with cross-attention")
     dtype = tr.wte.weight.dtype
-    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back at the end
+    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back per tensor (StoredAs)
     D = cfg.n_embd
 
     # the token embedding is centred as a writer; the (tied) unembedding is folded separately below
-    p = {"embed.tokens": center(g(tr.wte.weight), 1), "embed.pos": center(g(tr.wpe.weight), 1)}
+    p = StoredAs(dtype, {"embed.tokens": center(g(tr.wte.weight), 1), "embed.pos": center(g(tr.wpe.weight), 1)})
     conv = lambda m: (g(m.weight).T, g(m.bias))  # noqa: E731  Conv1D weights are (in, out)
     for i, block in enumerate(tr.h):
         attn = block.attn
@@ -49,7 +49,7 @@ def gpt2_to_canonical(model: GPT2LMHeadModel) -> CanonicalTransformer:
         causal=True,
         pooling="none",
     )
-    return CanonicalTransformer(config, {k: v.to(dtype).contiguous() for k, v in p.items()})
+    return CanonicalTransformer(config, dict(p), copy=False)
 
 
 def gpt2_from_canonical(model: CanonicalTransformer, template: GPT2LMHeadModel) -> GPT2LMHeadModel:

@@ -19,7 +19,7 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, head_bias_offset, identity_norm, set_param
 from glmc.models.families.base import TokenRotaryFamily, layer_sizes
-from glmc.models.families.fold import bias64, center, common_eps, fold_norm
+from glmc.models.families.fold import StoredAs, bias64, center, common_eps, fold_norm
 from glmc.models.families.llama import rope_scaling, rope_theta
 from glmc.models.families.roles import linear_head
 from glmc.models.rotary import rotating_dims
@@ -97,8 +97,8 @@ def _mlp(layer: nn.Module, pre: str) -> dict[str, Tensor]:
 def gpt_neox_to_canonical(model: GPTNeoXForCausalLM) -> CanonicalTransformer:
     cfg, inner = model.config, model.gpt_neox
     dtype = inner.embed_in.weight.dtype
-    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back at the end
-    p = {"embed.tokens": center(g(inner.embed_in.weight), 1)}
+    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back per tensor (StoredAs)
+    p = StoredAs(dtype, {"embed.tokens": center(g(inner.embed_in.weight), 1)})
     for i, layer in enumerate(inner.layers):
         p.update(_attention(layer, f"blocks.{i}.", cfg.num_attention_heads))
         p.update(_mlp(layer, f"blocks.{i}."))
@@ -122,7 +122,7 @@ def gpt_neox_to_canonical(model: GPTNeoXForCausalLM) -> CanonicalTransformer:
         rope_scaling=rope_scaling(cfg),
         parallel_residual=bool(cfg.use_parallel_residual),
     )
-    return CanonicalTransformer(config, {k: v.to(dtype).contiguous() for k, v in p.items()})
+    return CanonicalTransformer(config, dict(p), copy=False)
 
 
 def _set_linear(linear: nn.Linear, weight: Tensor, bias: Tensor, name: str) -> None:

@@ -20,7 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, set_linear, set_param
 from glmc.models.families.base import TokenRotaryFamily, layer_sizes
-from glmc.models.families.fold import bias64
+from glmc.models.families.fold import StoredAs, bias64
 from glmc.models.families.roles import linear_head
 from glmc.models.rotary import SCALED_TYPES
 from glmc.ranges import finite_number
@@ -121,7 +121,7 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
     D, H, K = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
     G = H // K
 
-    p = _Stored(dtype)
+    p = StoredAs(dtype)
     p["embed.tokens"] = g(inner.embed_tokens.weight) * family.embed_scale(inner)
     for i, layer in enumerate(inner.layers):
         attn, mlp, pre = layer.self_attn, layer.mlp, f"blocks.{i}."
@@ -161,18 +161,7 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
         sliding_layers=window_layers,
         **family.config_extras(cfg),
     )
-    return CanonicalTransformer(config, dict(p))
-
-
-class _Stored(dict):
-    """Casts every tensor to the model's dtype as it is written: never all in float64 at once (memory)."""
-
-    def __init__(self, dtype: torch.dtype):
-        super().__init__()
-        self.dtype = dtype
-
-    def __setitem__(self, name: str, t: Tensor) -> None:
-        super().__setitem__(name, t.to(self.dtype).contiguous())
+    return CanonicalTransformer(config, dict(p), copy=False)
 
 
 def llama_from_canonical(

@@ -16,7 +16,7 @@ from transformers import OPTConfig, OPTForCausalLM
 
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_heads, check_model, check_template, fresh, head_bias_offset, set_linear, set_param
-from glmc.models.families.fold import bias64, center, common_eps, fold_block, fold_norm
+from glmc.models.families.fold import StoredAs, bias64, center, common_eps, fold_block, fold_norm
 from glmc.models.families.gpt2 import GPT2Family
 
 # OPTLearnedPositionalEmbedding's offset: position t reads row t + 2
@@ -54,13 +54,16 @@ def opt_to_canonical(model: OPTForCausalLM) -> CanonicalTransformer:
     cfg, dec = model.config, model.model.decoder
     check_supported(cfg)
     dtype, device = dec.embed_tokens.weight.dtype, dec.embed_tokens.weight.device
-    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back at the end
+    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back per tensor (StoredAs)
     D = cfg.hidden_size
 
-    p = {
-        "embed.tokens": center(g(dec.embed_tokens.weight), 1),
-        "embed.pos": center(g(dec.embed_positions.weight)[POSITION_OFFSET:], 1),
-    }
+    p = StoredAs(
+        dtype,
+        {
+            "embed.tokens": center(g(dec.embed_tokens.weight), 1),
+            "embed.pos": center(g(dec.embed_positions.weight)[POSITION_OFFSET:], 1),
+        },
+    )
     linear = lambda m: (g(m.weight), bias64(m, m.out_features))  # noqa: E731
     for i, layer in enumerate(dec.layers):
         attn = layer.self_attn
@@ -81,7 +84,7 @@ def opt_to_canonical(model: OPTForCausalLM) -> CanonicalTransformer:
         causal=True,
         pooling="none",
     )
-    return CanonicalTransformer(config, {k: v.to(dtype).contiguous() for k, v in p.items()})
+    return CanonicalTransformer(config, dict(p), copy=False)
 
 
 def _check_template(model: CanonicalTransformer, template: OPTForCausalLM) -> None:

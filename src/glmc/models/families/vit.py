@@ -16,7 +16,7 @@ from transformers import ViTConfig, ViTForImageClassification
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, identity_norm, set_modules, set_param, set_qkv
 from glmc.models.families.base import Family, encoder_sizes
-from glmc.models.families.fold import center, common_eps, fold_block, fold_norm, weights64
+from glmc.models.families.fold import StoredAs, center, common_eps, fold_block, fold_norm, weights64
 from glmc.models.families.roles import linear_head, writer
 from glmc.ranges import finite_number
 
@@ -27,13 +27,14 @@ def vit_to_canonical(model: ViTForImageClassification) -> CanonicalTransformer:
         raise ValueError("ViT without a linear classifier (num_labels=0) has no logits to convert")
     vit, cfg = model.vit, model.config
     dtype = model.classifier.weight.dtype
-    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back at the end
+    g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back per tensor (StoredAs)
     proj = vit.embeddings.patch_embeddings.projection
     if proj.stride[0] != proj.stride[1] or proj.kernel_size != proj.stride:
         raise NotImplementedError(f"non-square or overlapping patches {proj.kernel_size}, {proj.stride}")
     D = cfg.hidden_size
 
-    p = {
+    p = StoredAs(dtype)
+    p |= {
         "embed.patch_w": center(g(proj.weight), 0),
         "embed.patch_b": center(g(proj.bias), 0),
         "embed.cls": center(g(vit.embeddings.cls_token).reshape(D), 0),
@@ -60,7 +61,7 @@ def vit_to_canonical(model: ViTForImageClassification) -> CanonicalTransformer:
         patch_size=proj.stride[0],
         num_channels=proj.in_channels,
     )
-    return CanonicalTransformer(config, {k: v.to(dtype).contiguous() for k, v in p.items()})
+    return CanonicalTransformer(config, dict(p), copy=False)
 
 
 def vit_from_canonical(model: CanonicalTransformer, template: ViTForImageClassification) -> ViTForImageClassification:

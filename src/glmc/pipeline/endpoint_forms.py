@@ -1,0 +1,70 @@
+"""A large folder's two forms, built when a stage asks for them instead of held for the whole run.
+
+An endpoint is used as its Hugging Face model (vanilla's path, its own loss, export) and in canonical form
+(every other method); holding both for both endpoints is four models before any method runs. From
+HOLD_BELOW bytes per model an endpoint holds neither: its Hugging Face model is read from its folder again
+(transformers maps the weights: quick) and its canonical form from a file written when the folder was
+first converted (a temporary folder, removed with the endpoints or at exit), so a stage holds only what it
+uses and lets it go when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from glmc.host_memory import RELEASE_ABOVE, release_freed
+from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
+
+log = logging.getLogger(__name__)
+
+HOLD_BELOW = RELEASE_ABOVE  # a folder's float32 bytes from which its forms are built when asked
+
+
+class FolderForms:
+    """Builds one folder's Hugging Face model and its canonical form on each call (each a fresh copy)."""
+
+    def __init__(self, folder: Any, spill: tempfile.TemporaryDirectory, canonical: CanonicalTransformer):
+        self.folder, self.spill, self.untie = folder, spill, False  # untie: set when the run mixes tied heads
+        self.file = Path(spill.name) / f"canonical_{folder.index}.pt"
+        self.width = canonical.width
+        torch.save({"config": canonical.config.to_dict(), "params": canonical.params()}, self.file)
+        log.info("%s: canonical form kept in %s while the run needs it", folder.key, self.file)
+
+    def model(self) -> torch.nn.Module:
+        from glmc.pipeline.hf_folders import load_model, untie_head
+
+        model = load_model(self.folder)
+        return untie_head(self.folder, model) if self.untie else model
+
+    def canonical(self) -> CanonicalTransformer:
+        stored = torch.load(self.file, map_location="cpu", weights_only=True)
+        config = CanonicalConfig.from_dict(stored["config"])
+        return CanonicalTransformer(config, stored["params"], copy=False)
+
+
+def holds_forms(folder_bytes: int) -> bool:
+    """Whether an endpoint of this many float32 bytes keeps both its forms for the whole run."""
+    return folder_bytes < HOLD_BELOW
+
+
+def folder_forms(folders: list, models_and_canonicals) -> list[FolderForms]:
+    """FolderForms of each folder, from (model, canonical) pairs yielded one folder at a time (each freed
+    before the next is built); the tied heads are untied where the folders mix tied and untied ones."""
+    from glmc.pipeline.hf_folders import head_is_tied
+
+    spill = tempfile.TemporaryDirectory(prefix="glmc-endpoints-")
+    forms, tied = [], []
+    for folder, (model, canonical) in zip(folders, models_and_canonicals):
+        tied.append(head_is_tied(model))
+        forms.append(FolderForms(folder, spill, canonical))
+        del model, canonical
+        release_freed()
+    if any(tied) and not all(tied):
+        for form, is_tied in zip(forms, tied):
+            form.untie = is_tied
+    return forms
