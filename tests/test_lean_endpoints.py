@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_pretrained_endpoints import TINY, data_overrides, folders, pretrained  # noqa: F401  (a fixture)
 from torch.utils.data import DataLoader, TensorDataset
 
 from glmc.alignment import Alignment
-from glmc.config import ModelConfig
 from glmc.eval import evaluator as evaluator_module
 from glmc.eval.evaluator import Evaluator
 from glmc.eval.path_point import MergedParams
@@ -30,8 +30,6 @@ from glmc.models.families import family_named, family_names
 from glmc.pipeline import endpoint_forms
 from glmc.pipeline.run import run_pipeline
 from glmc.symmetry import apply
-
-from test_pretrained_endpoints import TINY, data_overrides, folders, pretrained  # noqa: F401  (a fixture)
 
 LAMBDAS = [0.0, 0.3, 1.0]
 VOCAB = 40
@@ -98,9 +96,10 @@ def test_merged_params_read_a_layer_at_a_time_are_the_merged_models(circuits):
         assert all(torch.equal(lazy[k], whole[k]) for k in whole)
         with torch.no_grad():
             assert torch.equal(canonical_forward(a.config, lazy, ids), canonical_forward(a.config, whole, ids))
-        assert set(lazy.kept) <= {k for k in whole if not k.startswith("blocks.")} or len(
-            {k.split(".")[1] for k in lazy.kept}
-        ) == 1  # one layer (or one outside tensor) held
+        assert (
+            set(lazy.kept) <= {k for k in whole if not k.startswith("blocks.")}
+            or len({k.split(".")[1] for k in lazy.kept}) == 1
+        )  # one layer (or one outside tensor) held
 
 
 def test_apply_in_place_and_by_rows_gives_the_new_models_floats(monkeypatch):

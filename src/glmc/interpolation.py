@@ -101,9 +101,7 @@ def merge_params(
     return out
 
 
-def weighted_sum(
-    tensor_lists: Sequence[list[Tensor]], weights: Sequence[float], names: list[str]
-) -> dict[str, Tensor]:
+def weighted_sum(tensor_lists: Sequence[list[Tensor]], weights: Sequence[float], names: list[str]) -> dict[str, Tensor]:
     """names[j] -> sum_i weights[i] * tensor_lists[i][j], one fused kernel launch per model."""
     if not names:
         return {}

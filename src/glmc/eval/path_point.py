@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from glmc.interpolation import weighted_sum, check_same_layout, merge_params
+from glmc.interpolation import check_same_layout, merge_params, weighted_sum
 from glmc.models.families.roles import layer_of
 
 

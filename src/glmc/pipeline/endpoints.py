@@ -35,9 +35,9 @@ from glmc.models.build import build_model
 from glmc.models.convert import to_canonical
 from glmc.models.families import family_named, family_names
 from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
+from glmc.pipeline.endpoint_forms import folder_forms, holds_forms
 from glmc.pipeline.endpoint_record import Endpoint
 from glmc.pipeline.folder_fit import check_pairs, read_folders
-from glmc.pipeline.endpoint_forms import folder_forms, holds_forms
 from glmc.pipeline.hf_folders import (
     canonical_of,
     evaluation_config,

@@ -403,7 +403,6 @@ def untie_mixed_heads(folders: list[Folder], models: list) -> list:
     tensors of their own holding the embedding's values: a tied model is an untied one whose head equals
     its embedding, so its function is kept, and the models then share their parameters' names (the
     original models are interpolated parameter by parameter). Unchanged where the models agree."""
-    import torch
 
     tied = [head_is_tied(m) for m in models]
     if all(tied) or not any(tied):
