@@ -145,3 +145,17 @@ def test_vanilla_takes_original_models_or_canonical_ones_with_their_source():
     assert through.reference is a and through.model is b
     with pytest.raises(ValueError, match="keep their source model"):
         VanillaMatcher().match(to_canonical(a).clone(), to_canonical(b))
+
+
+@pytest.mark.parametrize("task", ["causal_lm", "masked_lm"])
+def test_large_token_logits_are_scored_a_few_examples_at_a_time_to_the_same_sums(task, monkeypatch):
+    from glmc import metrics
+
+    g = torch.Generator().manual_seed(0)
+    logits, targets = torch.randn(7, 5, 11, generator=g), torch.randint(0, 11, (7, 5), generator=g)
+    targets[0, 2] = metrics.IGNORE_INDEX
+    whole = metrics.loss_and_correct(logits, targets, task)
+    monkeypatch.setattr(metrics, "LOSS_CHUNK_BYTES", 2 * 5 * 11 * 4)  # two examples at a time
+    chunked = metrics.loss_and_correct(logits, targets, task)
+    assert float(chunked[0]) == pytest.approx(float(whole[0]), rel=1e-6)
+    assert int(chunked[1]) == int(whole[1]) and int(chunked[2]) == int(whole[2])

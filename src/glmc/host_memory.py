@@ -35,6 +35,12 @@ def tensor_bytes(tensors: Iterable[Tensor]) -> int:
 def release_freed() -> bool:
     """Collect garbage and hand the C heap's free pages back to the system; False where that is not glibc."""
     gc.collect()
+    return trim_heap()
+
+
+def trim_heap() -> bool:
+    """The C heap's free pages handed back without a garbage collection (cheap enough between the steps of
+    a large search, whose temporaries are freed when each step returns); False where that is not glibc."""
     trim = _malloc_trim()
     if trim is None:
         return False

@@ -33,10 +33,26 @@ def flat_predictions(logits: torch.Tensor, targets: torch.Tensor, task: str) -> 
     return logits, targets
 
 
+# a batch's token logits above this size are scored a few examples at a time: the shifted copy and the
+# log-softmax of a large vocabulary's logits would otherwise each be as large as the logits
+LOSS_CHUNK_BYTES = 32 * 2**20
+
+
 def loss_and_correct(
     logits: torch.Tensor, targets: torch.Tensor, task: str
 ) -> tuple[torch.Tensor, torch.Tensor, int | torch.Tensor]:
     """Summed loss, correct predictions and predictions in the batch (IGNORE_INDEX targets not counted)."""
+    size = logits.numel() * logits.element_size()
+    if is_token_task(task) and size > LOSS_CHUNK_BYTES and len(logits) > 1:
+        rows = max(1, LOSS_CHUNK_BYTES * len(logits) // size)
+        parts = [_scored(logits[i : i + rows], targets[i : i + rows], task) for i in range(0, len(logits), rows)]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
+    return _scored(logits, targets, task)
+
+
+def _scored(
+    logits: torch.Tensor, targets: torch.Tensor, task: str
+) -> tuple[torch.Tensor, torch.Tensor, int | torch.Tensor]:
     logits, targets = flat_predictions(logits, targets, task)
     if is_token_task(task):
         counted = targets != IGNORE_INDEX

@@ -17,7 +17,7 @@ from torch import Tensor
 from glmc.models.families.roles import layer_of
 from glmc.symmetry import SymmetrySpec, Transform, apply_params
 
-KEEP = 2
+KEEP = 1
 
 
 class LayerwiseParams(Mapping[str, Tensor]):
@@ -29,7 +29,7 @@ class LayerwiseParams(Mapping[str, Tensor]):
         self.names: dict[int | None, list[str]] = {}
         for name in source:
             self.names.setdefault(layer_of(name), []).append(name)
-        # the last KEEP layers computed, newest last: the MLP step reads two layers at once from two threads
+        # the last KEEP layers computed, newest last (a large search solves its layers one at a time)
         self.kept: OrderedDict[int | None, dict[str, Tensor]] = OrderedDict()
         self.specs: dict[int | None, tuple[SymmetrySpec, Transform]] = {}
         self.lock = threading.Lock()

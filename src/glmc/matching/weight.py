@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from glmc.alignment import Alignment
-from glmc.host_memory import release_after
+from glmc.host_memory import release_after, trim_heap
 from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
 from glmc.matching.residual_map import eigen_angles
 from glmc.matching.weight_problem import MatchingProblem, Objective, Reuse, SearchState, start_state
@@ -47,6 +47,8 @@ def _iteration(steps: list[Step], objective: Objective, state: SearchState, it: 
     for step in steps:
         tick = time.perf_counter()
         step(state, it)
+        if objective.problem.layerwise:  # a large search: the step's freed temporaries go back at once
+            trim_heap()
         if step.name is not None:
             state.seconds[step.name] += time.perf_counter() - tick
     current = state.transform()

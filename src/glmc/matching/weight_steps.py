@@ -138,8 +138,10 @@ class PlainMlp(Step):
 
     def __init__(self, problem: MatchingProblem, reuse: Reuse, threads: int | None):
         super().__init__(problem, reuse)
-        # a pool pays for itself from about a thousand units (a GPT-2's MLP), not on small models
-        self.pool = threads if problem.spec[f"mlp.{problem.layers[0]}"].size >= PARALLEL_UNITS else 1
+        # a pool pays for itself from about a thousand units (a GPT-2's MLP), not on small models; a large
+        # model's layers are solved one at a time (each solve holds a few units x units matrices)
+        big = problem.spec[f"mlp.{problem.layers[0]}"].size >= PARALLEL_UNITS
+        self.pool = threads if big and not problem.layerwise else 1
 
     def __call__(self, state: SearchState, it: int) -> None:
         p, warm = self.problem, self.reuse.mlp
