@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,17 +53,17 @@ def holds_forms(folder_bytes: int) -> bool:
     return folder_bytes < HOLD_BELOW
 
 
-def folder_forms(folders: list, models_and_canonicals) -> list[FolderForms]:
-    """FolderForms of each folder, from (model, canonical) pairs yielded one folder at a time (each freed
-    before the next is built); the tied heads are untied where the folders mix tied and untied ones."""
-    from glmc.pipeline.hf_folders import head_is_tied
-
+def folder_forms(folders: list, convert: Callable[[Any], tuple[bool, CanonicalTransformer]]) -> list[FolderForms]:
+    """FolderForms of each folder; `convert(folder)` -> (whether its head is tied, its canonical form), one
+    folder at a time (its model freed before the next is read); tied heads are untied where the folders
+    mix tied and untied ones."""
     spill = tempfile.TemporaryDirectory(prefix="glmc-endpoints-")
     forms, tied = [], []
-    for folder, (model, canonical) in zip(folders, models_and_canonicals):
-        tied.append(head_is_tied(model))
+    for folder in folders:
+        is_tied, canonical = convert(folder)
+        tied.append(is_tied)
         forms.append(FolderForms(folder, spill, canonical))
-        del model, canonical
+        del canonical
         release_freed()
     if any(tied) and not all(tied):
         for form, is_tied in zip(forms, tied):

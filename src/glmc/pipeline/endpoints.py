@@ -42,6 +42,7 @@ from glmc.pipeline.hf_folders import (
     canonical_of,
     evaluation_config,
     float32_bytes,
+    head_is_tied,
     load_model,
     mixed_dtypes_warning,
     untie_mixed_heads,
@@ -384,8 +385,7 @@ def load_endpoints(cfg: Config, evaluator) -> list[Endpoint]:
             for f, model in zip(folders, models)
         ]
     else:  # one folder at a time: converted, its canonical form written aside, both freed
-        built = ((model, canonical_of(f, model, keep_source=False)) for f in folders for model in [load_model(f)])
-        forms = folder_forms(folders, built)
+        forms = folder_forms(folders, _converted)
         endpoints = [
             Endpoint(f.index, None, None, float("nan"), None, False, f.name, str(f.path), forms=form)
             for f, form in zip(folders, forms)
@@ -400,3 +400,9 @@ def load_endpoints(cfg: Config, evaluator) -> list[Endpoint]:
         e.test_loss, e.test_accuracy = evaluator.evaluate(e.model)
         log.info("%s: %s (%s), test loss %.4f", e.name, e.path, f.hf_class, e.test_loss)
     return endpoints
+
+
+def _converted(f) -> tuple[bool, torch.nn.Module]:
+    """(whether the folder's head is tied, its canonical form); its model is freed on return."""
+    model = load_model(f)
+    return head_is_tied(model), canonical_of(f, model, keep_source=False)

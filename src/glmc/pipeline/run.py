@@ -135,7 +135,7 @@ def evaluate_alignment(
 
 
 # how much of the first batch's logits endpoint_deviation compares (a large vocabulary's: a few examples)
-DEVIATION_LOGITS_BYTES = 64 * 2**20
+DEVIATION_LOGITS_BYTES = 16 * 2**20
 
 
 def first_logits(evaluator: Evaluator, endpoint: Endpoint) -> torch.Tensor:

@@ -4,6 +4,8 @@ so LN(x) = gamma * rms(x) + beta, and gamma, beta fold into the readers after th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -27,6 +29,17 @@ class StoredAs(dict):
     def __ior__(self, tensors: dict[str, Tensor]) -> StoredAs:
         self.update(tensors)
         return self
+
+
+ROWS_AT_A_TIME = 1 << 22  # elements of a vocabulary-sized matrix folded in float64 at a time
+
+
+def by_rows(fold: Callable[[Tensor], Tensor], t: Tensor, dtype: torch.dtype) -> Tensor:
+    """fold(t) for a fold that treats each row alone (centring it, scaling its columns, its product with a
+    vector), on float64 rows a chunk at a time, each cast to `dtype`: an embedding or a language head over
+    a large vocabulary is never held whole in float64."""
+    rows = max(1, ROWS_AT_A_TIME // max(1, t[0].numel()))
+    return torch.cat([fold(t[i : i + rows].detach().double()).to(dtype) for i in range(0, len(t), rows)])
 
 
 def center(t: Tensor, axis: int) -> Tensor:

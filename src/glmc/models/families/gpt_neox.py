@@ -19,7 +19,7 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, head_bias_offset, identity_norm, set_param
 from glmc.models.families.base import TokenRotaryFamily, layer_sizes
-from glmc.models.families.fold import StoredAs, bias64, center, common_eps, fold_norm
+from glmc.models.families.fold import StoredAs, bias64, by_rows, center, common_eps, fold_norm
 from glmc.models.families.llama import rope_scaling, rope_theta
 from glmc.models.families.roles import linear_head
 from glmc.models.rotary import rotating_dims
@@ -98,13 +98,16 @@ def gpt_neox_to_canonical(model: GPTNeoXForCausalLM) -> CanonicalTransformer:
     cfg, inner = model.config, model.gpt_neox
     dtype = inner.embed_in.weight.dtype
     g = lambda t: t.detach().double()  # noqa: E731  fold in float64, cast back per tensor (StoredAs)
-    p = StoredAs(dtype, {"embed.tokens": center(g(inner.embed_in.weight), 1)})
+    p = StoredAs(dtype, {"embed.tokens": by_rows(lambda w: center(w, 1), inner.embed_in.weight, dtype)})
     for i, layer in enumerate(inner.layers):
         p.update(_attention(layer, f"blocks.{i}.", cfg.num_attention_heads))
         p.update(_mlp(layer, f"blocks.{i}."))
     head, final = model.get_output_embeddings(), inner.final_layer_norm
-    head_b = None if head.bias is None else g(head.bias)
-    p["head.w"], p["head.b"] = fold_norm(g(head.weight), head_b, g(final.weight), g(final.bias))
+    # fold_norm a chunk of the vocabulary's rows at a time
+    gamma, beta = g(final.weight), g(final.bias)
+    p["head.w"] = by_rows(lambda w: w * gamma, head.weight, dtype)
+    offset = by_rows(lambda w: w @ beta, head.weight, torch.float64)
+    p["head.b"] = offset if head.bias is None else g(head.bias) + offset
 
     head_dim, rotary = cfg.hidden_size // cfg.num_attention_heads, rotary_dims(cfg)
     config = CanonicalConfig(

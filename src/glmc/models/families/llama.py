@@ -20,7 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.export import check_model, check_template, fresh, set_linear, set_param
 from glmc.models.families.base import TokenRotaryFamily, layer_sizes
-from glmc.models.families.fold import StoredAs, bias64
+from glmc.models.families.fold import StoredAs, bias64, by_rows
 from glmc.models.families.roles import linear_head
 from glmc.models.rotary import SCALED_TYPES
 from glmc.ranges import finite_number
@@ -122,7 +122,8 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
     G = H // K
 
     p = StoredAs(dtype)
-    p["embed.tokens"] = g(inner.embed_tokens.weight) * family.embed_scale(inner)
+    scale = family.embed_scale(inner)
+    p["embed.tokens"] = by_rows(lambda w: w * scale, inner.embed_tokens.weight, dtype)
     for i, layer in enumerate(inner.layers):
         attn, mlp, pre = layer.self_attn, layer.mlp, f"blocks.{i}."
         dh = attn.head_dim
@@ -144,7 +145,8 @@ def llama_to_canonical(model: nn.Module, family: LlamaFamily | None = None) -> C
         gamma = family.reader_gain(layer, "mlp", g)
         for name, t in family.mlp_params(mlp, g, gamma).items():
             p[pre + name] = t
-    p["head.w"] = g(model.lm_head.weight) * (family.norm_offset + g(inner.norm.weight))
+    gain = family.norm_offset + g(inner.norm.weight)
+    p["head.w"] = by_rows(lambda w: w * gain, model.lm_head.weight, dtype)
 
     window, window_layers = sliding_window(cfg)
     config = CanonicalConfig(
