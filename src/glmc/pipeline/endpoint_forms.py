@@ -42,6 +42,15 @@ class FolderForms:
         model = load_model(self.folder)
         return untie_head(self.folder, model) if self.untie else model
 
+    def keep_logits(self, key: int, logits: torch.Tensor) -> None:
+        """Keeps an evaluator's first logits of this model beside its canonical form (not in memory)."""
+        torch.save(logits, self.file.with_name(f"logits_{self.folder.index}_{key}.pt"))
+
+    def logits(self, key: int) -> torch.Tensor | None:
+        """The logits keep_logits kept under `key`, or None."""
+        file = self.file.with_name(f"logits_{self.folder.index}_{key}.pt")
+        return torch.load(file, map_location="cpu", weights_only=True) if file.exists() else None
+
     def canonical(self) -> CanonicalTransformer:
         stored = torch.load(self.file, map_location="cpu", weights_only=True)
         config = CanonicalConfig.from_dict(stored["config"])

@@ -27,6 +27,7 @@ from glmc.config import Config
 from glmc.data.module import DataModule
 from glmc.eval.barrier import barrier, barrier_vs_mean, lambda_grid, path_end_mismatches
 from glmc.eval.evaluator import Evaluator, path_losses, run_evaluators
+from glmc.host_memory import release_freed
 from glmc.matching.base import MatchContext
 from glmc.matching.registry import build_matcher, method_config
 from glmc.metrics import is_token_task
@@ -140,8 +141,14 @@ DEVIATION_LOGITS_BYTES = 16 * 2**20
 
 def first_logits(evaluator: Evaluator, endpoint: Endpoint) -> torch.Tensor:
     """The endpoint's own logits on the evaluator's first batch (DEVIATION_LOGITS_BYTES of them), computed
-    once per evaluator and kept with the endpoint."""
+    once per evaluator and kept with the endpoint (a large folder's: on disk beside its canonical form)."""
     key = id(evaluator)
+    if endpoint.forms is not None:
+        kept = endpoint.forms.logits(key)
+        if kept is None:
+            kept = evaluator.logits(endpoint.model, DEVIATION_LOGITS_BYTES)
+            endpoint.forms.keep_logits(key, kept)
+        return kept
     if key not in endpoint.logits:
         endpoint.logits[key] = evaluator.logits(endpoint.model, DEVIATION_LOGITS_BYTES)
     return endpoint.logits[key]
@@ -298,6 +305,8 @@ def align_pair(
             seeded = torch.Generator().manual_seed(b.seed)
             b_canonical = match_widths(a_canonical, b_canonical, seeded, str(cfg.embed_stream))
         context.consume_b = b.built_on_use  # B's copy is this pair's own: it may be transformed in place
+        if b.built_on_use:  # the last stage's freed memory back to the system before a large search
+            release_freed()
         alignment = matcher.match(a_canonical, b_canonical, context)
         del a_canonical, b_canonical  # what the alignment holds of them stays
     # a resumed learned run: with the fit time of the attempts before its checkpoint
