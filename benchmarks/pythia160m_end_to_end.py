@@ -24,7 +24,8 @@ line and sampling its resident memory (/proc/<pid>/status, every 0.2 s). Reporte
             Face and the canonical forward (the endpoints' test losses and vanilla's 11 points on the
             Hugging Face models, weight's 11 on the canonical ones, per method the aligned end's and B's
             logits on the first batch); plus weight matching run here as the run ran it (its iterations, as
-            many vocabulary rows): its products counted the same way, and its assignments' seconds
+            many vocabulary rows, B's transformed copies held whole, so the layers the run transforms
+            again as it reads them count once): its products counted the same way, and its assignments' seconds
             (SciPy's solvers and the certificates, timed by weight_floor.instrument; this counting run
             solves the layers on one thread, so they are summed, never overlapped)
   peak      the run's resident memory above its level just before the first folder is loaded (the line
@@ -258,7 +259,9 @@ def matching_floor(paths: list[Path], iterations: int, rows: int | None) -> tupl
     probe.solvers.spans.clear()
     probe.flops = AllProducts()
     with probe.flops:
-        options = dict(max_iter=iterations, tol=-float("inf"), tokens=tokens, threads=1)
+        # B's transformed copies held whole: the search's own products, not the layer-by-layer
+        # recomputation a large run trades for memory (the stricter floor)
+        options = dict(max_iter=iterations, tol=-float("inf"), tokens=tokens, threads=1, layerwise=False)
         transform, _ = weight_matching(a, b, "orthogonal", **options)
         apply(transform, b)
     counter, probe.flops = probe.flops, None

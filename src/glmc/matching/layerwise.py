@@ -54,6 +54,11 @@ class LayerwiseParams(Mapping[str, Tensor]):
                 self.kept.move_to_end(layer)
             return tensors[name]
 
+    def forget(self) -> None:
+        """Drops the layers kept: the next read computes its layer again (between a search's steps)."""
+        with self.lock:
+            self.kept.clear()
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.source)
 

@@ -16,8 +16,9 @@ Params = dict[str, Tensor]
 
 def mlp_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
     fa, fb = unit_rows(pa, layer, "mlp", plain.ROLES), unit_rows(pb, layer, "mlp", plain.ROLES)
-    fa = fa / fa.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    fb = fb / fb.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    # the joined rows are new tensors: normalised in place (the same floats, not held twice)
+    fa.div_(fa.norm(dim=1, keepdim=True).clamp_min(1e-12))
+    fb.div_(fb.norm(dim=1, keepdim=True).clamp_min(1e-12))
     return fa @ fb.T
 
 

@@ -25,6 +25,7 @@ from torch import Tensor
 from glmc.alignment import Alignment
 from glmc.host_memory import release_after, trim_heap
 from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
+from glmc.matching.layerwise import LayerwiseParams
 from glmc.matching.residual_map import eigen_angles
 from glmc.matching.weight_problem import MatchingProblem, Objective, Reuse, SearchState, start_state
 from glmc.matching.weight_steps import Step, iteration_steps
@@ -47,7 +48,10 @@ def _iteration(steps: list[Step], objective: Objective, state: SearchState, it: 
     for step in steps:
         tick = time.perf_counter()
         step(state, it)
-        if objective.problem.layerwise:  # a large search: the step's freed temporaries go back at once
+        if objective.problem.layerwise:  # a large search: the step's layers and freed temporaries go back
+            for kept in (state.pb_cur, state.pb_res):
+                if isinstance(kept, LayerwiseParams):
+                    kept.forget()
             trim_heap()
         if step.name is not None:
             state.seconds[step.name] += time.perf_counter() - tick
