@@ -35,7 +35,7 @@ def flat_predictions(logits: torch.Tensor, targets: torch.Tensor, task: str) -> 
 
 # a batch's token logits above this size are scored a few examples at a time: the shifted copy and the
 # log-softmax of a large vocabulary's logits would otherwise each be as large as the logits
-LOSS_CHUNK_BYTES = 32 * 2**20
+LOSS_CHUNK_BYTES = 16 * 2**20
 
 
 def loss_and_correct(

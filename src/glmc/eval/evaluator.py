@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from glmc.alignment import Alignment
 from glmc.eval.path_point import MergedParams, interpolated_forward
-from glmc.host_memory import RELEASE_ABOVE, release_after, tensor_bytes
+from glmc.host_memory import RELEASE_ABOVE, release_after, tensor_bytes, trim_heap
 from glmc.interpolation import interpolate_state_dicts, merge_configs, merge_params
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
@@ -180,8 +180,11 @@ class Evaluator:
     def _point(
         self, fa: _Functional, fb: _Functional, weights: list[float], circuits: Sequence[str], layerwise: bool
     ) -> tuple[float, float]:
-        """Loss and accuracy at weights[0] * A + weights[1] * B; `layerwise`: never held whole (path_point)."""
+        """Loss and accuracy at weights[0] * A + weights[1] * B; `layerwise`: never held whole (path_point),
+        the last point's freed pages handed back first."""
         ends = [fa.tensors, fb.tensors]
+        if layerwise:
+            trim_heap()
         if fa.canonical:
             config = merge_configs([fa.config, fb.config], weights)  # B's own eps at lam = 0
             if layerwise:
