@@ -31,6 +31,7 @@ from glmc.data.fingerprint import tokenizer_checksum
 from glmc.data.module import DataModule
 from glmc.datasets import dataset
 from glmc.eval.evaluator import Evaluator, run_evaluators
+from glmc.host_memory import release_freed
 from glmc.models.build import build_model
 from glmc.models.convert import to_canonical
 from glmc.models.families import family_named, family_names
@@ -398,6 +399,8 @@ def load_endpoints(cfg: Config, evaluator) -> list[Endpoint]:
         log.warning(mixed)
     for f, e in zip(folders, endpoints):
         e.test_loss, e.test_accuracy = evaluator.evaluate(e.model)
+        if e.built_on_use:  # its model (in reference cycles) freed before the next folder's is read
+            release_freed()
         log.info("%s: %s (%s), test loss %.4f", e.name, e.path, f.hf_class, e.test_loss)
     return endpoints
 

@@ -464,6 +464,7 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
         for e in endpoints:  # a large folder's model is built now, one at a time, not beside a pair's forms
             if e.built_on_use:
                 first_logits(evaluator, e)
+                release_freed()
         make_trainer = trainer_factory(cfg.trainer)
         run = PairRun(cfg, run_dir, data, evaluator, endpoints, own, lambdas, tracker, device, make_trainer)
         methods = measure_methods(run, matchers, pairs, stage, export=True)
