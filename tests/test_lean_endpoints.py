@@ -31,6 +31,8 @@ from glmc.pipeline import endpoint_forms
 from glmc.pipeline.run import run_pipeline
 from glmc.symmetry import apply
 
+pytestmark = pytest.mark.numeric
+
 LAMBDAS = [0.0, 0.3, 1.0]
 VOCAB = 40
 
