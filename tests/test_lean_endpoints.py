@@ -22,6 +22,7 @@ from glmc.eval import evaluator as evaluator_module
 from glmc.eval.evaluator import Evaluator
 from glmc.eval.path_point import MergedParams
 from glmc.interpolation import merge_params
+from glmc.matching import weight as weight_module
 from glmc.matching.weight import weight_matching
 from glmc.models.build import build_model
 from glmc.models.canonical import canonical_forward
@@ -122,8 +123,12 @@ def test_a_large_folders_run_gives_the_held_runs_numbers(folders, tmp_path, monk
     held = run_pipeline(cfg, tmp_path / "held")
     monkeypatch.setattr(endpoint_forms, "HOLD_BELOW", 0)
     monkeypatch.setattr(evaluator_module, "LAYERWISE_POINTS_FROM", 0)
+    searches = []
+    search = weight_module.weight_matching
+    monkeypatch.setattr(weight_module, "weight_matching", lambda *a, **kw: searches.append(kw) or search(*a, **kw))
     with caplog.at_level(logging.INFO, logger="glmc.pipeline.endpoint_forms"):
         lean = run_pipeline(cfg, tmp_path / "lean")
+    assert [kw["layerwise"] for kw in searches] == [True]  # the search holds a layer at a time too
     files = [Path(m.group(1)) for m in (re.search(r"kept in (\S+) while", x) for x in caplog.messages) if m]
     assert len(files) == 2  # each folder converted once, its canonical form written aside
     gc.collect()

@@ -36,9 +36,9 @@ class MatchContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     fit: Callable[..., tuple[float, int, Path | None]] | None = None
     path_loss: Callable[..., dict[str, list[float]]] | None = None
-    # whether the matcher may transform model B in place: the caller's copy is its own (a large folder's
-    # canonical form built for this pair), so the aligned B need not be held beside it
-    consume_b: bool = False
+    # the endpoints are large folders held one form at a time: B is the caller's own copy (the matcher may
+    # transform it in place, so the aligned B is not held beside it) and the search holds as little as it can
+    lean_memory: bool = False
     _token_ids: torch.Tensor | None = field(default=None, repr=False)
 
     def require(self, name: str, method: str) -> Callable[..., Any]:

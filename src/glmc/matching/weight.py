@@ -228,6 +228,7 @@ class WeightMatcher(Matcher):
         residual = resolve_residual(self.residual, family_named(a.config.family))[0]  # auto: the family's widest
         keep_mean = self.resolve_keep_mean(a, b, residual)
         device = search_device(self.device, a, context)
+        lean = context is not None and context.lean_memory  # a run of large folders: layer at a time
         transform, diagnostics = weight_matching(
             a,
             b,
@@ -238,6 +239,7 @@ class WeightMatcher(Matcher):
             self.tol,
             tokens=tokens,
             keep_mean=keep_mean,
+            layerwise=True if lean else None,
             device=device,
             options=self.options,
         )
@@ -245,8 +247,8 @@ class WeightMatcher(Matcher):
         if tokens is not None:
             diagnostics["vocabulary_rows"] = int(tokens.numel())
         release_after(b.params().values())  # a large search's working set, before B's transformed copy
-        in_place = context is not None and context.consume_b  # B is the caller's own copy: not held twice
-        return Alignment(a, apply(transform, b, in_place=in_place), transform, self.circuits, diagnostics)
+        # B is the caller's own copy in a run of large folders: transformed in place, not held twice
+        return Alignment(a, apply(transform, b, in_place=lean), transform, self.circuits, diagnostics)
 
     def resolve_keep_mean(self, a: CanonicalTransformer, b: CanonicalTransformer, residual: str) -> bool:
         """Whether the orthogonal residual map is restricted to fix the all-ones vector."""

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from glmc.host_memory import RELEASE_ABOVE
 from glmc.matching.assignment import PARALLEL_UNITS
 from glmc.matching.circuits import (
     a_circuit_terms,
@@ -34,10 +33,11 @@ from glmc.symmetry.groups import Element
 
 Params = dict[str, Tensor]
 
-# from this size of B's layer weights the search holds none of their transformed copies whole, solves the
-# MLP layers one at a time and hands freed pages back after each step: it then needs about half a model
-# beside the two (a Pythia-160M pair: 0.6 GiB, against 1.6 GiB holding B's copies and two layers' solves)
-LAYERWISE_BYTES = RELEASE_ABOVE
+# from this size of B's layer weights (or in a run of large folders: MatchContext.lean_memory) the search holds
+# none of their transformed copies whole, solves the MLP layers one at a time and hands freed pages back
+# after each step: it then needs about half a model beside the two (a Pythia-160M pair: 0.6 GiB, against
+# 1.6 GiB holding B's copies and two layers' solves) and takes about 1.5 times as long
+LAYERWISE_BYTES = 2**30
 
 
 @dataclass

@@ -304,7 +304,7 @@ def align_pair(
         if not same_shapes(a_canonical, b_canonical):  # the embedding's residual map is seeded
             seeded = torch.Generator().manual_seed(b.seed)
             b_canonical = match_widths(a_canonical, b_canonical, seeded, str(cfg.embed_stream))
-        context.consume_b = b.built_on_use  # B's copy is this pair's own: it may be transformed in place
+        context.lean_memory = b.built_on_use  # B's copy is this pair's own; the search holds little
         if b.built_on_use:  # the last stage's freed memory back to the system before a large search
             release_freed()
         alignment = matcher.match(a_canonical, b_canonical, context)
