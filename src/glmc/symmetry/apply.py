@@ -117,11 +117,10 @@ def _apply_group(elements: Transform, part: SymmetrySpec, original: dict[str, Te
         done = apply_params(elements, part, {k: original[k].double() for k in names}, strict)
         return {k: done[k].to(original[k].dtype) for k in names}
     rows = max(1, ROWS_AT_A_TIME // (t.numel() // t.shape[0]))
-    chunks = [
-        apply_params(elements, part, {names[0]: t[i : i + rows].double()}, strict)[names[0]].to(t.dtype)
-        for i in range(0, t.shape[0], rows)
-    ]
-    return {names[0]: torch.cat(chunks)}
+    out = torch.empty_like(t)  # each chunk written into place: the rows are never held twice
+    for i in range(0, t.shape[0], rows):
+        out[i : i + rows] = apply_params(elements, part, {names[0]: t[i : i + rows].double()}, strict)[names[0]]
+    return {names[0]: out}
 
 
 @torch.no_grad()

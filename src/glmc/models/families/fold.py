@@ -39,7 +39,12 @@ def by_rows(fold: Callable[[Tensor], Tensor], t: Tensor, dtype: torch.dtype) -> 
     vector), on float64 rows a chunk at a time, each cast to `dtype`: an embedding or a language head over
     a large vocabulary is never held whole in float64."""
     rows = max(1, ROWS_AT_A_TIME // max(1, t[0].numel()))
-    return torch.cat([fold(t[i : i + rows].detach().double()).to(dtype) for i in range(0, len(t), rows)])
+    first = fold(t[:rows].detach().double()).to(dtype)
+    out = first.new_empty((len(t), *first.shape[1:]))  # each chunk written into place, never held twice
+    out[: len(first)] = first
+    for i in range(rows, len(t), rows):
+        out[i : i + rows] = fold(t[i : i + rows].detach().double())
+    return out
 
 
 def center(t: Tensor, axis: int) -> Tensor:
