@@ -7,6 +7,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
+from glmc.host_memory import trim_heap
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families.roles import layer_of
 from glmc.symmetry.groups import Diagonal, Element, Permutation, SemiPermutation
@@ -109,18 +110,17 @@ def _row_axes_free(part: SymmetrySpec, name: str) -> bool:
     return all(0 not in (ax.axis, ax.head_axis) for space in part for ax in space.acts_on if ax.param == name)
 
 
-def _apply_group(elements: Transform, part: SymmetrySpec, original: dict[str, Tensor], names: list[str], strict: bool):
-    """The group's tensors transformed in float64 and cast back; one large tensor whose rows no space mixes
-    (the vocabulary's) a chunk of rows at a time."""
-    t = original[names[0]]
-    if len(names) > 1 or t.numel() <= ROWS_AT_A_TIME or t.dim() < 2 or not _row_axes_free(part, names[0]):
-        done = apply_params(elements, part, {k: original[k].double() for k in names}, strict)
-        return {k: done[k].to(original[k].dtype) for k in names}
+def _apply_tensor(elements: Transform, part: SymmetrySpec, t: Tensor, name: str, strict: bool, into: Tensor | None):
+    """One tensor transformed in float64 and cast back (its spaces restricted to it: the same operations on
+    each element as the whole group's); a large one whose rows no space mixes (the vocabulary's) a chunk of
+    rows at a time, each written into `into` (a new tensor where None; `t` itself in place)."""
+    if t.numel() <= ROWS_AT_A_TIME or t.dim() < 2 or not _row_axes_free(part, name):
+        return apply_params(elements, part, {name: t.double()}, strict)[name].to(t.dtype)
     rows = max(1, ROWS_AT_A_TIME // (t.numel() // t.shape[0]))
-    out = torch.empty_like(t)  # each chunk written into place: the rows are never held twice
+    out = torch.empty_like(t) if into is None else into  # the rows are never held twice
     for i in range(0, t.shape[0], rows):
-        out[i : i + rows] = apply_params(elements, part, {names[0]: t[i : i + rows].double()}, strict)[names[0]]
-    return {names[0]: out}
+        out[i : i + rows] = apply_params(elements, part, {name: t[i : i + rows].double()}, strict)[name]
+    return out
 
 
 @torch.no_grad()
@@ -129,10 +129,10 @@ def apply(
 ) -> CanonicalTransformer:
     """A new model computing the same function (for valid transforms), in float64 cast back; the input
     is not modified (`in_place`: it is the model returned, each group's tensors replaced as they are done,
-    so a large model is never held twice). config.norm_dim is kept, which keeps rectangular residual maps
-    exact. One layer at a time, then each tensor outside the layers (a large one's rows in chunks): the same
-    operations on each element, in the same order, while only that group is held in float64 (a whole model
-    twice over in float64 was three times its size)."""
+    so a large model is never held twice: a large vocabulary's rows are written back into its own tensor).
+    config.norm_dim is kept, which keeps rectangular residual maps exact. One tensor at a time (a large one's
+    rows in chunks): the same operations on each element, in the same order, while only that tensor is held
+    in float64 (a whole model twice over in float64 was three times its size)."""
     spec = SymmetrySpec.from_model(model)
     original = model.params()
     unknown = set(transform) - set(spec.spaces)
@@ -146,12 +146,18 @@ def apply(
     for names in groups.values():
         part = spec.restricted_to(set(names))
         elements = Transform({k: g for k, g in transform.items() if k in part.spaces})
-        done = _apply_group(elements, part, original, names, strict)
-        if in_place:
-            for name, t in done.items():
-                original[name].data = t
-        else:
-            new.update(done)
+        for name in names:  # one tensor at a time: only it is held in float64
+            alone = part.restricted_to({name})
+            mine = Transform({k: g for k, g in elements.items() if k in alone.spaces})
+            t = original[name]
+            done = _apply_tensor(mine, alone, t, name, strict, t if in_place else None)
+            if in_place:
+                if done is not t:
+                    t.data = done
+            else:
+                new[name] = done
+        if in_place:  # the group's freed float64 temporaries go back before the next group's are made
+            trim_heap()
     if in_place:
         return model
     return CanonicalTransformer(dataclasses.replace(model.config), {k: new[k] for k in original}, copy=False)
