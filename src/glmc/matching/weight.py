@@ -28,7 +28,7 @@ from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_fac
 from glmc.matching.layerwise import LayerwiseParams
 from glmc.matching.residual_map import eigen_angles
 from glmc.matching.weight_problem import MatchingProblem, Objective, Reuse, SearchState, start_state
-from glmc.matching.weight_steps import Step, iteration_steps
+from glmc.matching.weight_steps import LayerStep, Step, iteration_steps
 from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.export import uncentred_writer
@@ -43,29 +43,61 @@ PROGRESS_EVERY_S = 10.0  # an iteration ending this long after the last progress
 
 
 def _iteration(steps: list[Step], objective: Objective, state: SearchState, it: int) -> tuple[float, Transform]:
-    """Runs one iteration's steps, then B's weights under the new transform; returns its objective and
-    the transform."""
-    for step in steps:
-        tick = time.perf_counter()
-        step(state, it)
-        if objective.problem.layerwise:  # a large search: the step's layers and freed temporaries go back
+    """Runs one iteration's steps (a large search: consecutive layer steps a layer at a time, together),
+    then B's weights under the new transform; returns its objective and the transform."""
+    layerwise = objective.problem.layerwise
+    for run in _runs(steps, layerwise):
+        if len(run) == 1 and not (layerwise and isinstance(run[0], LayerStep)):
+            tick = time.perf_counter()
+            run[0](state, it)
+            if run[0].name is not None:
+                state.seconds[run[0].name] += time.perf_counter() - tick
+        else:
+            _run_layers(run, state, it, objective.problem.layers)
+        if layerwise:  # a large search: the run's layers and freed temporaries go back
             for kept in (state.pb_cur, state.pb_res):
                 if isinstance(kept, LayerwiseParams):
                     kept.forget()
             trim_heap()
-        if step.name is not None:
-            state.seconds[step.name] += time.perf_counter() - tick
     current = state.transform()
     tick = time.perf_counter()
     reuse = objective.reuse
     state.pb_cur = None  # B's weights are held at most twice more at a time (1B-parameter models)
     state.pb_cur = objective.problem.transformed(state.perms, reuse.spec_rest, state.pb_res)
-    if not objective.problem.layerwise:
+    if not layerwise:
         state.pb_res = None  # layerwise: pb_cur reads it
     value = objective(state.pb_cur, current, reuse.mlp_share(state.res, state.perms) if reuse.late else None)
     reuse.rotated = {}
     state.seconds["objective"] += time.perf_counter() - tick
     return value, current
+
+
+def _runs(steps: list[Step], together: bool) -> list[list[Step]]:
+    """The steps in order, each alone, or with `together` consecutive layer steps in one run."""
+    runs: list[list[Step]] = []
+    for step in steps:
+        joins = together and isinstance(step, LayerStep) and bool(runs) and isinstance(runs[-1][-1], LayerStep)
+        if joins:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    return runs
+
+
+def _run_layers(run: list[Step], state: SearchState, it: int, layers: range) -> None:
+    """Layer steps a layer at a time: each of B's transformed layers is read by all of them while it is the
+    one kept (the same solutions: their layers depend on the residual map, not on each other)."""
+    shared = []
+    for step in run:
+        tick = time.perf_counter()
+        shared.append(step.begin(state, it))
+        state.seconds[step.name] += time.perf_counter() - tick
+    for l in layers:
+        for step, context in zip(run, shared):
+            tick = time.perf_counter()
+            step.layer(state, it, l, context)
+            state.seconds[step.name] += time.perf_counter() - tick
+        trim_heap()  # the layer's solves' temporaries
 
 
 def _search(

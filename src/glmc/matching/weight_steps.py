@@ -4,7 +4,7 @@ of their own (BlockKind.weight_step), in-head maps, the head's hidden units."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -96,41 +96,61 @@ class ApplyResidual(Step):
         self.reuse.rotated = {}  # late: the layers whose MLP matrices are rotated this iteration
 
 
-class CircuitHeads(Step):
+class LayerStep(Step):
+    """A step whose layers are independent once the residual map is set (heads, MLP units, in-head maps):
+    a large search runs the layers of consecutive such steps together (weight._run_layers), so that each
+    of B's transformed layers is computed once per iteration rather than once per step. `begin` returns
+    what the layers share this iteration, handed to each `layer` call and dropped after the last."""
+
+    def begin(self, state: SearchState, it: int) -> Any:
+        return None
+
+    def layer(self, state: SearchState, it: int, l: int, shared: Any) -> None:
+        raise NotImplementedError
+
+    def __call__(self, state: SearchState, it: int) -> None:
+        shared = self.begin(state, it)
+        for l in self.problem.layers:
+            self.layer(state, it, l, shared)
+
+
+class CircuitHeads(LayerStep):
     """Heads per layer on paper 001's circuit cost, the assignments certified ones carry over where
     reuse keeps them."""
 
     name = "heads"
 
-    def __call__(self, state: SearchState, it: int) -> None:
-        p, warm = self.problem, self.reuse.heads
-        similarity = partial(head_similarity, p.pa, state.pb_res)
+    def begin(self, state: SearchState, it: int) -> tuple[Callable[[int], Tensor], Tensor | None]:
+        p = self.problem
+        r = None if self.reuse.heads is None else p.residual_matrix(Transform(state.res))
+        return partial(head_similarity, p.pa, state.pb_res), r
+
+    def layer(self, state: SearchState, it: int, l: int, shared: Any) -> None:
+        (similarity, r), warm = shared, self.reuse.heads
         if warm is None:
-            solved = assign_layers(partial(projected, similarity), p.layers, 1)
-            state.perms.update(zip((f"heads.{l}" for l in p.layers), solved))
-            return
-        r = p.residual_matrix(Transform(state.res))
-        for l in p.layers:
-            within = partial(circuit_move, self.reuse.head_norms[l])
-            state.perms[f"heads.{l}"] = warm.solve(r, similarity, l, within)
+            state.perms[f"heads.{l}"] = projected(similarity, l)
+        else:
+            state.perms[f"heads.{l}"] = warm.solve(r, similarity, l, partial(circuit_move, self.reuse.head_norms[l]))
 
 
-class GroupedHeads(Step):
+class GroupedHeads(LayerStep):
     """Key/value groups and their query heads per layer (group_assignment), on the factored distance
     left after the best in-head maps (rotary_head_cost) or, with a circuit form, the circuit cost."""
 
     name = "heads"
 
-    def __call__(self, state: SearchState, it: int) -> None:
+    def begin(self, state: SearchState, it: int) -> Callable:
         p = self.problem
         rotary = partial(rotary_head_cost, rotary_dims=p.rotary_dims, qk_maps="qk" in head_pairs(p))
-        head_cost = rotary if p.factored else circuit_cost
-        for l in p.layers:
-            cost = head_cost(p.pa, state.pb_res, l)
-            state.perms[f"heads.{l}"], state.perms[f"qheads.{l}"] = group_assignment(cost, p.spec[f"heads.{l}"].size)
+        return rotary if p.factored else circuit_cost
+
+    def layer(self, state: SearchState, it: int, l: int, shared: Any) -> None:
+        p = self.problem
+        cost = shared(p.pa, state.pb_res, l)
+        state.perms[f"heads.{l}"], state.perms[f"qheads.{l}"] = group_assignment(cost, p.spec[f"heads.{l}"].size)
 
 
-class PlainMlp(Step):
+class PlainMlp(LayerStep):
     """MLP units per layer on the cosine of the rows [W_in | b_in | W_out^T]; the layers' problems are
     independent, so their Hungarian solves run side by side (`threads`) from PARALLEL_UNITS units."""
 
@@ -144,6 +164,9 @@ class PlainMlp(Step):
         self.pool = threads if big and not problem.layerwise else 1
 
     def __call__(self, state: SearchState, it: int) -> None:
+        if self.pool is not None and self.pool <= 1:
+            super().__call__(state, it)
+            return
         p, warm = self.problem, self.reuse.mlp
         similarity = self.similarity(state)
         if warm is None:
@@ -151,6 +174,19 @@ class PlainMlp(Step):
         else:  # the layers' last assignments while certified; the map is what the similarities depend on
             solved = warm_layers(warm, p.residual_matrix(Transform(state.res)), similarity, p.layers, self.pool)
         state.perms.update(zip((f"mlp.{l}" for l in p.layers), solved))
+        self.after(state, p.layers)
+
+    def begin(self, state: SearchState, it: int) -> tuple[Callable[[int], Tensor], Tensor | None]:
+        r = None if self.reuse.mlp is None else self.problem.residual_matrix(Transform(state.res))
+        return self.similarity(state), r
+
+    def layer(self, state: SearchState, it: int, l: int, shared: Any) -> None:
+        (similarity, r), warm = shared, self.reuse.mlp
+        state.perms[f"mlp.{l}"] = projected(similarity, l) if warm is None else warm_layers(warm, r, similarity, [l])[0]
+        self.after(state, [l])
+
+    def after(self, state: SearchState, layers: Sequence[int]) -> None:
+        """What follows the layers' units (nothing for plain MLPs)."""
 
     def similarity(self, state: SearchState) -> Callable[[int], Tensor]:
         if self.reuse.late:  # B's MLP matrices rotated only for the layers it is asked for
@@ -162,27 +198,26 @@ class GatedMlp(PlainMlp):
     """Gated MLP units on the gate rows and a cost their up/down scale leaves unchanged, then that scale
     (no certificates: that cost is not a cosine the residual map rotates)."""
 
-    def __call__(self, state: SearchState, it: int) -> None:
+    def after(self, state: SearchState, layers: Sequence[int]) -> None:
         p = self.problem
-        super().__call__(state, it)
-        units = Transform({f"mlp.{l}": state.perms[f"mlp.{l}"] for l in p.layers})
+        units = Transform({f"mlp.{l}": state.perms[f"mlp.{l}"] for l in layers})
         moved = p.transformed(units, p.spec_blocks, state.pb_res)
-        state.perms.update({f"mlp_scale.{l}": unit_scales(p.pa, moved, l) for l in p.layers})
+        state.perms.update({f"mlp_scale.{l}": unit_scales(p.pa, moved, l) for l in layers})
 
     def similarity(self, state: SearchState) -> Callable[[int], Tensor]:
         return partial(gated_mlp_similarity, self.problem.pa, state.pb_res)
 
 
-class InHeadMaps(Step):
+class InHeadMaps(LayerStep):
     """Factored heads: the in-head maps of the groups just matched decide which factored weights compare."""
 
     name = "in_head"
 
-    def __call__(self, state: SearchState, it: int) -> None:
+    def layer(self, state: SearchState, it: int, l: int, shared: Any) -> None:
         p = self.problem
-        matched = Transform({k: g for k, g in state.perms.items() if k.startswith(("heads.", "qheads."))})
+        matched = Transform({k: state.perms[k] for k in (f"heads.{l}", f"qheads.{l}") if k in state.perms})
         moved = p.transformed(matched, p.spec_blocks, state.pb_res)
-        state.perms.update(in_head_maps(p.pa, moved, p.layers, p.rotary_dims, head_pairs(p)))
+        state.perms.update(in_head_maps(p.pa, moved, [l], p.rotary_dims, head_pairs(p)))
 
 
 class HiddenUnits(Step):
