@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -20,8 +21,9 @@ from glmc.alignment import Alignment
 from glmc.eval.path_point import MergedParams, interpolated_forward
 from glmc.host_memory import RELEASE_ABOVE, release_after, tensor_bytes, trim_heap
 from glmc.interpolation import interpolate_state_dicts, merge_configs, merge_params
-from glmc.metrics import loss_and_correct
+from glmc.metrics import LOSS_CHUNK_BYTES, loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
+from glmc.models.families import family_named
 
 AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}
 # from this size of a path's end (bytes of its tensors) a point is interpolated a layer at a time as the
@@ -48,7 +50,7 @@ class _Functional:
             tensors = model.params()
         else:
             model.eval()  # dropout off; the module itself is only a template for functional_call
-            self.module = model
+            self.module, self.options = model, _no_cache(model)
             tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
         self.tensors = {k: v.detach().to(device) for k, v in tensors.items()}
 
@@ -56,13 +58,19 @@ class _Functional:
         """`config`: a canonical model's config to run with instead of its own (a path's, merge_configs)."""
         if self.canonical:
             return canonical_forward(config or self.config, params, inputs)
-        return _logits_of(torch.func.functional_call(self.module, params, (inputs,)), self.module)
+        return _logits_of(torch.func.functional_call(self.module, params, (inputs,), self.options), self.module)
 
     def output_size(self, example: Tensor) -> int:
         """How many logits one example gives (a language model's: positions x vocabulary)."""
         if self.canonical:
             return canonical_forward(self.config, self.tensors, example).numel()
         return self.forward(self.tensors, example).numel()
+
+
+def _no_cache(model: torch.nn.Module) -> dict[str, bool]:
+    """Keyword arguments that keep a Hugging Face language model from returning its keys and values (a
+    cache the loss never reads, a tenth of a large model's forward memory); none for other models."""
+    return {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
 
 
 def _logits_of(out: Any, module: torch.nn.Module) -> Tensor:
@@ -125,22 +133,44 @@ class Evaluator:
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
     @torch.inference_mode()
-    def _metrics(self, forward: Callable[[Tensor], Tensor]) -> tuple[float, float]:
+    def _metrics(
+        self, forward: Callable[[Tensor], Tensor], head: Callable[[Tensor], Tensor] | None = None
+    ) -> tuple[float, float]:
+        """`head`: forward gives the state the head reads and head(some of its examples) their logits, a
+        few examples at a time (a large vocabulary's logits are never held for the whole batch)."""
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
         for inputs, targets in self.batches():
             with self._autocast():
-                logits = forward(inputs)
-            loss, correct, count = loss_and_correct(logits.float(), targets, self.task)
-            del logits  # freed before the next batch's: a large vocabulary's logits are held once
-            totals += torch.stack(
-                [loss.double(), correct.double(), torch.as_tensor(count, dtype=torch.float64, device=self.device)]
-            )
+                out = forward(inputs)
+            for logits, rows in self._pieces(out, head):
+                loss, correct, count = loss_and_correct(logits.float(), targets[rows], self.task)
+                del logits  # freed before the next batch's: a large vocabulary's logits are held once
+                totals += torch.stack(
+                    [loss.double(), correct.double(), torch.as_tensor(count, dtype=torch.float64, device=self.device)]
+                )
         if _world()[1] > 1:
             dist.all_reduce(totals)
         loss_sum, correct, count = totals.tolist()  # one device sync per model
         if count == 0:
             raise ValueError("the evaluation split is empty: check data.limit_test and the split's files")
         return loss_sum / count, correct / count
+
+    def _pieces(self, out: Tensor, head: Callable[[Tensor], Tensor] | None) -> Iterator[tuple[Tensor, slice]]:
+        """(logits, the examples they belong to): all of them, or head's of as many examples at a time as
+        keep their logits within LOSS_CHUNK_BYTES (one at least)."""
+        if head is None:
+            yield out, slice(None)
+            return
+        rows, start = 1, 0
+        while start < len(out):
+            with self._autocast():
+                logits = head(out[start : start + rows])
+            yield logits, slice(start, start + rows)
+            if start == 0:  # from the first example's logits: how many fit
+                rows = max(1, LOSS_CHUNK_BYTES // (4 * logits.numel()))
+                start = 1
+            else:
+                start += rows
 
     def evaluate(self, model: torch.nn.Module) -> tuple[float, float]:
         """Mean loss and accuracy of one model."""
@@ -187,15 +217,19 @@ class Evaluator:
             trim_heap()
         if fa.canonical:
             config = merge_configs([fa.config, fb.config], weights)  # B's own eps at lam = 0
-            if layerwise:
-                params: Mapping[str, Tensor] = MergedParams(ends, weights, circuits)
-            else:
+            if not layerwise:
                 with torch.inference_mode():
                     params = merge_params(ends, weights, circuits)
-            return self._metrics(functools.partial(fa.forward, params, config=config))
+                return self._metrics(functools.partial(fa.forward, params, config=config))
+            merged = MergedParams(ends, weights, circuits)
+            family = family_named(config.family)
+            return self._metrics(
+                lambda x: canonical_forward(config, merged, x, head=False),
+                lambda state: family.head(config, merged, state, lambda name, t: None),
+            )
         if layerwise:
             with interpolated_forward(fa.module, ends, weights) as model:
-                return self._metrics(lambda x: _logits_of(model(x), model))
+                return self._metrics(lambda x: _logits_of(model(x, **fa.options), model))
         with torch.inference_mode():
             params = interpolate_state_dicts(ends, weights)
         return self._metrics(functools.partial(fa.forward, params))

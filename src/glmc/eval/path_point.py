@@ -6,7 +6,7 @@ it and dropped when the forward moves on, with the same operations on each eleme
 (interpolation.merge_params, interpolation.interpolate_state_dicts), so the losses are the same floats:
 
 - canonical ends: `MergedParams`, a mapping canonical_forward reads, which merges one layer's tensors (or
-  one tensor outside the layers) when one of them is asked for and keeps only the last layer;
+  one part's outside the layers) when one of them is asked for and keeps only the last;
 - other models (a Hugging Face vanilla path): `interpolated_forward`, which runs the reference model with
   each unit's parameters replaced by the interpolated ones only while that unit runs; a unit is a layer
   (a child of a ModuleList, with everything in it) or any other module's own parameters (an embedding, a
@@ -32,9 +32,9 @@ class MergedParams(Mapping[str, Tensor]):
     def __init__(self, params: Sequence[dict[str, Tensor]], weights: Sequence[float], circuits: Sequence[str] = ()):
         self.params, self.weights, self.circuits = params, [float(w) for w in weights], tuple(circuits)
         self.groups: dict[object, list[str]] = {}
-        for name in params[0]:
+        for name in params[0]:  # a layer, or a part outside the layers ("embed.*", "head.*"): read together
             layer = layer_of(name)
-            self.groups.setdefault(name if layer is None else layer, []).append(name)
+            self.groups.setdefault(name.split(".")[0] if layer is None else layer, []).append(name)
         self.group_of = {name: key for key, names in self.groups.items() for name in names}
         self.kept_key: object = None
         self.kept: dict[str, Tensor] = {}

@@ -174,9 +174,14 @@ def num_layers(params: dict[str, Tensor]) -> int:
 
 
 def canonical_forward(
-    config: CanonicalConfig, params: dict[str, Tensor], inputs: Tensor, record: Recorder | None = None
+    config: CanonicalConfig,
+    params: dict[str, Tensor],
+    inputs: Tensor,
+    record: Recorder | None = None,
+    head: bool = True,
 ) -> Tensor:
-    """Logits of the canonical model; differentiable with respect to every tensor in params.
+    """Logits of the canonical model; differentiable with respect to every tensor in params. `head=False`:
+    the state the head reads instead (its logits are then family.head's of any of its examples).
 
     `record(name, tensor)` receives the states activation-based methods read: "embed", per layer
     "blocks.{l}." + attn_in, heads (per-head outputs before o_w, factored form), attn_out, mlp_in, mlp_act,
@@ -193,7 +198,8 @@ def canonical_forward(
     x = family.embed(config, p, inputs)
     rec("embed", x)
     if family.norm == "post":
-        return family.head(config, p, _post_norm_blocks(config, p, x, act, attention, mlp, record, rec), rec)
+        x = _post_norm_blocks(config, p, x, act, attention, mlp, record, rec)
+        return family.head(config, p, x, rec) if head else x
     read = norm if family.pre_norms else (lambda x: x)
     branch = _branch_output(family)
     for layer in range(num_layers(p)):
@@ -209,7 +215,7 @@ def canonical_forward(
         rec(pre + "mlp_out", x)
     x = norm(x)
     rec("final", x)
-    return family.head(config, p, x, rec)
+    return family.head(config, p, x, rec) if head else x
 
 
 def _branch_output(family) -> Callable:
