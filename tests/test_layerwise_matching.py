@@ -40,3 +40,18 @@ def test_layerwise_params_hold_one_layer_and_match_a_whole_apply():
     for name in blocks:
         assert torch.equal(lazy[name], whole[name]), name
         assert len(lazy.kept) <= 2 and name in lazy.kept[layer_of(name)]  # at most two layers held
+
+
+def test_a_large_search_runs_consecutive_layer_steps_together():
+    from glmc.matching.weight import _runs
+    from glmc.matching.weight_steps import LayerStep, Step
+
+    class Whole(Step):
+        pass
+
+    class Layers(LayerStep):
+        pass
+
+    steps = [Whole(None, None), Layers(None, None), Layers(None, None), Whole(None, None), Layers(None, None)]
+    assert [len(run) for run in _runs(steps, together=True)] == [1, 2, 1, 1]
+    assert [len(run) for run in _runs(steps, together=False)] == [1, 1, 1, 1, 1]

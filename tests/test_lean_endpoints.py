@@ -112,9 +112,12 @@ def test_apply_in_place_and_by_rows_gives_the_new_models_floats(monkeypatch):
     new = apply(transform, b)
     monkeypatch.setattr(module, "ROWS_AT_A_TIME", 7 * TINY.hidden_size)  # the vocabulary in chunks of 7 rows
     params = b.params()
+    pointers = {k: t.data_ptr() for k, t in params.items()}
     moved = module.apply(transform, b, in_place=True)
     assert moved is b and all(moved.params()[k] is params[k] for k in params)  # the same Parameters
     assert all(torch.equal(moved.params()[k], new.params()[k]) for k in params)
+    chunked = [k for k, t in params.items() if t.numel() > 7 * TINY.hidden_size and t.dim() == 2 and "blocks" not in k]
+    assert chunked and all(params[k].data_ptr() == pointers[k] for k in chunked)  # rows written into its own tensor
 
 
 def test_a_large_folders_run_gives_the_held_runs_numbers(folders, tmp_path, monkeypatch, caplog):  # noqa: F811
@@ -166,3 +169,34 @@ def test_large_token_logits_are_scored_a_few_examples_at_a_time_to_the_same_sums
     chunked = metrics.loss_and_correct(logits, targets, task)
     assert float(chunked[0]) == pytest.approx(float(whole[0]), rel=1e-6)
     assert int(chunked[1]) == int(whole[1]) and int(chunked[2]) == int(whole[2])
+
+
+@pytest.mark.parametrize("family", family_names())
+def test_a_layerwise_canonical_point_scores_its_head_a_few_examples_at_a_time(family, monkeypatch):
+    """Weight's path on canonical ends: the state the head reads computed once per batch, the head's logits
+    for at most two examples at a time, the losses those of the whole point."""
+    a, b = to_canonical(_hf(family, 0)), to_canonical(_hf(family, 1))
+    data, task = _batches(family)
+    whole = Evaluator(data, task, progress=False).path(Alignment(a, b), LAMBDAS)
+    monkeypatch.setattr(evaluator_module, "LAYERWISE_POINTS_FROM", 0)
+    per_example = next(iter(data))[0][:1]
+    with torch.no_grad():
+        size = 4 * canonical_forward(a.config, a.params(), per_example).numel()
+    monkeypatch.setattr(evaluator_module, "LOSS_CHUNK_BYTES", 2 * size)
+    family_kind, seen = family_named(family), []
+    head = family_kind.head
+    monkeypatch.setattr(type(family_kind), "head", lambda self, *args: seen.append(len(args[2])) or head(*args))
+    layerwise = Evaluator(data, task, progress=False).path(Alignment(a, b), LAMBDAS)
+    assert layerwise["loss"] == pytest.approx(whole["loss"], rel=1e-6)
+    assert layerwise["accuracy"] == pytest.approx(whole["accuracy"], abs=1e-12)
+    assert seen == [1, 2, 1] * (len(LAMBDAS) * len(data))  # the first example alone, then two at a time
+
+
+def test_hugging_face_language_models_are_evaluated_without_their_cache():
+    model, calls = _hf("gpt_neox", 0), []
+    record = lambda module, args, kwargs: calls.append(kwargs.get("use_cache"))  # noqa: E731
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    data, task = _batches("gpt_neox")
+    Evaluator(data, task, progress=False).evaluate(model)
+    assert calls and all(c is False for c in calls)
+    assert evaluator_module._no_cache(torch.nn.Linear(2, 2)) == {}  # a model without the option gets none
