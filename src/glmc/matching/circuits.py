@@ -118,6 +118,9 @@ def squared_plain_norm(pa: Params) -> float:
     return sum(float(a.double().pow(2).sum()) for a in pa.values())
 
 
-def squared_plain_difference(pa: Params, pb: Params) -> float:
-    """||theta_A - theta_B||^2 over the tensors as they are."""
-    return sum(float((a.double() - pb[n].double()).pow(2).sum()) for n, a in pa.items())
+def squared_plain_difference(pa: Params, pb: Params, total: float = 0.0) -> float:
+    """||theta_A - theta_B||^2 over the tensors as they are, added to `total` one tensor at a time in pa's
+    order (a caller adding layer by layer gets the same float)."""
+    for n, a in pa.items():
+        total += float((a.double() - pb[n].double()).pow(2).sum())
+    return total

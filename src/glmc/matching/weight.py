@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,8 +27,8 @@ from glmc.host_memory import release_after, trim_heap
 from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
 from glmc.matching.layerwise import LayerwiseParams
 from glmc.matching.residual_map import eigen_angles
-from glmc.matching.weight_problem import MatchingProblem, Objective, Reuse, SearchState, start_state
-from glmc.matching.weight_steps import LayerStep, Step, iteration_steps
+from glmc.matching.weight_problem import LayerDistance, MatchingProblem, Objective, Reuse, SearchState, start_state
+from glmc.matching.weight_steps import HiddenUnits, LayerStep, Step, iteration_steps
 from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.export import uncentred_writer
@@ -43,17 +43,22 @@ PROGRESS_EVERY_S = 10.0  # an iteration ending this long after the last progress
 
 
 def _iteration(steps: list[Step], objective: Objective, state: SearchState, it: int) -> tuple[float, Transform]:
-    """Runs one iteration's steps (a large search: consecutive layer steps a layer at a time, together),
-    then B's weights under the new transform; returns its objective and the transform."""
-    layerwise = objective.problem.layerwise
-    for run in _runs(steps, layerwise):
+    """Runs one iteration's steps (a large search: consecutive layer steps a layer at a time, together, the
+    last such run also scoring each layer as it is done), then B's weights under the new transform; returns
+    its objective and the transform."""
+    problem, reuse = objective.problem, objective.reuse
+    layerwise = problem.layerwise
+    runs = _runs(steps, layerwise)
+    last = _scoring_run(runs) if layerwise and LayerDistance.applies(problem, reuse) else None
+    distance = None if last is None else LayerDistance(problem, reuse.spec_rest)
+    for i, run in enumerate(runs):
         if len(run) == 1 and not (layerwise and isinstance(run[0], LayerStep)):
             tick = time.perf_counter()
             run[0](state, it)
             if run[0].name is not None:
                 state.seconds[run[0].name] += time.perf_counter() - tick
         else:
-            _run_layers(run, state, it, objective.problem.layers)
+            _run_layers(run, state, it, problem.layers, distance.add if distance is not None and i == last else None)
         if layerwise:  # a large search: the run's layers and freed temporaries go back
             for kept in (state.pb_cur, state.pb_res):
                 if isinstance(kept, LayerwiseParams):
@@ -61,12 +66,12 @@ def _iteration(steps: list[Step], objective: Objective, state: SearchState, it: 
             trim_heap()
     current = state.transform()
     tick = time.perf_counter()
-    reuse = objective.reuse
     state.pb_cur = None  # B's weights are held at most twice more at a time (1B-parameter models)
-    state.pb_cur = objective.problem.transformed(state.perms, reuse.spec_rest, state.pb_res)
+    state.pb_cur = problem.transformed(state.perms, reuse.spec_rest, state.pb_res)
     if not layerwise:
         state.pb_res = None  # layerwise: pb_cur reads it
-    value = objective(state.pb_cur, current, reuse.mlp_share(state.res, state.perms) if reuse.late else None)
+    mlp_d2 = reuse.mlp_share(state.res, state.perms) if reuse.late else None
+    value = objective(state.pb_cur, current, mlp_d2, None if distance is None else distance.total)
     reuse.rotated = {}
     state.seconds["objective"] += time.perf_counter() - tick
     return value, current
@@ -84,9 +89,23 @@ def _runs(steps: list[Step], together: bool) -> list[list[Step]]:
     return runs
 
 
-def _run_layers(run: list[Step], state: SearchState, it: int, layers: range) -> None:
+def _scoring_run(runs: list[list[Step]]) -> int | None:
+    """The last run of layer steps, where only the head's hidden units (outside the layers) follow it: once
+    it is done with a layer, that layer's elements are final."""
+    for i in range(len(runs) - 1, -1, -1):
+        if isinstance(runs[i][0], LayerStep):
+            return i
+        if not isinstance(runs[i][0], HiddenUnits):
+            return None
+    return None
+
+
+def _run_layers(
+    run: list[Step], state: SearchState, it: int, layers: range, score: Callable[[SearchState, int], None] | None
+) -> None:
     """Layer steps a layer at a time: each of B's transformed layers is read by all of them while it is the
-    one kept (the same solutions: their layers depend on the residual map, not on each other)."""
+    one kept (the same solutions: their layers depend on the residual map, not on each other); `score`:
+    called with each layer once the run is done with it."""
     shared = []
     for step in run:
         tick = time.perf_counter()
@@ -97,6 +116,10 @@ def _run_layers(run: list[Step], state: SearchState, it: int, layers: range) -> 
             tick = time.perf_counter()
             step.layer(state, it, l, context)
             state.seconds[step.name] += time.perf_counter() - tick
+        if score is not None:
+            tick = time.perf_counter()
+            score(state, l)
+            state.seconds["objective"] += time.perf_counter() - tick
         trim_heap()  # the layer's solves' temporaries
 
 

@@ -258,12 +258,17 @@ class Objective:
         self.norm = (squared_plain_norm if problem.factored else squared_norm)(problem.pa)  # A's side does not move
         self.a_circuits = None if problem.factored else a_circuit_terms(problem.pa)
 
-    def __call__(self, pb_t: Params, t: Transform, mlp_d2: float | None = None) -> float:
+    def __call__(
+        self, pb_t: Params, t: Transform, mlp_d2: float | None = None, layers_d2: float | None = None
+    ) -> float:
         """Objective of transform t, given B's layer weights already transformed by it; with `mlp_d2`,
-        the MLP matrices' share (left out of pb_t's comparison)."""
+        the MLP matrices' share (left out of pb_t's comparison); with `layers_d2`, the layers' whole share,
+        summed as the search went (LayerDistance: pb_t is not read)."""
         p, out, hidden = self.problem, self.problem.outside, self.problem.hidden
         compared = p.pa if mlp_d2 is None else self.reuse.pa_rest
-        if p.factored:
+        if layers_d2 is not None:
+            diff = layers_d2
+        elif p.factored:
             diff = squared_plain_difference(compared, pb_t)
         else:
             diff = squared_difference(compared, pb_t, self.a_circuits, self.reuse.b_norms)
@@ -272,3 +277,28 @@ class Objective:
             return (max(diff + (mlp_d2 or 0.0), 0.0) / (self.norm + out.aa + out.fixed_norm)) ** 0.5
         diff += hidden.squared_difference(t.get("residual"), t[HEAD_HIDDEN])
         return (max(diff + (mlp_d2 or 0.0), 0.0) / (self.norm + out.aa + out.fixed_norm + hidden.norm)) ** 0.5
+
+
+class LayerDistance:
+    """The factored objective's layer share, ||A's layer - T(B)'s layer||^2 added as each layer's elements
+    become final in a search run a layer at a time: the same additions in the same order as the objective's
+    own pass (squared_plain_difference over A's layers in order), without computing B's layers again."""
+
+    def __init__(self, problem: MatchingProblem, spec: SymmetrySpec):
+        self.problem, self.spec, self.total = problem, spec, 0.0
+        self.names: dict[int | None, dict[str, Tensor]] = {}
+        for name, a in problem.pa.items():
+            self.names.setdefault(layer_of(name), {})[name] = a
+
+    @staticmethod
+    def applies(problem: MatchingProblem, reuse: Reuse) -> bool:
+        """Whether the layers can be scored as they go: factored, and A's layers in order (their names
+        grouped by layer, ascending), so that adding layer by layer is adding in the objective's order."""
+        order = [layer_of(name) for name in problem.pa]
+        grouped = all(a <= b for a, b in zip(order, order[1:]))
+        return problem.factored and not reuse.late and grouped
+
+    def add(self, state: SearchState, layer: int) -> None:
+        """The layer's share at the state's current elements (the layer's own are final)."""
+        moved = self.problem.transformed(state.perms, self.spec, state.pb_res)
+        self.total = squared_plain_difference(self.names[layer], moved, self.total)
