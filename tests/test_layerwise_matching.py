@@ -55,3 +55,16 @@ def test_a_large_search_runs_consecutive_layer_steps_together():
     steps = [Whole(None, None), Layers(None, None), Layers(None, None), Whole(None, None), Layers(None, None)]
     assert [len(run) for run in _runs(steps, together=True)] == [1, 2, 1, 1]
     assert [len(run) for run in _runs(steps, together=False)] == [1, 1, 1, 1, 1]
+
+
+def test_a_factored_layer_at_a_time_search_scores_its_layers_as_it_goes(monkeypatch):
+    """Llama's factored search: the objective's layer share added as each layer is done, to the same floats."""
+    from glmc.matching.weight_problem import LayerDistance
+
+    a, b = (to_canonical(tiny_llama(seed=s)) for s in (0, 1))
+    _, whole = weight_matching(a, b, max_iter=2, layerwise=False)
+    added, add = [], LayerDistance.add
+    monkeypatch.setattr(LayerDistance, "add", lambda self, state, layer: added.append(layer) or add(self, state, layer))
+    _, layered = weight_matching(a, b, max_iter=2, layerwise=True)
+    assert layered["objective"] == whole["objective"]
+    assert added == list(range(a.num_layers)) * layered["iterations"]

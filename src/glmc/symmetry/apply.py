@@ -49,7 +49,9 @@ def contract(t: Tensor, m: Tensor, ax: Axis) -> Tensor:
         y = main @ m.T
     else:  # batched per head: flatten the axes in between
         y = (main.reshape(len(m), -1, n) @ m.transpose(-1, -2)).reshape(*main.shape[:-1], m.shape[-2])
-    return torch.cat([y, rest], -1).movedim(dst, src)
+    if rest.shape[-1]:  # a constant coordinate rides along (not copied where there is none)
+        y = torch.cat([y, rest], -1)
+    return y.movedim(dst, src)
 
 
 def _check_size(t: Tensor, g: Element, ax: Axis, space: Space) -> None:
