@@ -142,12 +142,18 @@ class Evaluator:
         for inputs, targets in self.batches():
             with self._autocast():
                 out = forward(inputs)
-            for logits, rows in self._pieces(out, head):
-                loss, correct, count = loss_and_correct(logits.float(), targets[rows], self.task)
-                del logits  # freed before the next batch's: a large vocabulary's logits are held once
-                totals += torch.stack(
-                    [loss.double(), correct.double(), torch.as_tensor(count, dtype=torch.float64, device=self.device)]
-                )
+            if head is None:
+                totals += self._scored(out, targets)
+            else:
+                rows, start = 1, 0  # the first example alone: its logits tell how many fit LOSS_CHUNK_BYTES
+                while start < len(out):
+                    with self._autocast():
+                        logits = head(out[start : start + rows])
+                    totals += self._scored(logits, targets[start : start + rows])
+                    start += rows
+                    rows = max(1, LOSS_CHUNK_BYTES // (4 * logits.numel() // rows)) if start == 1 else rows
+                    del logits  # freed before the next piece's
+            del out  # freed before the next batch's: a large vocabulary's logits are held once
         if _world()[1] > 1:
             dist.all_reduce(totals)
         loss_sum, correct, count = totals.tolist()  # one device sync per model
@@ -155,22 +161,11 @@ class Evaluator:
             raise ValueError("the evaluation split is empty: check data.limit_test and the split's files")
         return loss_sum / count, correct / count
 
-    def _pieces(self, out: Tensor, head: Callable[[Tensor], Tensor] | None) -> Iterator[tuple[Tensor, slice]]:
-        """(logits, the examples they belong to): all of them, or head's of as many examples at a time as
-        keep their logits within LOSS_CHUNK_BYTES (one at least)."""
-        if head is None:
-            yield out, slice(None)
-            return
-        rows, start = 1, 0
-        while start < len(out):
-            with self._autocast():
-                logits = head(out[start : start + rows])
-            yield logits, slice(start, start + rows)
-            if start == 0:  # from the first example's logits: how many fit
-                rows = max(1, LOSS_CHUNK_BYTES // (4 * logits.numel()))
-                start = 1
-            else:
-                start += rows
+    def _scored(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """(summed loss, correct, count) of one batch's (or piece's) logits, float64."""
+        loss, correct, count = loss_and_correct(logits.float(), targets, self.task)
+        count = torch.as_tensor(count, dtype=torch.float64, device=self.device)
+        return torch.stack([loss.double(), correct.double(), count])
 
     def evaluate(self, model: torch.nn.Module) -> tuple[float, float]:
         """Mean loss and accuracy of one model."""
