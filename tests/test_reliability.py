@@ -599,8 +599,8 @@ def _cli(cache: Path, run: Path) -> list[str]:
         "debug=fast",
         "logger=none",
         "matcher.methods=[vanilla]",
-        "train.max_epochs=2",  # killed at its first epoch's checkpoint, resumed for the second
-        "data.limit_train=128",
+        "train.max_epochs=4",  # killed after an early epoch's checkpoint (later ones leave time for it), then resumed
+        "data.limit_train=256",
         f"cache_dir={cache}",
         f"hydra.run.dir={run}",
     ]
