@@ -150,8 +150,11 @@ class Evaluator:
                     with self._autocast():
                         logits = head(out[start : start + rows])
                     totals += self._scored(logits, targets[start : start + rows])
-                    start += rows
-                    rows = max(1, LOSS_CHUNK_BYTES // (4 * logits.numel() // rows)) if start == 1 else rows
+                    if start == 0:  # from the first example's logits: how many examples fit
+                        rows = max(1, LOSS_CHUNK_BYTES // (4 * logits.numel()))
+                        start = 1
+                    else:
+                        start += rows
                     del logits  # freed before the next piece's
             del out  # freed before the next batch's: a large vocabulary's logits are held once
         if _world()[1] > 1:
