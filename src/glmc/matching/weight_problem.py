@@ -37,7 +37,7 @@ Params = dict[str, Tensor]
 # none of their transformed copies whole, runs its per-layer steps a layer at a time together, solves the MLP
 # layers one at a time and hands freed pages back after each layer: it then needs about half a model beside
 # the two (a Pythia-160M pair: 0.6 GiB, against 1.6 GiB holding B's copies and two layers' solves) and takes
-# about 1.4 times as long (203-225 s against 148 s)
+# about 1.4 times as long (187-225 s against 148 s)
 LAYERWISE_BYTES = 2**30
 
 
