@@ -7,8 +7,9 @@
 # Parts, each in its own process under `timeout` (a part that runs out is stopped, its process group
 # with it, and reported as such; the next part still runs):
 #   gpu_tests            pytest -m gpu (the tests that need a CUDA device)
-#   weight_floor         benchmarks/weight_floor.py --device cuda: weight matching on the card for GPT-2 124M,
-#                        a Pythia-410M shape and the 1.1B Llama shape against its measured floor
+#   weight_floor         benchmarks/weight_floor.py --device cuda: weight matching on the card for GPT-2 124M
+#                        and a Pythia-410M shape against its measured floor
+#   weight_floor_llama   the same for the 1.1B Llama shape, cut to 8 of its 22 layers
 #   step_cost_vit        benchmarks/learned_step_cost.py --device cuda, the digits ViT (run.py's default)
 #   step_cost_gpt2       the same on the paper-size GPT-2 shape (experiment=paper_gpt2_embedded, windows of
 #                        128: device_check.py's STEP_COST); target: learned / plain <= 1.5x
@@ -108,10 +109,14 @@ mapfile -t GPU_TEST_FILES < <(grep -lE "pytest\.mark\.gpu" tests/test_*.py)
 run_part gpu_tests 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors "${GPU_TEST_FILES[@]}"
 
 # weight matching on the card (matcher.weight.device=cuda) against the floor the same process measures
+# (the 1.1B shape cut to its first 8 of 22 layers: its host-side assignments would take the rest of the budget)
 run_part weight_floor 200 "$PY" benchmarks/weight_floor.py --device cuda --iterations 2 \
-    --shapes gpt2-124m pythia-410m llama-1.1b
+    --shapes gpt2-124m pythia-410m
+run_part weight_floor_llama 120 "$PY" benchmarks/weight_floor.py --device cuda --iterations 2 \
+    --shapes llama-1.1b --layers 8
 
-run_part step_cost_vit 60 "$PY" benchmarks/learned_step_cost.py --device cuda
+# five variants of seven repeats of ten steps each, with SciPy's solver on the host: about two minutes
+run_part step_cost_vit 150 "$PY" benchmarks/learned_step_cost.py --device cuda
 run_part step_cost_gpt2 75 "$PY" benchmarks/learned_step_cost.py --device cuda \
     experiment=paper_gpt2_embedded data.seq_len=128
 
