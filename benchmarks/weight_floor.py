@@ -273,6 +273,11 @@ def run(shape: scale.Shape, layers: int | None, iterations: int, vocab_rows: int
     seconds = sum(diag["seconds_by_iteration"]) / iterations
     solver_s = PROBE.solvers.seconds() / iterations
     decomposition_s = PROBE.decompositions.seconds() / iterations
+    print(
+        f"  timed: {seconds:.3f} s per iteration, assignments {solver_s:.3f} s, decompositions "
+        f"{decomposition_s:.3f} s, {scale.gib(above)} above the two models (the products are counted next)",
+        flush=True,
+    )
     # dispatch modes see only this thread: the counting run solves the layers one after another (the same
     # products)
     PROBE.flops = ProductFlops()

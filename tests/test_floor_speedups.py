@@ -12,7 +12,7 @@ import torch
 
 from glmc.matching import projections, warm_assignment
 from glmc.matching.assignment import assign_layers
-from glmc.matching.projections import decomposing, polar_factor
+from glmc.matching.projections import decomposed, decomposing, polar_factor
 from glmc.threads import one_thread
 
 from conftest import ROOT
@@ -165,3 +165,38 @@ def test_relaxation_on_one_thread_only_where_torch_would_split_it(two_threads, m
         perm = warm_assignment.fresh_assignment(s)[0].perm
         assert warm_assignment.potentials(warm_assignment.arc_weights(s, perm)) is not None
     assert counts == [2, 1] and torch.get_num_threads() == 2
+
+
+def _recording(monkeypatch, name: str) -> list[str]:
+    """Replace torch.linalg.<name> by one that records the device of each call's input."""
+    seen, original = [], getattr(torch.linalg, name)
+
+    def recorded(a, **kwargs):
+        seen.append(a.device.type)
+        return original(a, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, name, recorded)
+    return seen
+
+
+def test_decomposed_on_the_host_is_the_decomposition_itself(monkeypatch):
+    seen = _recording(monkeypatch, "svd")
+    a = torch.randn(6, 40, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    u, s, vh = decomposed(torch.linalg.svd, a)
+    expected = torch.linalg.svd(a)
+    for got, want in zip((u, s, vh), expected):
+        assert torch.equal(got, want)
+    assert decomposed(torch.linalg.svdvals, a).shape == (6, 40)
+    assert seen[0] == "cpu"
+
+
+@pytest.mark.gpu
+def test_narrow_decompositions_of_cuda_tensors_run_on_the_host(monkeypatch):
+    seen = _recording(monkeypatch, "svd")
+    a = torch.randn(64, 48, 48, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    u, s, vh = decomposed(torch.linalg.svd, a.cuda())
+    assert seen == ["cpu"] and u.is_cuda and s.is_cuda and vh.is_cuda
+    torch.testing.assert_close((u @ torch.diag_embed(s) @ vh).cpu(), a, rtol=1e-10, atol=1e-10 * float(a.abs().max()))
+    wide = torch.randn(projections.ON_HOST_BELOW, projections.ON_HOST_BELOW, device="cuda")
+    decomposed(torch.linalg.svd, wide)
+    assert seen == ["cpu", "cuda"]

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from glmc.matching.projections import decomposing
+from glmc.matching.projections import decomposed
 from glmc.matching.rotary_pairs import as_complex, pair_distance, passthrough_cost, rotary_scales, solve_pairs
 from glmc.matching.scales import best_scales, scale_objective
 from glmc.models.blocks import grouped
@@ -27,8 +27,7 @@ def closed_form_rotations(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor, group:
     m = xa @ xb.transpose(1, 2) + ya @ yb.transpose(1, 2)
     if group == "permutation":
         return torch.stack([Permutation.project(head).dense(torch.float64) for head in m])
-    with decomposing(m):
-        u, _, vh = torch.linalg.svd(m)
+    u, _, vh = decomposed(torch.linalg.svd, m)
     return u @ vh
 
 
@@ -95,8 +94,7 @@ def rotary_head_cost(
         qk = qk + passthrough_cost(*(t[:, rotary:] for t in (qa, ka, qb, kb)))
     gv = torch.einsum("ide,jfe->ijdf", va, vb)
     go = torch.einsum("ide,jfe->ijdf", oa, ob)
-    with decomposing(gv):
-        u, _, vh = torch.linalg.svd(gv + go)
+    u, _, vh = decomposed(torch.linalg.svd, gv + go)
     r = u @ vh
     pv, po = (r * gv).sum((-1, -2)), (r * go).sum((-1, -2))
     Pv, Po = norms(vb).sum(-1)[None].expand_as(pv), norms(ob).sum(-1)[None].expand_as(pv)

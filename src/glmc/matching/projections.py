@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -64,8 +66,7 @@ def _factors(a: Tensor, try_gram: bool) -> tuple[Tensor, Tensor, Tensor, bool]:
     # entries beyond sqrt(float max) overflow the Gram matrix: the SVD alone sees what they are
     if gram is not None and bool(torch.isfinite(gram).all()):
         try:
-            with decomposing(a):
-                values, v = torch.linalg.eigh(gram)
+            values, v = decomposed(torch.linalg.eigh, gram)
         except torch.linalg.LinAlgError:  # let the SVD decide whether the latent can be projected
             return *_svd(a), False
         if bool(values.min() > GRAM_CONDITION.get(a.dtype, 1e-4) * values.max()):
@@ -75,8 +76,7 @@ def _factors(a: Tensor, try_gram: bool) -> tuple[Tensor, Tensor, Tensor, bool]:
 
 
 def _svd(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    with decomposing(a):
-        return torch.linalg.svd(a, full_matrices=False)
+    return decomposed(torch.linalg.svd, a, full_matrices=False)
 
 
 # from this many columns a decomposition on the host keeps torch's threads while no other process keeps a
@@ -84,6 +84,27 @@ def _svd(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 # a busy process); narrower ones gain little from threads (768 wide: 0.11 s on one)
 THREADED_FROM = 1024
 _FREE: list[tuple[float, int]] = []  # (when sampled, threads the cores not taken allow)
+
+
+# a device's solvers take a batch of matrices wider than 32 one matrix at a time, a launch and a wait each (a
+# Pythia-410M layer's 256 SVDs of 64 x 64 held the card for seconds): narrower ones than this are sent to the
+# host, where they take milliseconds
+ON_HOST_BELOW = 256
+
+
+def decomposed(decomposition: Callable[..., Any], a: Tensor, **kwargs) -> Any:
+    """decomposition(a, **kwargs) (a torch.linalg function) in the context decompositions run in; where `a`
+    lives on a CUDA device and its matrices are narrower than ON_HOST_BELOW, on the host, the results
+    handed back on `a`'s device (a tensor, or a tuple of them)."""
+    if a.device.type != "cuda" or a.shape[-1] >= ON_HOST_BELOW:
+        with decomposing(a):
+            return decomposition(a, **kwargs)
+    host = a.cpu()
+    with decomposing(host):
+        out = decomposition(host, **kwargs)
+    if isinstance(out, Tensor):
+        return out.to(a.device)
+    return tuple(t.to(a.device) for t in out)
 
 
 def decomposing(a: Tensor) -> AbstractContextManager:

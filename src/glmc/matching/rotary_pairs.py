@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from glmc.matching.projections import decomposing
+from glmc.matching.projections import decomposed
 from glmc.matching.scales import best_scales
 from glmc.symmetry.groups import RotaryScale
 
@@ -55,8 +55,7 @@ def passthrough_cost(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
     pass-through dims, ||xA||^2 + ||yA||^2 + ||xB||^2 + ||yB||^2 - 2 (the moments' nuclear norm)."""
     squares = lambda x, y: x.double().pow(2).sum((1, 2)) + y.double().pow(2).sum((1, 2))  # noqa: E731
     moments = passthrough_moments(xa, ya, xb, yb)
-    with decomposing(moments):
-        nuclear = torch.linalg.svdvals(moments).sum(-1)
+    nuclear = decomposed(torch.linalg.svdvals, moments).sum(-1)
     return squares(xa, ya)[:, None] + squares(xb, yb)[None] - 2 * nuclear
 
 
@@ -65,8 +64,7 @@ def passthrough_maps(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
     dims of a partial rotary head: queries get M and keys M^-T = M (orthogonal Procrustes, the polar factor
     of the moments), float64."""
     xa, ya, xb, yb = (t.double() for t in (xa, ya, xb, yb))
-    with decomposing(xa):
-        u, _, vh = torch.linalg.svd(xa @ xb.transpose(1, 2) + ya @ yb.transpose(1, 2))
+    u, _, vh = decomposed(torch.linalg.svd, xa @ xb.transpose(1, 2) + ya @ yb.transpose(1, 2))
     return u @ vh
 
 

@@ -25,7 +25,7 @@ from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 from torch import Tensor
 
 from glmc.matching.device_assignment import device_project, solves_on_device
-from glmc.matching.projections import decomposing
+from glmc.matching.projections import decomposed
 from glmc.symmetry import Permutation
 from glmc.threads import GRAIN, one_thread
 
@@ -205,8 +205,7 @@ def spectral_norm_bound(matrix: Tensor) -> float:
     float64, raised by more than its rounding error."""
     m = matrix.detach().double()
     gram = m.T @ m if m.shape[0] >= m.shape[1] else m @ m.T
-    with decomposing(gram):
-        top = float(torch.linalg.eigvalsh(gram)[-1].clamp_min(0.0))
+    top = float(decomposed(torch.linalg.eigvalsh, gram)[-1].clamp_min(0.0))
     return math.sqrt(top * (1.0 + 1e-9) + 1e-300)
 
 
