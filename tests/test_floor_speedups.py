@@ -13,6 +13,7 @@ import torch
 from glmc.matching import projections, warm_assignment
 from glmc.matching.assignment import assign_layers
 from glmc.matching.projections import decomposed, decomposing, polar_factor
+from glmc.matching.scales import best_scales
 from glmc.threads import one_thread
 
 from conftest import ROOT
@@ -200,3 +201,9 @@ def test_narrow_decompositions_of_cuda_tensors_run_on_the_host(monkeypatch):
     wide = torch.randn(projections.ON_HOST_BELOW, projections.ON_HOST_BELOW, device="cuda")
     decomposed(torch.linalg.svd, wide)
     assert seen == ["cpu", "cuda"]
+    # the rescalings' quartics: a general eigensolver, which a device runs one matrix at a time
+    roots = _recording(monkeypatch, "eigvals")
+    moments = [torch.rand(4096, dtype=torch.float64, generator=torch.Generator().manual_seed(k)) for k in range(4)]
+    on_card = best_scales(*(m.cuda() for m in moments))
+    assert roots == ["cpu"] and on_card.is_cuda
+    torch.testing.assert_close(on_card.cpu(), best_scales(*moments), rtol=1e-12, atol=0)

@@ -86,9 +86,10 @@ THREADED_FROM = 1024
 _FREE: list[tuple[float, int]] = []  # (when sampled, threads the cores not taken allow)
 
 
-# a device's solvers take a batch of matrices wider than 32 one matrix at a time, a launch and a wait each (a
-# Pythia-410M layer's 256 SVDs of 64 x 64 held the card for seconds): narrower ones than this are sent to the
-# host, where they take milliseconds
+# a CUDA device's solvers take a batch of small matrices one matrix at a time, each a launch and a wait
+# (the general eigensolver even goes through the host per matrix: about a millisecond each), so that on an
+# H100 the rescalings' quartics and per-head SVDs of a Pythia-410M pair held two weight-matching iterations
+# past 100 s: narrower matrices than this are decomposed on the host, where the whole batch takes milliseconds
 ON_HOST_BELOW = 256
 
 

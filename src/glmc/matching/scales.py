@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from glmc.matching.projections import decomposed
+
 
 def scale_objective(a: Tensor, P: Tensor, p: Tensor, Q: Tensor, q: Tensor) -> Tensor:
     return a * a * P - 2 * a * p + Q / (a * a) - 2 * q / a
@@ -31,7 +33,8 @@ def best_scales(P: Tensor, p: Tensor, Q: Tensor, q: Tensor) -> Tensor:
     companion[:, 0, 2] = -q / safe
     companion[:, 0, 3] = Q / safe
     companion[:, 1, 0] = companion[:, 2, 1] = companion[:, 3, 2] = 1.0
-    roots = torch.linalg.eigvals(companion)
+    # (a device has no general eigensolver of its own: its eigvals takes each 4 x 4 matrix to the host alone)
+    roots = decomposed(torch.linalg.eigvals, companion)
     real = roots.real.clamp_min(1e-12)
     usable = (roots.imag.abs() <= 1e-8 * roots.abs().clamp_min(1.0)) & (roots.real > 0)
     candidates = torch.cat([torch.ones(len(P), 1, dtype=torch.float64, device=P.device), real], 1)
