@@ -115,8 +115,8 @@ run_part weight_floor 200 "$PY" benchmarks/weight_floor.py --device cuda --itera
 run_part weight_floor_llama 120 "$PY" benchmarks/weight_floor.py --device cuda --iterations 2 \
     --shapes llama-1.1b --layers 8
 
-# five variants of seven repeats of ten steps each, with SciPy's solver on the host: about two minutes
-run_part step_cost_vit 150 "$PY" benchmarks/learned_step_cost.py --device cuda
+# six steps of three interleaved repeats of ten steps each, SciPy's solver on the host
+run_part step_cost_vit 150 "$PY" benchmarks/learned_step_cost.py --device cuda --repeats 3
 run_part step_cost_gpt2 75 "$PY" benchmarks/learned_step_cost.py --device cuda \
     experiment=paper_gpt2_embedded data.seq_len=128
 

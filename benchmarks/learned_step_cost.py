@@ -13,7 +13,8 @@ from it, and
 the same learned step on the earlier path (`dense_apply`: every latent applied as a dense
 straight-through matrix) beside it.
 
-  .venv/bin/python benchmarks/learned_step_cost.py [--device cuda] [hydra overrides, e.g. matcher.learned.lr=1e-2]
+  .venv/bin/python benchmarks/learned_step_cost.py [--device cuda] [--repeats 7]
+      [hydra overrides, e.g. matcher.learned.lr=1e-2]
 
 --device runs both steps on that device (default cpu); the times then wait for its queued kernels.
 --compile runs both steps' forward and loss through torch.compile (the learned step's hard projections,
@@ -164,6 +165,12 @@ def main(
     for _ in range(advance):  # later in a run the latents are further from permutations
         learned_step()
 
+    print(
+        f"model {cfg.model.name} ({'cached endpoints' if cached else 'untrained initialisations'}), "
+        f"batch {tuple(inputs.shape)}, {where(device)}{', compiled' if compile else ''}, "
+        f"median of {repeats} repeats x {steps} steps after {advance} learned steps",
+        flush=True,
+    )
     warmup = {
         step.__name__: 3 * timed(step, 3, device)
         for step in (plain_step, learned_step, solver_step, earlier_step, circuit_step)
@@ -179,11 +186,6 @@ def main(
     med = {k: statistics.median(v) for k, v in times.items()}
     plain_flops, learned_flops = (step_flops(step) for step in (plain_step, learned_step))
 
-    print(
-        f"model {cfg.model.name} ({'cached endpoints' if cached else 'untrained initialisations'}), "
-        f"batch {tuple(inputs.shape)}, {where(device)}{', compiled' if compile else ''}, "
-        f"median of {repeats} repeats x {steps} steps after {advance} learned steps"
-    )
     if compile:
         print(
             f"  torch.compile: the 3 warm-up steps took {warmup['plain_step']:.1f} s plain, "
@@ -259,5 +261,6 @@ if __name__ == "__main__":
     parser.add_argument("--device", default="cpu", help="where both steps run, e.g. cuda")
     parser.add_argument("--compile", action="store_true", help="both steps' forward and loss through torch.compile")
     parser.add_argument("--advance", type=int, default=0, help="learned steps before timing")
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats of every step's timing")
     known, overrides = parser.parse_known_args()
-    main(overrides, device=known.device, compile=known.compile, advance=known.advance)
+    main(overrides, repeats=known.repeats, device=known.device, compile=known.compile, advance=known.advance)
