@@ -129,8 +129,15 @@ def test_a_large_folders_run_gives_the_held_runs_numbers(folders, tmp_path, monk
     searches = []
     search = weight_module.weight_matching
     monkeypatch.setattr(weight_module, "weight_matching", lambda *a, **kw: searches.append(kw) or search(*a, **kw))
+    caplog.clear()  # (the held run's lines too where an earlier test left the loggers at INFO)
     with caplog.at_level(logging.INFO, logger="glmc.pipeline.endpoint_forms"):
-        lean = run_pipeline(cfg, tmp_path / "lean")
+        with caplog.at_level(logging.INFO, logger="glmc.pipeline.hf_folders"):
+            lean = run_pipeline(cfg, tmp_path / "lean")
+    reads = [x for x in caplog.messages if "weights" in x and "loading" in x]
+    # each folder read once for its canonical form, test loss and first logits, once for vanilla's path
+    assert sorted(x.split(":")[0] for x in reads) == sorted(
+        2 * [f"endpoints.paths[{i}]={p}" for i, p in enumerate((a, b))]
+    )
     assert [kw["layerwise"] for kw in searches] == [True]  # the search holds a layer at a time too
     files = [Path(m.group(1)) for m in (re.search(r"kept in (\S+) while", x) for x in caplog.messages) if m]
     assert len(files) == 2  # each folder converted once, its canonical form written aside

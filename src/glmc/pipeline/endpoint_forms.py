@@ -24,6 +24,8 @@ from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 log = logging.getLogger(__name__)
 
 HOLD_BELOW = RELEASE_ABOVE  # a folder's float32 bytes from which its forms are built when asked
+# how much of the first batch's logits endpoint_deviation compares (a large vocabulary's: a few examples)
+DEVIATION_LOGITS_BYTES = 16 * 2**20
 
 
 class FolderForms:

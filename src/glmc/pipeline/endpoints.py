@@ -31,12 +31,11 @@ from glmc.data.fingerprint import tokenizer_checksum
 from glmc.data.module import DataModule
 from glmc.datasets import dataset
 from glmc.eval.evaluator import Evaluator, run_evaluators
-from glmc.host_memory import release_freed
 from glmc.models.build import build_model
 from glmc.models.convert import to_canonical
 from glmc.models.families import family_named, family_names
 from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
-from glmc.pipeline.endpoint_forms import folder_forms, holds_forms
+from glmc.pipeline.endpoint_forms import DEVIATION_LOGITS_BYTES, folder_forms, holds_forms
 from glmc.pipeline.endpoint_record import Endpoint
 from glmc.pipeline.folder_fit import check_pairs, read_folders
 from glmc.pipeline.hf_folders import (
@@ -385,27 +384,32 @@ def load_endpoints(cfg: Config, evaluator) -> list[Endpoint]:
             Endpoint(f.index, model, canonical_of(f, model), float("nan"), None, False, f.name, str(f.path))
             for f, model in zip(folders, models)
         ]
-    else:  # one folder at a time: converted, its canonical form written aside, both freed
-        forms = folder_forms(folders, _converted)
+    else:  # one folder at a time: read once, measured, converted, its canonical form written aside, both freed
+        measured: dict[int, tuple] = {}
+        forms = folder_forms(folders, functools.partial(_measured_and_converted, evaluator, measured))
         endpoints = [
             Endpoint(f.index, None, None, float("nan"), None, False, f.name, str(f.path), forms=form)
             for f, form in zip(folders, forms)
         ]
+        for f, e in zip(folders, endpoints):
+            (e.test_loss, e.test_accuracy), logits = measured[f.index]
+            e.forms.keep_logits(id(evaluator), logits)  # the run's paths use them where they run on this split
     for f, endpoint in zip(folders, endpoints):
         endpoint.dtype = f.dtype
-    check_pairs(cfg, endpoints)  # before any evaluation
+    check_pairs(cfg, endpoints)
     mixed = mixed_dtypes_warning(cfg, folders)
     if mixed:
         log.warning(mixed)
     for f, e in zip(folders, endpoints):
-        e.test_loss, e.test_accuracy = evaluator.evaluate(e.model)
-        if e.built_on_use:  # its model (in reference cycles) freed before the next folder's is read
-            release_freed()
+        if not e.built_on_use:
+            e.test_loss, e.test_accuracy = evaluator.evaluate(e.model)
         log.info("%s: %s (%s), test loss %.4f", e.name, e.path, f.hf_class, e.test_loss)
     return endpoints
 
 
-def _converted(f) -> tuple[bool, torch.nn.Module]:
-    """(whether the folder's head is tied, its canonical form); its model is freed on return."""
+def _measured_and_converted(evaluator, measured: dict[int, tuple], f) -> tuple[bool, torch.nn.Module]:
+    """(whether the folder's head is tied, its canonical form); its test loss and accuracy and its first
+    logits, from the same read, go into `measured`; its model is freed on return."""
     model = load_model(f)
+    measured[f.index] = evaluator.evaluate(model), evaluator.logits(model, DEVIATION_LOGITS_BYTES)
     return head_is_tied(model), canonical_of(f, model, keep_source=False)

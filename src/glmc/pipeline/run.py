@@ -35,6 +35,7 @@ from glmc.models.canonical import relative_deviation
 from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.cache import config_hash
 from glmc.pipeline.children import run_children, run_spawn
+from glmc.pipeline.endpoint_forms import DEVIATION_LOGITS_BYTES
 from glmc.pipeline.endpoint_record import Endpoint
 from glmc.pipeline.endpoints import cache_key, endpoint_ids, get_endpoints, seeds_of, training_kept
 from glmc.pipeline.folder_fit import check_tokenizer
@@ -133,10 +134,6 @@ def evaluate_alignment(
         ),
         "function_preserving": alignment.function_preserving,
     }
-
-
-# how much of the first batch's logits endpoint_deviation compares (a large vocabulary's: a few examples)
-DEVIATION_LOGITS_BYTES = 16 * 2**20
 
 
 def first_logits(evaluator: Evaluator, endpoint: Endpoint) -> torch.Tensor:
