@@ -207,3 +207,16 @@ def test_narrow_decompositions_of_cuda_tensors_run_on_the_host(monkeypatch):
     on_card = best_scales(*(m.cuda() for m in moments))
     assert roots == ["cpu"] and on_card.is_cuda
     torch.testing.assert_close(on_card.cpu(), best_scales(*moments), rtol=1e-12, atol=0)
+
+
+def test_polar_factors_of_a_batch_are_the_svds_the_ill_conditioned_ones_by_the_svd(monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(5, 3, 24, 24, dtype=torch.float64, generator=g)
+    a[1, 2, :, 0] = 1e-7 * a[1, 2, :, 1]  # columns nearly dependent: its Gram matrix is ill-conditioned
+    u, _, vh = torch.linalg.svd(a)
+    seen = _recording(monkeypatch, "svd")
+    q = projections.polar_factors(a)
+    torch.testing.assert_close(q, u @ vh, rtol=0, atol=1e-9)
+    assert seen == ["cpu"]  # one SVD, of the one matrix the Gram matrix does not serve
+    nuclear = (q * a).sum((-1, -2))
+    torch.testing.assert_close(nuclear, torch.linalg.svdvals(a).sum(-1), rtol=1e-12, atol=0)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from glmc.matching.projections import decomposed
+from glmc.matching.projections import decomposed, polar_factors
 from glmc.matching.rotary_pairs import as_complex, pair_distance, passthrough_cost, rotary_scales, solve_pairs
 from glmc.matching.scales import best_scales, scale_objective
 from glmc.models.blocks import grouped
@@ -94,8 +94,7 @@ def rotary_head_cost(
         qk = qk + passthrough_cost(*(t[:, rotary:] for t in (qa, ka, qb, kb)))
     gv = torch.einsum("ide,jfe->ijdf", va, vb)
     go = torch.einsum("ide,jfe->ijdf", oa, ob)
-    u, _, vh = decomposed(torch.linalg.svd, gv + go)
-    r = u @ vh
+    r = polar_factors(gv + go)
     pv, po = (r * gv).sum((-1, -2)), (r * go).sum((-1, -2))
     Pv, Po = norms(vb).sum(-1)[None].expand_as(pv), norms(ob).sum(-1)[None].expand_as(pv)
     scale = best_scales(Pv, pv, Po, po).reshape(pv.shape)

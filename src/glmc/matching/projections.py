@@ -136,6 +136,28 @@ def polar_factor(a: Tensor, try_gram: bool = True) -> tuple[Tensor, bool]:
     return u @ vh, gram
 
 
+def polar_factors(a: Tensor) -> Tensor:
+    """The polar factor U V^T of every matrix of a batch (..., m, n), m >= n: from its Gram matrix's
+    eigenvectors where that matrix is well conditioned (GRAM_CONDITION), by the SVD for the others (the
+    eigensolver takes about 60 % of the SVD's time on 64 x 64 blocks)."""
+    flat = a.reshape(-1, *a.shape[-2:])
+    try:
+        values, v = decomposed(torch.linalg.eigh, flat.mT @ flat)  # ascending
+    except torch.linalg.LinAlgError:  # the SVD says what is wrong with the matrices
+        values, v = None, None
+    if values is None:
+        bad = torch.arange(len(flat), device=a.device)
+        factors = torch.empty_like(flat)
+    else:
+        well = values[:, 0] > GRAM_CONDITION.get(a.dtype, 1e-4) * values[:, -1]  # (NaN: not well)
+        factors = (flat @ v / values.clamp_min(torch.finfo(values.dtype).tiny).sqrt()[:, None, :]) @ v.mT
+        bad = (~well).nonzero().squeeze(1)
+    if len(bad):
+        u, _, vh = decomposed(torch.linalg.svd, flat.index_select(0, bad), full_matrices=False)
+        factors[bad] = u @ vh
+    return factors.reshape(a.shape)
+
+
 def polar(latent: Tensor) -> Tensor:
     """Nearest matrix with orthonormal columns (as Orthogonal.project), differentiable."""
     return _Polar.apply(latent)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from glmc.matching.projections import decomposed
+from glmc.matching.projections import decomposed, polar_factors
 from glmc.matching.scales import best_scales
 from glmc.symmetry.groups import RotaryScale
 
@@ -55,7 +55,7 @@ def passthrough_cost(xa: Tensor, ya: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
     pass-through dims, ||xA||^2 + ||yA||^2 + ||xB||^2 + ||yB||^2 - 2 (the moments' nuclear norm)."""
     squares = lambda x, y: x.double().pow(2).sum((1, 2)) + y.double().pow(2).sum((1, 2))  # noqa: E731
     moments = passthrough_moments(xa, ya, xb, yb)
-    nuclear = decomposed(torch.linalg.svdvals, moments).sum(-1)
+    nuclear = (polar_factors(moments) * moments).sum((-1, -2))  # <U V^T, M> = the sum of M's singular values
     return squares(xa, ya)[:, None] + squares(xb, yb)[None] - 2 * nuclear
 
 
