@@ -50,6 +50,22 @@ def test_weight_matching_writes_a_line_per_slow_iteration(monkeypatch, caplog):
     assert f"distance {diagnostics['objective'][-1]:.6f}" in lines[-1]
 
 
+def test_a_large_search_writes_a_line_per_slow_layer_too(monkeypatch, caplog):
+    a, b = to_canonical(tiny_gpt_neox(seed=0)), to_canonical(tiny_gpt_neox(seed=1))
+    monkeypatch.setattr(weight, "PROGRESS_EVERY_S", 0.0)  # every layer as slow as a large model's
+    with caplog.at_level(logging.INFO, logger="glmc.matching.weight"):
+        weight.weight_matching(a, b, max_iter=2, tol=-float("inf"), layerwise=True)
+    layers = a.num_layers
+    lines = [m.rsplit(",", 1)[0] for m in caplog.messages if "layers" in m]
+    runs = len(lines) // (2 * layers)  # each run of layer steps in an iteration reports every layer
+    assert runs >= 1 and len(lines) == 2 * runs * layers
+    for it in (1, 2):
+        expected = [
+            f"weight matching: iteration {it} of at most 2, {k} of {layers} layers" for k in range(1, layers + 1)
+        ]
+        assert [x for x in lines if f"iteration {it} " in x] == runs * expected
+
+
 def test_loading_a_folder_writes_a_line_naming_it(tmp_path, caplog):
     tiny_gpt_neox().save_pretrained(tmp_path / "a")
     folder = read_folder(str(tmp_path / "a"), 0, "causal_lm")

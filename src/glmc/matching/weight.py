@@ -39,10 +39,44 @@ from glmc.symmetry import Orthogonal, Transform, apply
 from glmc.symmetry.family_defaults import resolve_residual
 
 log = logging.getLogger(__name__)
-PROGRESS_EVERY_S = 10.0  # an iteration ending this long after the last progress line writes one
+PROGRESS_EVERY_S = 10.0  # an iteration (or a large search's layer) ending this long after the last line writes one
 
 
-def _iteration(steps: list[Step], objective: Objective, state: SearchState, it: int) -> tuple[float, Transform]:
+class _Progress:
+    """The search's progress lines: at most one every PROGRESS_EVERY_S, at the end of an iteration or, in a
+    large search, of a layer (a large model's iteration can outlast the half minute a user waits for one)."""
+
+    def __init__(self, max_iter: int) -> None:
+        self.max_iter = max_iter
+        self.begun = self.last = time.perf_counter()
+
+    def _due(self) -> float | None:
+        now = time.perf_counter()
+        if now - self.last < PROGRESS_EVERY_S:
+            return None
+        self.last = now
+        return now - self.begun
+
+    def iteration(self, it: int, value: float) -> None:
+        so_far = self._due()
+        if so_far is not None:
+            log.info(
+                "weight matching: iteration %d of at most %d, distance %.6f, %.0f s so far",
+                it + 1, self.max_iter, value, so_far,
+            )  # fmt: skip
+
+    def layer(self, it: int, done: int, layers: int) -> None:
+        so_far = self._due()
+        if so_far is not None:
+            log.info(
+                "weight matching: iteration %d of at most %d, %d of %d layers, %.0f s so far",
+                it + 1, self.max_iter, done, layers, so_far,
+            )  # fmt: skip
+
+
+def _iteration(
+    steps: list[Step], objective: Objective, state: SearchState, it: int, progress: _Progress | None = None
+) -> tuple[float, Transform]:
     """Runs one iteration's steps (a large search: consecutive layer steps a layer at a time, together, the
     last such run also scoring each layer as it is done), then B's weights under the new transform; returns
     its objective and the transform."""
@@ -58,7 +92,8 @@ def _iteration(steps: list[Step], objective: Objective, state: SearchState, it: 
             if run[0].name is not None:
                 state.seconds[run[0].name] += time.perf_counter() - tick
         else:
-            _run_layers(run, state, it, problem.layers, distance.add if distance is not None and i == last else None)
+            score = distance.add if distance is not None and i == last else None
+            _run_layers(run, state, it, problem.layers, score, progress)
         if layerwise:  # a large search: the run's layers and freed temporaries go back
             for kept in (state.pb_cur, state.pb_res):
                 if isinstance(kept, LayerwiseParams):
@@ -101,11 +136,16 @@ def _scoring_run(runs: list[list[Step]]) -> int | None:
 
 
 def _run_layers(
-    run: list[Step], state: SearchState, it: int, layers: range, score: Callable[[SearchState, int], None] | None
+    run: list[Step],
+    state: SearchState,
+    it: int,
+    layers: range,
+    score: Callable[[SearchState, int], None] | None,
+    progress: _Progress | None = None,
 ) -> None:
     """Layer steps a layer at a time: each of B's transformed layers is read by all of them while it is the
     one kept (the same solutions: their layers depend on the residual map, not on each other); `score`:
-    called with each layer once the run is done with it."""
+    called with each layer once the run is done with it; `progress`: told of each layer done."""
     shared = []
     for step in run:
         tick = time.perf_counter()
@@ -121,6 +161,8 @@ def _run_layers(
             score(state, l)
             state.seconds["objective"] += time.perf_counter() - tick
         trim_heap()  # the layer's solves' temporaries
+        if progress is not None:
+            progress.layer(it, l - layers.start + 1, len(layers))
 
 
 def _search(
@@ -132,19 +174,13 @@ def _search(
     best = objective(state.pb_cur, best_t)
     values: list[float] = [best]
     per_iteration: list[float] = []
-    begun = last_line = time.perf_counter()
+    progress = _Progress(max_iter)  # large models: a line per iteration or layer, small ones none
     for it in range(max_iter):
         started = time.perf_counter()
-        value, current = _iteration(steps, objective, state, it)
+        value, current = _iteration(steps, objective, state, it, progress)
         values.append(value)
-        now = time.perf_counter()
-        per_iteration.append(now - started)
-        if now - last_line >= PROGRESS_EVERY_S:  # large models: a line per iteration, small ones none
-            log.info(
-                "weight matching: iteration %d of at most %d, distance %.6f, %.0f s so far",
-                it + 1, max_iter, value, now - begun,
-            )  # fmt: skip
-            last_line = now
+        per_iteration.append(time.perf_counter() - started)
+        progress.iteration(it, value)
         improved = best - value
         if value < best:
             best, best_t = value, Transform(current)
