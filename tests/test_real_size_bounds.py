@@ -48,6 +48,7 @@ def test_weight_matching_writes_a_line_per_slow_iteration(monkeypatch, caplog):
     lines = [m for m in caplog.messages if m.startswith("weight matching: iteration")]
     assert [line.split(",")[0] for line in lines] == [f"weight matching: iteration {i} of at most 3" for i in (1, 2, 3)]
     assert f"distance {diagnostics['objective'][-1]:.6f}" in lines[-1]
+    assert caplog.messages[-1].startswith("weight matching: done after 3 iteration(s), distance ")
 
 
 def test_a_large_search_writes_a_line_per_slow_layer_too(monkeypatch, caplog):

@@ -49,13 +49,22 @@ class _Progress:
     def __init__(self, max_iter: int) -> None:
         self.max_iter = max_iter
         self.begun = self.last = time.perf_counter()
+        self.wrote = False
 
     def _due(self) -> float | None:
         now = time.perf_counter()
         if now - self.last < PROGRESS_EVERY_S:
             return None
-        self.last = now
+        self.last, self.wrote = now, True
         return now - self.begun
+
+    def done(self, iterations: int, best: float) -> None:
+        """A search that wrote lines says when it ends (what follows, applying B's transform, writes none)."""
+        if self.wrote:
+            log.info(
+                "weight matching: done after %d iteration(s), distance %.6f, %.0f s",
+                iterations, best, time.perf_counter() - self.begun,
+            )  # fmt: skip
 
     def iteration(self, it: int, value: float) -> None:
         so_far = self._due()
@@ -188,6 +197,7 @@ def _search(
         # the first iteration saw only the embeddings: always let the full objective run once
         if it > 0 and improved <= tol * max(best, 1e-12):
             break
+    progress.done(len(per_iteration), best)
     return best_t, best, values, per_iteration
 
 
