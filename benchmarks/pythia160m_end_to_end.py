@@ -23,9 +23,10 @@ line and sampling its resident memory (/proc/<pid>/status, every 0.2 s). Reporte
             benchmarks/weight_floor.py's dispatch counter (attention's two products included) on the Hugging
             Face and the canonical forward (the endpoints' test losses and vanilla's 11 points on the
             Hugging Face models, weight's 11 on the canonical ones, per method the aligned end's and B's
-            logits on the first batch); plus weight matching run here as the run ran it (its iterations, as
-            many vocabulary rows, B's transformed copies held whole, so the layers the run transforms
-            again as it reads them count once): its products counted the same way, and its assignments' seconds
+            logits on the first batch); plus weight matching run here as the run ran it (its iterations, the
+            same vocabulary rows, read from its data as its saved config builds them: which rows decides
+            the path of the search and so how many assignments are solved afresh; B's transformed copies
+            held whole, so the layers the run transforms again as it reads them count once): its products counted the same way, and its assignments' seconds
             (SciPy's solvers and the certificates, timed by weight_floor.instrument; this counting run
             solves the layers on one thread, so they are summed, never overlapped)
   peak      the run's resident memory above its level just before the first folder is loaded (the line
@@ -247,13 +248,33 @@ def forward_flops_per_token(path: Path) -> tuple[float, float]:
     return counts[0], counts[1]
 
 
-def matching_floor(paths: list[Path], iterations: int, rows: int | None) -> tuple[dict[torch.dtype, float], float]:
-    """Weight matching as the run made it (its iterations, as many vocabulary rows), run here once: its
+def run_tokens(run_dir: Path, rows: int | None) -> torch.Tensor | None:
+    """The vocabulary rows the run compared: the ids its training data holds, from its data as its saved
+    config builds them (None where it compared all rows); checked against the count the run reported."""
+    if rows is None:
+        return None
+    from omegaconf import OmegaConf
+
+    from glmc.data.module import DataModule
+    from glmc.matching.base import MatchContext
+    from glmc.pipeline.hf_folders import evaluation_config
+
+    data = DataModule(evaluation_config(OmegaConf.load(run_dir / ".hydra" / "config.yaml")).data, seed=0)
+    data.setup()
+    tokens = MatchContext(data=data).token_ids(VOCAB)
+    if tokens.numel() != rows:
+        raise SystemExit(f"the run compared {rows} vocabulary rows, its data here gives {tokens.numel()}")
+    return tokens
+
+
+def matching_floor(
+    paths: list[Path], iterations: int, tokens: torch.Tensor | None
+) -> tuple[dict[torch.dtype, float], float]:
+    """Weight matching as the run made it (its iterations, its vocabulary rows), run here once: its
     products' FLOPs by dtype (setup and the transform's application included) and its assignments' seconds.
     Dispatch modes see only this thread, so this run solves the layers one after another (threads=1): the
     assignments' seconds are then their sum, not their union over threads (the floor is the higher)."""
     a, b = canonical_pair(paths)
-    tokens = None if rows is None else torch.arange(rows)  # the cost depends on how many rows, not which
     weight_floor.instrument()
     probe = weight_floor.PROBE
     probe.solvers.spans.clear()
@@ -342,7 +363,7 @@ def measure(folder: Path, layers: int, windows: int) -> None:
     with (folder / "memory.csv").open("w", encoding="utf-8") as f:  # the sampled resident memory, to plot
         f.write("seconds,resident_bytes,file_backed_bytes\n")
         f.writelines(f"{t:.2f},{rss},{file}\n" for t, rss, file in watched.samples)
-    report(paths, watched, seconds, results, windows)
+    report(paths, watched, seconds, results, windows, run_dir)
 
 
 def model_bytes(path: Path) -> int:
@@ -353,14 +374,14 @@ def model_bytes(path: Path) -> int:
         return sum(4 * torch.Size(f.get_slice(name).get_shape()).numel() for name in f.keys())
 
 
-def report(paths, watched, seconds, results, windows) -> None:
+def report(paths, watched, seconds, results, windows, run_dir) -> None:
     pair = results["methods"]["weight"]["pairs"][0]
     diag = pair["diagnostics"]
     iterations, rows = len(diag["seconds_by_iteration"]), diag.get("vocabulary_rows")
     threads = run_threads(watched)
     before = rates(threads)
     hf_flops, canonical_flops = forward_flops_per_token(paths[0])
-    products, solver_s = matching_floor(paths, iterations, rows)
+    products, solver_s = matching_floor(paths, iterations, run_tokens(run_dir, rows))
     rate = {dt: max(r, now) for (dt, r), now in zip(before.items(), rates(threads).values())}
     tokens = windows * SEQ_LEN
     first = min(windows, 64) * SEQ_LEN  # the evaluator's first batch (data.eval_batch_size=64)
