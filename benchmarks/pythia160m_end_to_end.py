@@ -26,9 +26,10 @@ line and sampling its resident memory (/proc/<pid>/status, every 0.2 s). Reporte
             logits on the first batch); plus weight matching run here as the run ran it (its iterations, the
             same vocabulary rows, read from its data as its saved config builds them: which rows decides
             the path of the search and so how many assignments are solved afresh; B's transformed copies
-            held whole, so the layers the run transforms again as it reads them count once): its products counted the same way, and its assignments' seconds
-            (SciPy's solvers and the certificates, timed by weight_floor.instrument; this counting run
-            solves the layers on one thread, so they are summed, never overlapped)
+            held whole, so the layers the run transforms again as it reads them count once): its products
+            counted the same way, and its assignments' seconds (SciPy's solvers and the certificates, timed
+            by weight_floor.instrument; this counting run solves the layers on one thread, so they are
+            summed, never overlapped)
   peak      the run's resident memory above its level just before the first folder is loaded (the line
             naming the folder's load), against the two models' float32 bytes; with when it came, the line
             before it and how much of it was file-backed (the folders' weights, which transformers maps)

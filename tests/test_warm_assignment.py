@@ -23,8 +23,10 @@ from glmc.matching.warm_assignment import (
     holds,
     is_optimal,
     potentials,
+    priced,
     relax,
     spectral_norm_bound,
+    violations,
 )
 from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
@@ -233,6 +235,33 @@ def test_potentials_do_not_hold_for_a_worse_assignment_or_a_non_finite_entry():
     assert value(s, worse) < value(s, best) and not holds(s, worse, v)
     s[4, 9] = float("nan")
     assert not holds(s, best, v)
+
+
+def test_pricing_adds_the_arcs_a_missed_optimum_needs_and_proves_the_solvers_assignment():
+    s = cosines(400, 13)
+    best = scipy_perm(s)
+    found = candidate_assignment(s, candidates=8)
+    assert found is not None
+    perm, values, columns = found
+    assert not torch.equal(perm, best)  # each row's eight largest entries miss the optimum
+    v, _ = candidate_potentials(s, perm, values, columns)
+    rows, cols = violations(s, perm, v)
+    assert len(rows) and not bool((columns[rows] == cols[:, None]).any())  # arcs the candidates lack
+    proved = priced(s, perm, values, columns)
+    assert proved is not None
+    got, v, rounds = proved
+    assert torch.equal(got.perm, best) and rounds > 2 and holds(s, best, v)
+    assert value(s, best) > value(s, perm)
+    assert priced(s, perm, values, columns, rounds=0) is None  # the candidates alone prove nothing
+
+
+def test_no_violation_is_reported_for_a_non_finite_matrix():
+    s = cosines(50, 14)
+    best = scipy_perm(s)
+    v = potentials(arc_weights(s, best))
+    assert v is not None and violations(s, best, v) is not None
+    s[7, 3] = float("inf")
+    assert violations(s, best, v) is None and not holds(s, best, v)
 
 
 def test_a_fresh_assignment_from_each_rows_candidates_is_the_solvers():
