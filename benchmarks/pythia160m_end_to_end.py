@@ -22,8 +22,9 @@ line and sampling its resident memory (/proc/<pid>/status, every 0.2 s). Reporte
             float64: the similarity): every evaluated forward's products, counted per token with
             benchmarks/weight_floor.py's dispatch counter (attention's two products included) on the Hugging
             Face and the canonical forward (the endpoints' test losses and vanilla's 11 points on the
-            Hugging Face models, weight's 11 on the canonical ones, per method the aligned end's and B's
-            logits on the first batch); plus weight matching run here as the run ran it (its iterations, the
+            Hugging Face models, weight's 11 on the canonical ones: its 9 inside with qk and vo merged as
+            circuits, both ends' heads side by side, as the run merges them; per method the aligned end's
+            and B's logits on the first batch); plus weight matching run here as the run ran it (its iterations, the
             same vocabulary rows, read from its data as its saved config builds them: which rows decides
             the path of the search and so how many assignments are solved afresh; B's transformed copies
             held whole, so the layers the run transforms again as it reads them count once): its products
@@ -61,6 +62,7 @@ import scale  # noqa: E402  (the machine's description, memory readings)
 import weight_floor  # noqa: E402  (the product counter, the GEMM rate, the solvers' timing)
 
 from glmc.data.pydoc_corpus import pydoc_text  # noqa: E402
+from glmc.interpolation import merge_params  # noqa: E402
 from glmc.matching.weight import weight_matching  # noqa: E402
 from glmc.models.canonical import canonical_forward  # noqa: E402
 from glmc.symmetry import apply  # noqa: E402
@@ -74,6 +76,7 @@ TOKENIZER_VOCAB = 4096
 SAMPLE_S = 0.2
 MARKER = ": loading its GPTNeoXForCausalLM weights"  # the run's line as it starts loading the first folder
 GIB = 2**30
+CIRCUITS = ("qk", "vo")  # how matcher=weight interpolates heads by default (qk=circuit, vo=circuit)
 
 
 def pythia_config(layers: int) -> GPTNeoXConfig:
@@ -233,20 +236,27 @@ def canonical_pair(paths: list[Path]):
     return models
 
 
-def forward_flops_per_token(path: Path) -> tuple[float, float]:
-    """Matrix-product FLOPs per token of one forward of the Hugging Face model and of its canonical form,
-    counted on one window."""
+def forward_flops_per_token(path: Path) -> tuple[float, float, float]:
+    """Matrix-product FLOPs per token of one forward of the Hugging Face model, of its canonical form and of
+    a point inside weight's path (qk and vo merged as circuits: both ends' heads side by side), counted on
+    one window."""
     model = GPTNeoXForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     canonical = scale.canonical(model)
     inputs = torch.randint(0, TOKENIZER_VOCAB, (1, SEQ_LEN), generator=torch.Generator().manual_seed(0))
-    forwards = (lambda: model(inputs).logits, lambda: canonical_forward(canonical.config, canonical.params(), inputs))
+    params = canonical.params()
+    inside = merge_params([params, params], [0.5, 0.5], CIRCUITS)
+    forwards = (
+        lambda: model(inputs).logits,
+        lambda: canonical_forward(canonical.config, params, inputs),
+        lambda: canonical_forward(canonical.config, inside, inputs),
+    )
     counts = []
     for forward in forwards:
         counter = AllProducts()
         with torch.no_grad(), counter:  # inference mode would hand some einsums over whole, uncounted
             forward()
         counts.append(sum(counter.flops.values()) / inputs.numel())
-    return counts[0], counts[1]
+    return counts[0], counts[1], counts[2]
 
 
 def run_tokens(run_dir: Path, rows: int | None) -> torch.Tensor | None:
@@ -381,14 +391,15 @@ def report(paths, watched, seconds, results, windows, run_dir) -> None:
     iterations, rows = len(diag["seconds_by_iteration"]), diag.get("vocabulary_rows")
     threads = run_threads(watched)
     before = rates(threads)
-    hf_flops, canonical_flops = forward_flops_per_token(paths[0])
+    hf_flops, canonical_flops, inside_flops = forward_flops_per_token(paths[0])
     products, solver_s = matching_floor(paths, iterations, run_tokens(run_dir, rows))
     rate = {dt: max(r, now) for (dt, r), now in zip(before.items(), rates(threads).values())}
     tokens = windows * SEQ_LEN
     first = min(windows, 64) * SEQ_LEN  # the evaluator's first batch (data.eval_batch_size=64)
-    # endpoints' test losses and vanilla's path on the HF models; weight's path on the canonical ones; per
-    # method the aligned end's and B's logits on the first batch
-    forward = (2 + LAMBDAS) * tokens * hf_flops + LAMBDAS * tokens * canonical_flops
+    # endpoints' test losses and vanilla's path on the HF models; weight's path on the canonical ones (its
+    # ends as they are, the points between merged as circuits); per method the aligned end's and B's logits
+    # on the first batch
+    forward = (2 + LAMBDAS) * tokens * hf_flops + (2 * canonical_flops + (LAMBDAS - 2) * inside_flops) * tokens
     forward += 3 * first * hf_flops + first * canonical_flops
     forward_s = forward / rate[torch.float32]
     matching_s = sum(f / rate.get(dt, rate[torch.float32]) for dt, f in products.items())
@@ -402,7 +413,8 @@ def report(paths, watched, seconds, results, windows, run_dir) -> None:
     )
     print(
         f"forwards: {2 + 2 * LAMBDAS} passes over {tokens} tokens and 4 over {first}: "
-        f"{hf_flops / 1e6:.1f} MFLOP per token (Hugging Face), {canonical_flops / 1e6:.1f} (canonical); "
+        f"{hf_flops / 1e6:.1f} MFLOP per token (Hugging Face), {canonical_flops / 1e6:.1f} (canonical), "
+        f"{inside_flops / 1e6:.1f} (inside weight's path: qk, vo as circuits); "
         f"{forward / 1e12:.2f} TFLOP = {forward_s:.1f} s at the rate"
     )
     flops = ", ".join(f"{str(dt).removeprefix('torch.')} {f / 1e9:.1f} GFLOP" for dt, f in products.items())
