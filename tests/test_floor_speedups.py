@@ -191,6 +191,35 @@ def test_decomposed_on_the_host_is_the_decomposition_itself(monkeypatch):
     assert seen[0] == "cpu"
 
 
+def test_a_large_batch_of_narrow_host_matrices_is_split_between_free_cores(two_threads, monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(3, 2 * projections.SPLIT_FROM, 12, 12, dtype=torch.float64, generator=g)
+    whole = [torch.linalg.eigh(a), torch.linalg.svd(a), torch.linalg.eigvals(a)]
+    threads, eigh = [], torch.linalg.eigh
+
+    def seen(part, **kwargs):
+        threads.append((threading.get_ident(), torch.get_num_threads(), len(part)))
+        return eigh(part, **kwargs)
+
+    monkeypatch.setattr(projections, "free_threads", lambda: 2)
+    for fn, want in zip((seen, torch.linalg.svd, torch.linalg.eigvals), whole):
+        got = decomposed(fn, a)
+        for x, y in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert x.shape == y.shape and torch.equal(x, y)  # each matrix alone: the same floats
+    assert len({t for t, _, _ in threads}) == 2 and {n for _, n, _ in threads} == {1}
+    assert sum(size for _, _, size in threads) == a.shape[:2].numel() and torch.get_num_threads() == 2
+    # another process on a core, a small batch, or inside a section already side by side: one call
+    for free, batch, inside in ((1, a, False), (2, a[0, :4], False), (2, a, True)):
+        threads.clear()
+        monkeypatch.setattr(projections, "free_threads", lambda free=free: free)
+        if inside:
+            with one_thread():
+                decomposed(seen, batch)
+        else:
+            decomposed(seen, batch)
+        assert len(threads) == 1
+
+
 @pytest.mark.gpu
 def test_narrow_decompositions_of_cuda_tensors_run_on_the_host(monkeypatch):
     seen = _recording(monkeypatch, "svd")

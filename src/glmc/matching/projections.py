@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -91,6 +92,10 @@ _FREE: list[tuple[float, int]] = []  # (when sampled, threads the cores not take
 # H100 the rescalings' quartics and per-head SVDs of a Pythia-410M pair held two weight-matching iterations
 # past 100 s: narrower matrices than this are decomposed on the host, where the whole batch takes milliseconds
 ON_HOST_BELOW = 256
+# a host batch of at least this many narrow matrices is split between the cores no other process takes, one
+# part per thread (LAPACK decomposes each matrix alone, without the GIL: the same floats); a Pythia-160M
+# search's heads take about a second per iteration in 64 x 64 eigensolvers on one core
+SPLIT_FROM = 32
 
 
 def decomposed(decomposition: Callable[..., Any], a: Tensor, **kwargs) -> Any:
@@ -98,14 +103,36 @@ def decomposed(decomposition: Callable[..., Any], a: Tensor, **kwargs) -> Any:
     lives on a CUDA device and its matrices are narrower than ON_HOST_BELOW, on the host, the results
     handed back on `a`'s device (a tensor, or a tuple of them)."""
     if a.device.type != "cuda" or a.shape[-1] >= ON_HOST_BELOW:
-        with decomposing(a):
-            return decomposition(a, **kwargs)
-    host = a.cpu()
-    with decomposing(host):
-        out = decomposition(host, **kwargs)
+        return _on_host(decomposition, a, kwargs)
+    out = _on_host(decomposition, a.cpu(), kwargs)
     if isinstance(out, Tensor):
         return out.to(a.device)
     return tuple(t.to(a.device) for t in out)
+
+
+def _on_host(decomposition: Callable[..., Any], a: Tensor, kwargs: dict[str, Any]) -> Any:
+    """decomposition(a) in its context; a large batch of narrow host matrices in parts side by side."""
+    parts = _parts(a)
+    if parts <= 1:
+        with decomposing(a):
+            return decomposition(a, **kwargs)
+    flat = a.reshape(-1, *a.shape[-2:])
+    with one_thread(), ThreadPoolExecutor(parts) as pool:
+        outs = list(pool.map(lambda part: decomposition(part, **kwargs), flat.tensor_split(parts)))
+    joined = lambda pieces: torch.cat(pieces).reshape(*a.shape[:-2], *pieces[0].shape[1:])  # noqa: E731
+    if isinstance(outs[0], Tensor):
+        return joined(outs)
+    return tuple(joined([out[i] for out in outs]) for i in range(len(outs[0])))
+
+
+def _parts(a: Tensor) -> int:
+    """How many parts a host batch is decomposed in side by side (1: as it is)."""
+    if a.device.type != "cpu" or a.dim() < 3 or a.shape[-1] >= THREADED_FROM:
+        return 1
+    batch = a.shape[:-2].numel()
+    if batch < SPLIT_FROM or torch.get_num_threads() <= 1:  # (inside one_thread: already side by side)
+        return 1
+    return min(free_threads(), torch.get_num_threads(), batch // (SPLIT_FROM // 2))
 
 
 def decomposing(a: Tensor) -> AbstractContextManager:

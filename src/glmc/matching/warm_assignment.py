@@ -195,25 +195,21 @@ def violations(similarity: Tensor, perm: Tensor, v: Tensor, most: int = PRICED) 
     is not finite (nothing is proved). On one thread, as relax()."""
     s = similarity.detach()
     slack = s.gather(1, perm[:, None]).squeeze(1).double() - v.index_select(0, perm) + 2 * TIE
-    # a float32 pass picks the rows that may violate, with a margin far above its rounding (a few units in
-    # the last place of the largest magnitude); only those rows are checked in float64
-    v32, slack32 = v.float(), slack.float()
-    margin = 2.0**-18 * (float(s.abs().max()) + float(v.abs().max()) + float(slack.abs().max()))
+    # one (CHUNK, n) float64 buffer for every chunk: a fresh one each time costs its pages again
+    gap = torch.empty(min(CHUNK, s.shape[0]), s.shape[1], dtype=torch.float64, device=s.device)
     found_rows, found_columns = [], []
     with one_thread():
         for i in range(0, s.shape[0], CHUNK):
-            near = (s[i : i + CHUNK].float() - v32[None, :]).amax(1) - slack32[i : i + CHUNK]
-            if not bool(near.isfinite().all()):
+            part = gap[: min(CHUNK, s.shape[0] - i)]
+            torch.sub(s[i : i + CHUNK], v[None, :], out=part).sub_(slack[i : i + CHUNK, None])
+            worst = part.amax(1)
+            if not bool(worst.isfinite().all()):
                 return None
-            rows = (near > -margin).nonzero().squeeze(1) + i
-            if not len(rows):
-                continue
-            gap = s.index_select(0, rows).double() - v[None, :] - slack.index_select(0, rows)[:, None]
-            bad = (gap.amax(1) > 0).nonzero().squeeze(1)
+            bad = (worst > 0).nonzero().squeeze(1)
             if len(bad):
-                top, where = gap.index_select(0, bad).topk(min(most, gap.shape[1]), dim=1)
+                top, where = part.index_select(0, bad).topk(min(most, part.shape[1]), dim=1)
                 violated = top > 0
-                found_rows.append(rows.index_select(0, bad)[:, None].expand_as(where)[violated])
+                found_rows.append((bad + i)[:, None].expand_as(where)[violated])
                 found_columns.append(where[violated])
     if not found_rows:
         empty = torch.empty(0, dtype=torch.long, device=s.device)
