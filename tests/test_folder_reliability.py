@@ -20,6 +20,7 @@ from glmc import align, to_canonical
 from glmc.data.pydoc_corpus import pydoc_text
 from glmc.data.text import CharTokenizer, saved_tokenizer
 from glmc.models.build import build_model
+from glmc.models.convert import nonfinite_weight
 from glmc.models.export import EXPORT_FILE
 from glmc.pipeline.endpoints import load_endpoints
 from glmc.pipeline.folder_fit import check_tokenizer
@@ -80,6 +81,21 @@ def test_a_folder_with_nonfinite_weights_is_refused_naming_the_tensor(value, fol
         with pytest.raises(FolderError, match=re.escape(message)):
             run_pipeline(cfg, tmp_path / f"run_{method}")
         assert not (tmp_path / f"run_{method}" / "results.json").exists()
+
+
+def test_finite_weights_whose_sum_overflows_are_not_refused():
+    model = tiny_gpt2(0)
+    with torch.no_grad():
+        model.transformer.h[0].mlp.c_fc.weight[:4, 0] = 3e38  # finite entries, an infinite float32 sum
+    assert not bool(torch.isfinite(model.transformer.h[0].mlp.c_fc.weight.sum()))
+    assert nonfinite_weight(model) is None
+    with torch.no_grad():
+        model.transformer.h[0].mlp.c_fc.weight[5, 0] = math.inf
+    assert nonfinite_weight(model) == (
+        "transformer.h.0.mlp.c_fc.weight",
+        1,
+        model.transformer.h[0].mlp.c_fc.weight.numel(),
+    )
 
 
 def test_align_refuses_a_model_with_nonfinite_weights_naming_it():
