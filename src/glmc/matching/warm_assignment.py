@@ -264,7 +264,6 @@ def priced(
         # from the last potentials: where the assignment stayed, only the new arcs move them
         v, used = candidate_potentials(similarity, perm, values, columns, start=v)
         spent += used
-    return None
 
 
 def fresh_assignment(similarity: Tensor) -> tuple[Permutation, Tensor | None, int]:
