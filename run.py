@@ -15,24 +15,41 @@ register_configs()
 def main(cfg: DictConfig) -> float:
     from hydra.types import RunMode
 
-    from glmc.pipeline.refusals import exit_if_refused, is_refusal, message_of
+    from glmc.pipeline.refusals import exit_if_refused, message_of
+    from glmc.pipeline.run_folder import FolderHeld, held_job_folder
+    from glmc.pipeline.sweep_report import record_failed_job
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.RUN:  # its folder is locked by RunFolderGuard
+        try:
+            return run(cfg)
+        except Exception as err:
+            exit_if_refused(err)
+            raise
+    job_dir = hydra_cfg.runtime.output_dir
+    try:  # a sweep job's folder is locked as a single run's is, its failure record written under the lock
+        with held_job_folder(job_dir):
+            return sweep_job(cfg, job_dir)
+    except FolderHeld as err:  # another run writes there: this sweep lists the job at its end
+        record_failed_job(job_dir, hydra_cfg.job.num, list(hydra_cfg.overrides.task), message_of(err), write=False)
+        return float("nan")
+
+
+def sweep_job(cfg: DictConfig, job_dir: str) -> float:
+    """One job of a multirun: a failure is told at once and the sweep goes on; SweepReport lists them all
+    at its end."""
+    from glmc.pipeline.refusals import is_refusal, message_of
     from glmc.pipeline.sweep_report import clear_failed_job, record_failed_job
 
     hydra_cfg = HydraConfig.get()
-    job_dir = hydra_cfg.runtime.output_dir
     try:
         value = run(cfg)
     except Exception as err:
-        if hydra_cfg.mode == RunMode.RUN:
-            exit_if_refused(err)
-            raise
-        # a sweep tells each failed job at once and goes on; SweepReport lists them all at its end
         record_failed_job(job_dir, hydra_cfg.job.num, list(hydra_cfg.overrides.task), message_of(err))
         if is_refusal(err):
             return float("nan")
         raise  # a fault inside a library keeps Hydra's traceback
-    if hydra_cfg.mode != RunMode.RUN:
-        clear_failed_job(job_dir)
+    clear_failed_job(job_dir)
     return value
 
 
@@ -54,7 +71,9 @@ def run(cfg: DictConfig) -> float:
 if __name__ == "__main__":
     import sys
 
+    from glmc.pipeline.hydra_targets import exit_on_hydra_targets
     from glmc.pipeline.refusals import exit_on_unquoted_overrides
 
     exit_on_unquoted_overrides(sys.argv[1:])
+    exit_on_hydra_targets(sys.argv[1:])  # Hydra builds its callbacks before glmc's checks see the config
     main()

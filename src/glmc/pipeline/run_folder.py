@@ -7,6 +7,8 @@ import copy
 import json
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,24 +70,23 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     ]
 
 
-def check_writable(run_dir: Path) -> None:
-    """PermissionError naming `run_dir` when it cannot be created or written."""
+def check_writable(run_dir: Path, setting: str = "hydra.run.dir", what: str = "run folder") -> None:
+    """PermissionError naming `run_dir` (the `what` that `setting` chooses) when it cannot be created or written."""
     run_dir = Path(run_dir)
     kind, existing, reason = unwritable(run_dir) or ("", run_dir, "")
     if kind == "loop":
         raise PermissionError(
-            f"the run folder {run_dir} cannot be created: a symbolic link on this path leads back to itself "
-            "(a loop); remove the link or choose another folder (hydra.run.dir=...)"
+            f"the {what} {run_dir} cannot be created: a symbolic link on this path leads back to itself "
+            f"(a loop); remove the link or choose another folder ({setting}=...)"
         )
     if kind == "file":
         raise PermissionError(
-            f"the run folder {run_dir} cannot be created: {existing} is not a folder; choose another "
-            "folder (hydra.run.dir=...)"
+            f"the {what} {run_dir} cannot be created: {existing} is not a folder; choose another folder ({setting}=...)"
         )
     if kind == "denied":
-        what = "is not writable" if existing == run_dir else f"cannot be created in {existing}"
+        where = "is not writable" if existing == run_dir else f"cannot be created in {existing}"
         raise PermissionError(
-            f"the run folder {run_dir} {what} ({reason}); make it writable or choose another folder (hydra.run.dir=...)"
+            f"the {what} {run_dir} {where} ({reason}); make it writable or choose another folder ({setting}=...)"
         )
 
 
@@ -133,11 +134,15 @@ def check_run_dir(cfg: Config, run_dir: Path) -> bool:
     )
 
 
+class FolderHeld(FileExistsError):
+    """Another run holds the run folder's lock: nothing may be written there, not even a failure record."""
+
+
 LOCK_NAME = ".glmc-run.lock"  # hidden: never a result, and kept after the run (a name other runs share)
 
 
-def hold_run_dir(run_dir: Path) -> tuple[FileLock, bool]:
-    """(the lock on `run_dir`, whether this call created its file); FileExistsError naming another holder."""
+def hold_run_dir(run_dir: Path, setting: str = "hydra.run.dir") -> tuple[FileLock, bool]:
+    """(the lock on `run_dir`, whether this call created its file); FolderHeld naming another holder."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
@@ -151,12 +156,31 @@ def hold_run_dir(run_dir: Path) -> tuple[FileLock, bool]:
         except OSError:
             pid = ""
         holder = f" (pid {pid})" if pid.isdigit() else ""
-        raise FileExistsError(
+        raise FolderHeld(
             f"another run{holder} is writing into the run folder {run_dir} (it holds {path}): wait for it to "
-            "finish, or choose another folder (hydra.run.dir=...)"
+            f"finish, or choose another folder ({setting}=...)"
         ) from None
     path.write_text(f"{os.getpid()}\n")  # the holder's pid, for the refusal above
     return lock, created
+
+
+def _rank_zero() -> bool:
+    """The other ranks of a multi-process run write into the folder rank 0 holds."""
+    return all(int(os.environ.get(name, 0)) == 0 for name in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+
+
+@contextmanager
+def held_job_folder(job_dir: Path) -> Iterator[None]:
+    """A multirun job's folder, locked as a single run's is (RunFolderGuard) while the job runs: two sweeps
+    into one hydra.sweep.dir never write one job folder at once. FolderHeld naming it where held."""
+    if not _rank_zero():
+        yield
+        return
+    lock, _ = hold_run_dir(Path(job_dir), setting="hydra.sweep.dir")
+    try:
+        yield
+    finally:
+        lock.release(force=True)
 
 
 class RunFolderGuard(Callback):
@@ -180,6 +204,17 @@ class RunFolderGuard(Callback):
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._release()
 
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A sweep folder that cannot be made (a link loop, a file, no permission) is refused by name before
+        any job starts (each job folder is locked while its job runs: held_job_folder)."""
+        from glmc.pipeline.refusals import exit_if_refused
+
+        try:
+            check_writable(Path(str(config.hydra.sweep.dir)), setting="hydra.sweep.dir", what="sweep folder")
+        except PermissionError as err:
+            exit_if_refused(err)
+            raise
+
     def _release(self, refused: bool = False) -> None:
         if self._lock is not None:
             lock, created = self._lock
@@ -198,8 +233,7 @@ class RunFolderGuard(Callback):
         with read_write(task), open_dict(task):
             del task["hydra"]
         check_residual_classes(task)  # before the folder is touched
-        # the other ranks of a multi-process run write into the folder rank 0 holds
-        if all(int(os.environ.get(name, 0)) == 0 for name in ("RANK", "LOCAL_RANK", "NODE_RANK")):
+        if _rank_zero():
             self._lock = hold_run_dir(run_dir)
         if (run_dir / "results.json").is_file():
             with read_write(task):  # compared as run_pipeline compares it: validated, symmetry=auto resolved

@@ -17,16 +17,22 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 FAILED_FILE = "failed.json"
+# failed jobs of this process's sweep whose folder another run holds: listed at the end, nothing written there
+NOT_WRITTEN: list[dict[str, Any]] = []
 
 
-def record_failed_job(job_dir: Path, job_num: int, overrides: list[str], message: str) -> None:
-    """Write FAILED_FILE into `job_dir` and say on stderr, now, which job failed and why."""
+def record_failed_job(job_dir: Path, job_num: int, overrides: list[str], message: str, write: bool = True) -> None:
+    """Write FAILED_FILE into `job_dir` (`write=False`: the folder is another run's, keep the record here)
+    and say on stderr, now, which job failed and why."""
     job_dir = Path(job_dir)
     shown = " ".join(overrides) or "(no overrides)"
     print(f"Error: job {job_num} ({shown}) failed: {message}", file=sys.stderr, flush=True)
+    record = {"job": job_num, "overrides": list(overrides), "message": message}
+    if not write:
+        NOT_WRITTEN.append({**record, "folder": str(job_dir)})
+        return
     try:
         job_dir.mkdir(parents=True, exist_ok=True)
-        record = {"job": job_num, "overrides": list(overrides), "message": message}
         (job_dir / FAILED_FILE).write_text(json.dumps(record, indent=1) + "\n")
     except OSError:
         pass  # the line above has told it; a folder that cannot be written must not hide the first error
@@ -49,7 +55,11 @@ def failed_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
         if not isinstance(record, dict):
             record = {"message": f"{path} holds no record"}
         found.append({**record, "folder": str(path.parent)})
-    return sorted(found, key=lambda r: (r.get("job") if isinstance(r.get("job"), int) else 1 << 30, r["folder"]))
+    return sorted(found, key=_job_order)
+
+
+def _job_order(record: dict[str, Any]) -> tuple[int, str]:
+    return record.get("job") if isinstance(record.get("job"), int) else 1 << 30, record["folder"]
 
 
 def describe_failures(failures: list[dict[str, Any]], jobs: int | None = None) -> str:
@@ -65,8 +75,11 @@ def describe_failures(failures: list[dict[str, Any]], jobs: int | None = None) -
 class SweepReport(Callback):
     """After the last job of a multirun: list the failed jobs on stderr and exit with status 1."""
 
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        NOT_WRITTEN.clear()
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        failures = failed_jobs(Path(str(config.hydra.sweep.dir)))
+        failures = sorted(failed_jobs(Path(str(config.hydra.sweep.dir))) + NOT_WRITTEN, key=_job_order)
         if failures:
             print(describe_failures(failures), file=sys.stderr, flush=True)
             raise SystemExit(1)
