@@ -312,7 +312,9 @@ def run_spawn(cfg: Config, run_dir: Path, stage: dict[str, str], test, evaluator
         for k, children in groups.items()
         for s, e in children.items()
     ]
-    spawn = {"steps": steps, "parent_seed": cfg.seed_fixed, "budget": training_budget(cfg), **summary}
+    # what ran: the children share the parent's weights and differ by their data order (whatever seed_vary says)
+    spawn = {"steps": steps, "parent_seed": cfg.seed_fixed, "budget": training_budget(cfg), "seed_vary": "data"}
+    spawn.update(summary)
     results = {"experiment": cfg.experiment, "model": cfg.model.name, "dataset": cfg.data.name, "task": cfg.data.task}
     results.update(endpoints=endpoints, methods={}, spawn={**spawn, "endpoint_loss": losses})
     results["config"] = OmegaConf.to_container(cfg, resolve=True)

@@ -14,6 +14,7 @@ from glmc.config import Config, EndpointsConfig, MergeConfig, MultiConfig, Train
 from glmc.data.checks import data_problems
 from glmc.models.compatibility import residual_class_problem
 from glmc.models.families import family_named
+from glmc.pipeline.endpoint_modes import endpoint_mode_problems
 from glmc.pipeline.model_checks import fits_data, model_key_problems, model_problems
 from glmc.pipeline.pairing import seed_pairs, seed_problems
 from glmc.pipeline.targets import target_problems, trainer_arguments
@@ -80,9 +81,11 @@ def _problems(cfg: Config) -> tuple[list[str], Any]:
                 f"endpoints.paths={list(cfg.endpoints.paths)}: model folders are read with endpoints=pretrained only; "
                 "add endpoints=pretrained, or leave endpoints.paths empty to train the endpoints from seeds"
             )
-    problems += _run_problems(cfg) + data_problems(cfg, pretrained)
+    problems += _run_problems(cfg) + endpoint_mode_problems(cfg) + data_problems(cfg, pretrained)
     if not pretrained:  # the folders' models are checked against the data by folder_problems
-        problems += model_problems(cfg) + _endpoint_model_problems(cfg)
+        # endpoint_models in another mode: refused by endpoint_mode_problems, not checked against the seeds
+        trained = str(cfg.endpoints.source) == "trained"
+        problems += model_problems(cfg) + (_endpoint_model_problems(cfg) if trained else [])
     problems += _method_problems(cfg, family, where)
     problems += _multi_problems(cfg)
     from glmc.pipeline.series import series_problems  # train.save_steps: imports the endpoint stage

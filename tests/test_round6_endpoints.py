@@ -1,0 +1,101 @@
+"""Endpoint modes: settings a mode does not read are refused before any work, endpoints=spawn needs steps
+and records what its children vary, and summarize.py and the interrupted-run message know spawn runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from glmc.pipeline.validate import ConfigError, validate_config
+
+from conftest import compose_config, run_script
+
+SPAWN = ["endpoints=spawn", "seeds=[1,2]", "matcher.methods=[vanilla]", "data.limit_train=128"]
+
+
+def _problems(*overrides: str) -> str:
+    """The check's message for a config composed as the tests do (no command line: every value counts)."""
+    try:
+        validate_config(compose_config("debug=fast", *overrides))
+    except ConfigError as err:
+        return str(err)
+    return ""
+
+
+def test_spawn_without_steps_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    args = ["debug=fast", "logger=none", *SPAWN, "endpoints.steps=[]", f"cache_dir={cache}", f"hydra.run.dir={run}"]
+    code, _, err = run_script(monkeypatch, capsys, *args)
+    assert code == 1
+    assert "endpoints.steps=[]: endpoints=spawn starts its children" in err and "give at least one" in err
+    assert not (run / "results.json").exists() and not cache.exists()  # nothing trained, nothing written
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["endpoints.steps=[0,5]"], "endpoints.steps=[0, 5]: not read with endpoints=trained; add endpoints=spawn"),
+        (["endpoints=finetuned", "endpoints.steps=[3]"], "endpoints.steps=[3]: not read with endpoints=finetuned"),
+        (["endpoints.tasks=[{subset:0}]"], "endpoints.tasks=[{'subset': 0}]: not read with endpoints=trained"),
+        (
+            [*SPAWN, "endpoint_models=[{},{}]"],
+            "endpoint_models=[{}, {}]: not read with endpoints=spawn; the children share their parent's model",
+        ),
+        (["endpoints=pretrained", "seed_vary=init"], "seed_vary=init: not read with endpoints=pretrained"),
+        ([*SPAWN, "seed_vary=init"], "seed_vary=init: with endpoints=spawn every child starts from the parent's"),
+    ],
+)
+def test_a_setting_the_mode_does_not_read_is_refused_by_key_and_mode(overrides, expected):
+    assert expected in _problems(*overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],  # endpoints=trained with every default, steps=[0] included
+        [*SPAWN],  # spawn.yaml's steps: [0]
+        [*SPAWN, "seed_vary=data"],  # what a spawn run's children vary
+        ["endpoints=finetuned"],  # finetuned.yaml's tasks: []
+    ],
+)
+def test_defaults_and_what_a_mode_reads_are_not_refused(overrides):
+    problems = _problems(*overrides)
+    for key in ("endpoints.steps", "endpoints.tasks", "endpoint_models", "seed_vary"):
+        assert f"\n  {key}=" not in problems
+
+
+def test_a_value_an_experiment_file_set_is_not_refused_but_the_command_lines_is(tmp_path, monkeypatch, capsys):
+    """experiment=spawn_text sets endpoints.steps; its documented endpoints=trained comparison runs as it is.
+    num_lambdas=2 stops both runs at the check, so nothing trains."""
+    args = ["experiment=spawn_text", "endpoints=trained", "logger=none", "eval.num_lambdas=2"]
+    args += [f"cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"]
+    code, _, err = run_script(monkeypatch, capsys, *args)
+    assert code == 1 and "eval.num_lambdas=2" in err and "endpoints.steps" not in err
+    code, _, err = run_script(monkeypatch, capsys, *args, "endpoints.steps=[0,8]")
+    assert code == 1 and "endpoints.steps=[0, 8]: not read with endpoints=trained" in err
+
+
+@pytest.fixture(scope="module")
+def spawn_run(tmp_path_factory):
+    """A real spawn run's folder (two steps, two children each, vanilla only: seconds)."""
+    folder = tmp_path_factory.mktemp("spawn_run")
+    args = ["debug=fast", "logger=none", *SPAWN, "endpoints.steps=[0,2]", "seed_vary=data"]
+    args += [f"cache_dir={folder / 'cache'}", f"hydra.run.dir={folder / 'runs' / 'a'}"]
+    with pytest.MonkeyPatch.context() as patch:
+        code, _, err = run_script(patch, _NoCapture(), *args)
+    assert code == 0, err
+    return folder
+
+
+class _NoCapture:
+    """run_script's capsys where a module fixture has none: the output stays on the terminal."""
+
+    def readouterr(self):
+        return type("Captured", (), {"out": "", "err": ""})()
+
+
+def test_a_spawn_run_records_that_its_children_differ_by_data_order(spawn_run):
+    results = json.loads((spawn_run / "runs" / "a" / "results.json").read_text())
+    assert results["spawn"]["seed_vary"] == "data"
+    assert {(e["init_seed"], e["data_seed"]) for e in results["endpoints"]} == {(0, 1), (0, 2)}
