@@ -4,12 +4,13 @@ and records what its children vary, and summarize.py and the interrupted-run mes
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from glmc.pipeline.validate import ConfigError, validate_config
 
-from conftest import compose_config, run_script
+from conftest import compose_config, load_script, run_script
 
 SPAWN = ["endpoints=spawn", "seeds=[1,2]", "matcher.methods=[vanilla]", "data.limit_train=128"]
 
@@ -99,3 +100,35 @@ def test_a_spawn_run_records_that_its_children_differ_by_data_order(spawn_run):
     results = json.loads((spawn_run / "runs" / "a" / "results.json").read_text())
     assert results["spawn"]["seed_vary"] == "data"
     assert {(e["init_seed"], e["data_seed"]) for e in results["endpoints"]} == {(0, 1), (0, 2)}
+
+
+def _summarize(monkeypatch, capsys, folder) -> str:
+    monkeypatch.setattr(sys, "argv", ["summarize.py", str(folder)])
+    load_script("experiments/summarize.py").main()
+    return capsys.readouterr().out
+
+
+def test_summarize_shows_a_spawn_run_per_step_and_names_a_cut_short_results_file(
+    spawn_run, tmp_path, monkeypatch, capsys
+):
+    spawned = (spawn_run / "runs" / "a" / "results.json").read_text()
+    for name, text in (("a", spawned), ("b", spawned[: len(spawned) // 2])):  # b: cut short while written
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(text)
+    pair = {"seeds": [0, 1], "barrier": 0.5, "barrier_vs_mean": 0.5, "lambdas": [0.0, 1.0]}
+    pair.update(test_loss=[0.1, 0.1], test_accuracy=[0.9, 0.9])
+    trained = {"experiment": "e", "model": "m", "dataset": "d", "methods": {"vanilla": {"pairs": [pair]}}}
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "results.json").write_text(json.dumps(trained))
+    printed = _summarize(monkeypatch, capsys, tmp_path)
+    assert f"spawn run {tmp_path / 'a' / 'results.json'}:" in printed
+    assert any(line.split()[:1] == ["2"] for line in printed.splitlines())  # the row of spawn step 2
+    assert f"- {tmp_path / 'b' / 'results.json'}: cannot be read (" in printed and "cut short" in printed
+    assert "| e | m | d | vanilla | - | 1 | 0.500 |" in printed  # the other runs are still summarized
+    assert (tmp_path / "summary.png").exists() and "cannot be read" in (tmp_path / "summary.md").read_text()
+
+
+def test_summarize_a_folder_of_spawn_runs_only_writes_the_table_and_no_figure(spawn_run, monkeypatch, capsys):
+    printed = _summarize(monkeypatch, capsys, spawn_run / "runs")
+    assert "children spawned from the parent (seed 0) at step k of 4" in printed
+    assert "no seed pairs: no figure" in printed and not (spawn_run / "runs" / "summary.png").exists()

@@ -73,16 +73,54 @@ def _label(settings: dict[str, str], keys: list[str]) -> str:
     return ", ".join(f"{k}={json.loads(settings[k]) if k in settings else '<absent>'}" for k in keys)
 
 
+@dataclass
+class Collected:
+    """What collect_runs found below a folder: the pooled seed pairs, the spawn runs (path, results), and one
+    line per results.json left out of the table, saying why."""
+
+    pooled: dict[tuple[str, str, str, str, str, str], list[dict]]
+    spawn: list[tuple[Path, dict[str, Any]]]
+    skipped: list[str]
+
+
 def collect(root: Path) -> dict[tuple[str, str, str, str, str, str], list[dict]]:
     """Seed pairs per (experiment, model, dataset, method, shared settings, method settings) below `root`; the
     settings name the config keys that differ between runs, so a grid's runs are never pooled."""
+    return collect_runs(root).pooled
+
+
+def _read_run(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(results.json's record, None), or (None, why it cannot be pooled): one broken file skips one run
+    (named by its path below the folder given)."""
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as err:  # ValueError: cut short while written, or not text
+        cut = "a file cut short (a run stopped while writing it)"
+        return None, f"{path}: cannot be read ({err}); {cut}: run that job again"
+    if not isinstance(results, dict):
+        return None, f"{path}: not a JSON object, so not a glmc results.json; remove it or run the job again"
+    missing = [k for k in ("experiment", "model", "dataset", "methods") if k not in results]
+    if missing:
+        return None, f"{path}: lacks {', '.join(missing)}, so not a glmc results.json; remove it or run the job again"
+    return results, None
+
+
+def collect_runs(root: Path) -> Collected:
+    """collect's pooled pairs, plus the spawn runs (their barriers are per spawn step, not per seed pair) and
+    a line for every results.json that holds no pairs (endpoints=finetuned) or cannot be read."""
     files = sorted(Path(root).rglob("results.json"))
     if not files:
         raise FileNotFoundError(f"no results.json under {root}")
-    runs = []  # (row without settings, its settings, its pairs)
+    runs, spawn, skipped = [], [], []  # runs: (row without settings, its settings, its pairs)
     for path in files:
-        results = json.loads(path.read_text())
-        for method, m in results["methods"].items():
+        results, problem = _read_run(path)
+        if problem:
+            skipped.append(problem)
+        elif "spawn" in results:
+            spawn.append((path, results))
+        elif "children" in results and not results["methods"]:
+            skipped.append(f"{path}: endpoints=finetuned, whose pairs are under `children`, not seed pairs")
+        for method, m in (results or {}).get("methods", {}).items():
             row = (results["experiment"], results["model"], results["dataset"], method)
             runs.append((row, _method_settings(results, method), m.get("pairs") or [m]))
     values: dict[tuple, dict[str, set]] = defaultdict(lambda: defaultdict(set))
@@ -96,7 +134,7 @@ def collect(root: Path) -> dict[tuple[str, str, str, str, str, str], list[dict]]
         own = _label(settings, [k for k in differing if k.startswith("matcher.")])
         for pair in pairs:
             pooled[(*row, shared, own)][tuple(pair.get("seeds", ()))] = pair
-    return {key: list(pairs.values()) for key, pairs in pooled.items()}
+    return Collected({key: list(pairs.values()) for key, pairs in pooled.items()}, spawn, skipped)
 
 
 def unfinished_jobs(root: Path) -> list[str]:
