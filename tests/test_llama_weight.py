@@ -35,7 +35,9 @@ def test_recovers_hidden_symmetry(kv_heads):
     a = to_canonical(tiny_llama(kv_heads=kv_heads))
     b = apply(Transform.sample(SymmetrySpec.from_model(a), HIDDEN, torch.Generator().manual_seed(5)), a)
     transform, diagnostics = weight_matching(a, b, dtype=torch.float64)
-    assert {"qheads.0", "qk.0", "vo.0", "mlp_scale.0"} <= set(transform)
+    query_heads = {"qheads.0"} if kv_heads < 4 else set()  # one query head per group: no such space
+    assert {"qk.0", "vo.0", "mlp_scale.0"} | query_heads <= set(transform)
+    assert ("qheads.0" in transform) == bool(query_heads)
     aligned = apply(transform, b)
     before, _ = relative_error(
         torch.cat([t.flatten() for t in b.params().values()]), torch.cat([t.flatten() for t in a.params().values()])

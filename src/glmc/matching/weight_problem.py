@@ -151,7 +151,7 @@ def start_state(problem: MatchingProblem, residual: str, heads: bool, mlp: bool)
     if heads:
         perms.update({f"heads.{l}": Permutation.identity(spec[f"heads.{l}"].size) for l in layers})
         if problem.grouped:
-            query_heads = [spec[f"qheads.{l}"] for l in layers]
+            query_heads = [spec[f"qheads.{l}"] for l in layers if f"qheads.{l}" in spec.spaces]
             perms.update({q.name: Permutation.identity(q.size, q.heads) for q in query_heads})
     if mlp and f"mlp.{layers[0]}" in spec.spaces:  # a mixture of experts has none (glmc.matching.experts)
         perms.update({f"mlp.{l}": Permutation.identity(spec[f"mlp.{l}"].size) for l in layers})

@@ -147,7 +147,9 @@ class GroupedHeads(LayerStep):
     def layer(self, state: SearchState, it: int, l: int, shared: Any) -> None:
         p = self.problem
         cost = shared(p.pa, state.pb_res, l)
-        state.perms[f"heads.{l}"], state.perms[f"qheads.{l}"] = group_assignment(cost, p.spec[f"heads.{l}"].size)
+        state.perms[f"heads.{l}"], query_heads = group_assignment(cost, p.spec[f"heads.{l}"].size)
+        if f"qheads.{l}" in p.spec.spaces:  # no space where each group has one query head
+            state.perms[f"qheads.{l}"] = query_heads
 
 
 class PlainMlp(LayerStep):

@@ -253,7 +253,7 @@ def embed_width(
 
     original = model.params()
     p = {k: v.detach().double() for k, v in original.items()}
-    spec = SymmetrySpec.from_params(config, p)
+    spec = SymmetrySpec.from_params(config, p, identity_spaces=True)  # one query head per group grows too
     if rotatable_stream(model):  # a stream that admits permutations only (post-norm, sandwich norms) stays
         p = apply_params(Transform({"residual": Orthogonal(u)}), spec, p)
         _scale_readers(p, spec, math.sqrt(config.norm_dim / norm_dim))

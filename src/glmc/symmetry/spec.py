@@ -3,7 +3,7 @@
 Derived from the roles its family gives each tensor (glmc.models.families), never listed by hand:
   residual      the stream (D)                  orthogonal (incl. rectangular), permutation (post-norm: only this)
   heads.{l}     heads, or key/value groups (H)  permutation, semi_permutation
-  qheads.{l}    per group, its query heads (G)  permutation (grouped-query only)
+  qheads.{l}    per group, its query heads (G)  permutation (grouped-query only; not built for G = 1)
   qk.{l}, vo.{l} per head, query/key and value  invertible, orthogonal_scale (factored form only; rotary qk:
                 spaces                          rotary_scale, with an invertible block on unrotated dims)
   mlp.{l}       MLP units (F)                   permutation; semi_permutation for plain ReLU-like MLPs
@@ -58,9 +58,10 @@ class SymmetrySpec:
         return cls.from_params(model.config, dict(model.named_parameters()))
 
     @classmethod
-    def from_params(cls, config: CanonicalConfig, params: dict) -> SymmetrySpec:
+    def from_params(cls, config: CanonicalConfig, params: dict, identity_spaces: bool = False) -> SymmetrySpec:
         """Every space that the family's roles place on these tensors, in the order: residual, then per
-        layer heads, qk, vo, mlp (the axes of a space in the order of the roles)."""
+        layer heads, qk, vo, mlp (the axes of a space in the order of the roles). identity_spaces: also the
+        spaces whose group is the identity (one query head per group), for code that pads their axes."""
         family = family_named(config.family)
         layers = range(num_layers(params))
         axes: dict[str, list[Axis]] = defaultdict(list)
@@ -77,6 +78,7 @@ class SymmetrySpec:
         per_layer = layer_space_order(kind for kind, _ in kinds.values())
         order = ["residual"] + [f"{k}.{l}" for l in layers for k in per_layer] + [HEAD_HIDDEN]
         spaces = [_space(config, family, n, *kinds[n], tuple(axes[n]), params) for n in order if n in axes]
+        spaces = [s for s in spaces if identity_spaces or not _identity_only(s)]
         absorbed = tuple(f"{k}.{l}" for l in layers for k in HEAD_PAIRS) if config.form == "circuit" else ()
         return cls({s.name: s for s in spaces}, absorbed)
 
@@ -100,6 +102,12 @@ class SymmetrySpec:
             if axes:
                 spaces[name] = replace(space, acts_on=axes)
         return SymmetrySpec(spaces, self.absorbed)
+
+
+def _identity_only(space: Space) -> bool:
+    """One query head per key/value group: its permutations are the identity, so the space is not built
+    (no sampled element, matcher output or test case for a group that moves nothing)."""
+    return space.kind == "qheads" and space.size == 1
 
 
 def _space(config, family, name, kind, layer, axes, params) -> Space:

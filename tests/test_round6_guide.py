@@ -1,0 +1,70 @@
+"""What a newcomer following docs/adding-a-family.md meets: the family kit's symmetry tests on a model with
+one query head per key/value head (no qheads space of size 1, matchers that do without it)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from glmc.matching.weight import weight_matching
+from glmc.models import to_canonical
+from glmc.symmetry import SymmetrySpec, Transform, apply
+from glmc.symmetry.embed_width import embed_width, layer_sizes
+
+from family_checks import (
+    GATED_MLP,
+    MULTI_HEAD,
+    ROTARY_QK,
+    STREAM,
+    VO,
+    alignment_tests,
+    canonical_fixture,
+    symmetry_tests,
+)
+from numeric import FORWARD, assert_close_rel
+from tiny_hf import tiny_llama
+
+# a Llama whose key/value heads equal its query heads: grouped attention with groups of one
+ONE_PER_GROUP = dict(heads=4, kv_heads=4, hidden=16, mlp=24, layers=1)
+CASES = STREAM | MULTI_HEAD | ROTARY_QK | VO | GATED_MLP
+
+canonical = canonical_fixture(tiny_llama, **ONE_PER_GROUP)
+test_the_cases_are_what_the_spec_claims, test_symmetry_preserves_function = symmetry_tests(CASES)
+pair, test_alignment_keeps_b = alignment_tests(
+    partial(tiny_llama, **ONE_PER_GROUP), mapped={"heads", "vo"}, unmapped={"qheads"}
+)
+
+
+def test_no_query_heads_space_of_size_one(canonical):
+    model, _ = canonical
+    spec = SymmetrySpec.from_model(model)
+    assert not spec.names("qheads")
+    # asking for query-head permutations samples nothing rather than an identity
+    assert not Transform.sample(spec, {"qheads": "permutation"}, torch.Generator().manual_seed(0))
+
+
+def test_grouped_query_model_keeps_its_query_heads_space():
+    model = to_canonical(tiny_llama(heads=4, kv_heads=2, hidden=16, mlp=24, layers=1))
+    assert [s.size for s in SymmetrySpec.from_model(model) if s.kind == "qheads"] == [2]
+
+
+def test_weight_matching_recovers_heads_without_a_query_heads_space(canonical):
+    model, x = canonical
+    classes = {"heads": "permutation", "vo": "orthogonal_scale", "mlp": "permutation"}
+    b = apply(Transform.sample(SymmetrySpec.from_model(model), classes, torch.Generator().manual_seed(3)), model)
+    transform, _ = weight_matching(model, b, dtype=torch.float64)
+    assert "heads.0" in transform and "qheads.0" not in transform
+    with torch.no_grad():
+        assert_close_rel(apply(transform, b)(x), b(x), FORWARD, "aligned B vs B")
+
+
+def test_width_embedding_grows_one_query_head_per_group(canonical):
+    """embed_width still pads the query-head axis that no space is built for."""
+    model, x = canonical
+    wide = embed_width(model, model.width + 4, qheads=3)
+    assert layer_sizes(wide)["qheads"] == [3] and [
+        s.size for s in SymmetrySpec.from_model(wide).spaces.values() if s.kind == "qheads"
+    ] == [3]
+    with torch.no_grad():
+        assert_close_rel(wide(x), model(x), FORWARD, "embedded vs original logits")
