@@ -10,7 +10,7 @@ import copy
 import dataclasses
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import cache
 
 import torch
@@ -65,6 +65,23 @@ def merge_configs(configs: Sequence[CanonicalConfig], weights: Sequence[float]) 
     if len(kept) == 1 and kept[0][0] == 1.0:  # an endpoint: its own epsilon, bit for bit
         return dataclasses.replace(configs[0], norm_eps=kept[0][1])
     return dataclasses.replace(configs[0], norm_eps=sum(w * e for w, e in kept))
+
+
+def check_finite(weights: Sequence[float], name: str = "weights") -> None:
+    """TypeError for a weight that is not a number, ValueError for a NaN or infinite one (it would make every
+    parameter of the result NaN), each naming its place in `name`."""
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Iterable):
+        raise TypeError(f"{name}={weights!r} is not a sequence of numbers: pass one weight per model, e.g. [0.5, 0.5]")
+    for i, w in enumerate(weights):
+        try:
+            value = float(w)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name}[{i}]={w!r} is not a number") from None
+        if not math.isfinite(value):
+            raise ValueError(
+                f"{name}[{i}]={value} is not a finite number (it would make every parameter NaN): pass finite "
+                "weights, e.g. [lam, 1 - lam] for a point on the path between two models"
+            )
 
 
 def _check_weights(weights: Sequence[float], circuits: Sequence[str]) -> None:
@@ -140,14 +157,17 @@ def interpolate(
     models: Sequence[torch.nn.Module], weights: Sequence[float], circuits: Sequence[str] = ()
 ) -> torch.nn.Module:
     """A new model whose parameters are sum_i weights[i] * models[i]: factored canonical models by
-    `merge_params`, any others by their state dicts, into a copy of models[0]."""
+    `merge_params`, any others by their state dicts, into a copy of models[0] (of the first model with the
+    most tensors of its own where they differ: an untied output head where another model's is tied, which a
+    tied copy could not hold apart from its embedding)."""
+    check_finite(weights)
     if all(isinstance(m, CanonicalTransformer) and m.config.form == "factored" for m in models):
         with torch.no_grad():
             merged = merge_params([m.params() for m in models], weights, circuits)
         return CanonicalTransformer(merge_configs([m.config for m in models], weights), merged)
     if circuits:
         raise ValueError("circuits= applies to factored canonical models (glmc.to_canonical)")
-    merged_model = copy.deepcopy(models[0])
+    merged_model = copy.deepcopy(max(models, key=lambda m: len(dict(m.named_parameters()))))
     with torch.no_grad():
         merged_model.load_state_dict(interpolate_state_dicts([m.state_dict() for m in models], weights))
     return merged_model

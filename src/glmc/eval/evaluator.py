@@ -8,6 +8,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -84,6 +85,26 @@ def _logits_of(out: Any, module: torch.nn.Module) -> Tensor:
             "body that returns hidden states)"
         )
     return out.logits
+
+
+def checked_lambdas(lambdas: Sequence[float]) -> list[float]:
+    """`lambdas` as floats, each checked before any point is evaluated: TypeError for what is not a sequence
+    of numbers, ValueError naming the first that is not in [0, 1] (NaN included)."""
+    if isinstance(lambdas, (str, bytes)) or not isinstance(lambdas, Iterable):
+        raise TypeError(f"lambdas={lambdas!r} is not a sequence of numbers: pass e.g. [0.0, 0.5, 1.0]")
+    values = []
+    for i, lam in enumerate(lambdas):
+        try:
+            values.append(float(lam))
+        except (TypeError, ValueError):
+            raise TypeError(f"lambdas[{i}]={lam!r} is not a number") from None
+        if not 0.0 <= values[-1] <= 1.0:
+            what = "is not a number" if math.isnan(values[-1]) else "is outside [0, 1]"
+            raise ValueError(
+                f"lambdas[{i}]={values[-1]} {what}: pass lambdas in [0, 1] (the path is lam * A + (1 - lam) * B, "
+                "from B at 0 to A at 1)"
+            )
+    return values
 
 
 class Evaluator:
@@ -177,16 +198,14 @@ class Evaluator:
 
     def path(self, alignment: Alignment, lambdas: Sequence[float], desc: str = "path") -> dict[str, list[float]]:
         """Loss and accuracy of lam * reference + (1 - lam) * model for every lam (lam = 1 is A)."""
+        curve: dict[str, Any] = {"lambdas": checked_lambdas(lambdas), "loss": [], "accuracy": []}
         fa, fb = _Functional(alignment.reference, self.device), _Functional(alignment.model, self.device)
         if fa.canonical != fb.canonical:
             raise TypeError("the two ends of a path must both be canonical or both be the original models")
-        curve: dict[str, Any] = {"lambdas": [float(x) for x in lambdas], "loss": [], "accuracy": []}
         release_after(fa.tensors.values())  # a large model's matching left its working set's pages behind
         layerwise = tensor_bytes(fa.tensors.values()) >= LAYERWISE_POINTS_FROM
         begun = last_line = time.perf_counter()
         for lam in tqdm(curve["lambdas"], desc=desc, disable=not self.progress, leave=False):
-            if not 0.0 <= lam <= 1.0:
-                raise ValueError(f"lambda={lam} is outside [0, 1]")
             loss, acc = self._point(fa, fb, [lam, 1.0 - lam], alignment.circuits, layerwise)
             curve["loss"].append(loss)
             curve["accuracy"].append(acc)
