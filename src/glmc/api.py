@@ -13,7 +13,16 @@ import torch
 from torch.utils.data import TensorDataset
 
 from glmc.alignment import Alignment
-from glmc.api_inputs import check_loader, check_model, check_pair, family_of, path_reference, resolve_task
+from glmc.api_inputs import (
+    check_loader,
+    check_model,
+    check_pair,
+    check_run_dir,
+    family_of,
+    path_reference,
+    resolve_task,
+    untied_ends,
+)
 from glmc.choices import ResidualClass
 from glmc.eval import evaluator as _evaluator
 from glmc.matching.base import MatchContext, Matcher
@@ -47,9 +56,11 @@ def align(
     """Align model B to model A, of the same architecture (Hugging Face models of a known family, or canonical).
 
     `matcher`: a registry method name whose settings `options` override, or an object with `match(a, b,
-    context)`. `data`: training batches for data-driven methods. Learned matching trains with a Lightning
-    Trainer (`trainer` settings), checkpointing into `run_dir` (a temporary folder if None). Returns an
-    Alignment: `.model` is B transformed (B's function), `.reference` A in the same parameterisation."""
+    context)`. `data`: training batches for data-driven methods, read more than once: a list of (inputs,
+    targets) pairs, a DataLoader or a LightningDataModule (a generator, read only once, is refused). Learned
+    matching trains with a Lightning Trainer (`trainer` settings), checkpointing into `run_dir` (a temporary
+    folder if None). Returns an Alignment: `.model` is B transformed (B's function), `.reference` A in the
+    same parameterisation."""
     node, symmetry = None, {}
     if isinstance(matcher, str):
         if matcher not in METHODS:
@@ -64,6 +75,7 @@ def align(
         )
     check_model(model_a, "model_a")
     check_model(model_b, "model_b")
+    check_run_dir(run_dir)
     a, b = _convert(model_a, "model_a"), _convert(model_b, "model_b")
     if node is not None:
         # residual=auto: the family's widest class (activation matching's `residual` is no class)
@@ -116,8 +128,12 @@ def evaluate_path(
     **options,
 ) -> dict[str, list[float]]:
     """Loss and accuracy along lam * A + (1 - lam) * B (an Alignment as A and None for B: its own
-    parameterisation and circuits), every batch checked against A; `task` is read from A when not given."""
+    parameterisation and circuits), every batch checked against A; `task` is read from A when not given.
+    Where one original model's output head is tied to its embedding and the other's is not, the path runs
+    between an untied copy of the tied one (its function, other tensors shared) and the other, as a run does;
+    the models passed in are left as they are."""
     reference = path_reference(model_a, model_b)
+    model_a, model_b = untied_ends(model_a, model_b)
     check_loader(loader, "loader")
     task = resolve_task(reference, task, "model_a")
     checked = CheckedBatches(loader, reference, task)
@@ -256,6 +272,12 @@ def check_data(model: CanonicalTransformer, data: Any) -> None:
     if hasattr(data, "train_dataloader"):
         return
     check_loader(data, "data")
+    if isinstance(data, Iterator):  # its first batch, read here, would be gone; a second pass yields none
+        raise TypeError(
+            f"data is a {type(data).__name__}, which yields its batches only once, but matching reads them again "
+            "(learned matching for every epoch): pass a list of (inputs, targets) batches (e.g. list(data)) or "
+            "a DataLoader"
+        )
     limits, task = model_limits(model), model.task
     dataset = getattr(data, "dataset", None)
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from itertools import chain
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,11 +16,13 @@ from glmc.datasets import CAUSAL_LM, CLASSIFICATION, IMAGES, MASKED_LM, TEXT
 from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named, family_of_model_type
+from glmc.safe_files import unwritable
 
 if TYPE_CHECKING:
     from glmc.models.families.base import Family
 
 TASKS = (CLASSIFICATION, CAUSAL_LM, MASKED_LM)  # data.task's values
+PARALLEL_WRAPPERS = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
 # a family's data kind -> (axes of its inputs, what they are)
 INPUT_FORMS = {
     TEXT: (2, "integer token ids [batch, time]"),
@@ -26,11 +31,18 @@ INPUT_FORMS = {
 
 
 def check_model(model: Any, name: str) -> None:
-    """TypeError for anything but a module with its family's head; ValueError for weights on the meta device."""
+    """TypeError for anything but a module with its family's head, or for one wrapped for parallel training
+    (DataParallel, DistributedDataParallel); ValueError for weights on the meta device."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(
             f"{name} is a {type(model).__name__}, not a torch.nn.Module: pass a Hugging Face model of a known "
             "family or a canonical one (glmc.to_canonical)"
+        )
+    if isinstance(model, PARALLEL_WRAPPERS):
+        # the wrapper hides the model's config and prefixes its weights' names with "module."
+        raise TypeError(
+            f"{name} is a {type(model).__name__} around a {type(model.module).__name__}: pass {name}.module, the "
+            "model itself (glmc reads its weights and places them on `device` itself)"
         )
     _check_head(model, name)
     tensors = chain(model.named_parameters(), model.named_buffers())
@@ -110,6 +122,34 @@ def path_reference(model_a: Any, model_b: Any) -> torch.nn.Module:
     return model_a
 
 
+def untied_ends(model_a: Any, model_b: Any) -> tuple[Any, Any]:
+    """A path's ends (an Alignment and None, or two models) where one end is an original model with its output
+    head tied to its embedding and the other is not: the tied one replaced by an untied copy, its other
+    tensors shared (not copied), so both hold the same parameters, as run.py pairs such models
+    (glmc.pipeline.hf_folders.untie_mixed_heads). The models passed in are left as they are."""
+    if isinstance(model_a, Alignment):
+        reference, model = untied_ends(model_a.reference, model_a.model)
+        return replace(model_a, reference=reference, model=model), None
+    from glmc.pipeline.hf_folders import head_is_tied  # the pipeline's: imported where a path is evaluated
+
+    ends = (model_a, model_b)
+    if not all(hasattr(m, "get_output_embeddings") for m in ends):  # canonical heads are never tied
+        return model_a, model_b
+    tied = [head_is_tied(m) for m in ends]
+    if all(tied) or not any(tied):
+        return model_a, model_b
+    return _untied_copy(model_a) if tied[0] else model_a, _untied_copy(model_b) if tied[1] else model_b
+
+
+def _untied_copy(model: torch.nn.Module) -> torch.nn.Module:
+    from glmc.pipeline.hf_folders import untie_output_head
+
+    shared = {id(t): t for t in chain(model.parameters(), model.buffers())}  # deepcopy takes these as copied
+    copied = copy.deepcopy(model, memo=shared)
+    untie_output_head(copied)
+    return copied
+
+
 def check_loader(loader: Any, name: str) -> None:
     """TypeError for a `loader` that cannot yield batches (one batch passed alone, a tensor, None)."""
     if isinstance(loader, (torch.Tensor, Mapping)) or not isinstance(loader, Iterable):
@@ -117,6 +157,25 @@ def check_loader(loader: Any, name: str) -> None:
             f"{name} is a {type(loader).__name__}: pass an iterable of (inputs, targets) batches, e.g. a "
             "DataLoader or [(inputs, targets)]"
         )
+
+
+def check_run_dir(run_dir: Any) -> None:
+    """ValueError naming `run_dir` where the folder cannot be created or written (a file on its path, a link
+    loop, no permission); None (a temporary folder) passes."""
+    if run_dir is None:
+        return
+    path = Path(run_dir)
+    kind, existing, reason = unwritable(path) or ("", path, "")
+    key = f"run_dir={str(run_dir)!r}"
+    instead = "pass run_dir=<a folder to write in>, or leave it None (a temporary one)"
+    if kind == "file":
+        what = "is a file" if existing == path else f"cannot be created: {existing} is a file"
+        raise ValueError(f"{key} {what}, not a folder: {instead}")
+    if kind == "loop":
+        raise ValueError(f"{key}: a symbolic link on this path leads back to itself (a loop): {instead}")
+    if kind == "denied":
+        what = "is not writable" if existing == path else f"cannot be created in {existing}"
+        raise ValueError(f"{key} {what} ({reason}): {instead}")
 
 
 def check_pair(family: Family | None, batch: Any, task: str, name: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -80,7 +80,22 @@ class MatchContext:
 
         if isinstance(self.data, L.LightningDataModule):
             return {"datamodule": self.data}
+        if isinstance(self.data, (list, tuple)):  # Lightning reads a list as several loaders, not as batches
+            return {"train_dataloaders": BatchList(self.data)}
         return {"train_dataloaders": self.data}
+
+
+class BatchList:
+    """A list of batches as one loader, which Lightning reads again at every epoch."""
+
+    def __init__(self, batches: list | tuple):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
 class Matcher(Protocol):

@@ -415,13 +415,18 @@ def untie_mixed_heads(folders: list[Folder], models: list) -> list:
 
 def untie_head(f: Folder, model):
     """The model with its tied output head made a tensor of its own holding the embedding's values."""
+    untie_output_head(model)
+    log.info("%s: its output head is tied to its embedding; untied to pair it with untied models", f.key)
+    return model
+
+
+def untie_output_head(model) -> None:
+    """Give a model's tied output head a tensor of its own holding the embedding's values (its function kept)."""
     import torch
 
     head = model.get_output_embeddings()
     head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
     model.config.tie_word_embeddings = False  # kept apart where the library would tie them again
-    log.info("%s: its output head is tied to its embedding; untied to pair it with untied models", f.key)
-    return model
 
 
 def float32_bytes(f: Folder) -> int:
