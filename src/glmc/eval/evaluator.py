@@ -216,7 +216,7 @@ class Evaluator:
                     "%s: %d of %d points, loss %.4f at lambda %g, %.0f s so far",
                     desc,
                     done,
-                    len(lambdas),
+                    len(curve["lambdas"]),
                     loss,
                     lam,
                     now - begun,
