@@ -19,7 +19,8 @@ from glmc.settings.methods import METHODS, MULTI_METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-MAX_WORDS = 20_000
+MAX_WORDS = 19_000  # outside the registry lists (registry_lists), which grow with the registries
+MAX_ENTRY_WORDS = 80  # each entry of those lists
 
 REGISTRIES = {
     "families": family_names,
@@ -49,8 +50,8 @@ def cells(row: str) -> list[str]:
     return [c.strip() for c in row.strip().strip("|").split("|")]
 
 
-def table_rows(text: str, header: str, where: str) -> list[list[str]]:
-    """The body rows of the table whose header row starts with `header`."""
+def table_lines(text: str, header: str, where: str) -> list[str]:
+    """The body lines of the table whose header row starts with `header`."""
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith(header)]
     assert len(starts) == 1, f"{where}: expected one table headed {header!r}, found {len(starts)}"
@@ -58,8 +59,13 @@ def table_rows(text: str, header: str, where: str) -> list[list[str]]:
     for line in lines[starts[0] + 2 :]:
         if not line.startswith("|"):
             break
-        rows.append(cells(line))
+        rows.append(line)
     return rows
+
+
+def table_rows(text: str, header: str, where: str) -> list[list[str]]:
+    """The body rows (their cells) of the table whose header row starts with `header`."""
+    return [cells(line) for line in table_lines(text, header, where)]
 
 
 def names(cell: str) -> set[str]:
@@ -89,8 +95,11 @@ def test_design_lists_the_families_and_methods():
         assert_same(listed[kind], kind, f"docs/design.md's registry row {kind!r}")
 
 
+FAMILY_SENTENCE = r"The family \(one of ([^)]*)\)"
+
+
 def test_readme_names_every_family():
-    found = re.findall(r"The family \(one of ([^)]*)\)", prose(ROOT / "README.md"))
+    found = re.findall(FAMILY_SENTENCE, prose(ROOT / "README.md"))
     assert len(found) == 1, "README.md: expected one sentence 'The family (one of `vit`, ...)'"
     assert_same(names(found[0]), "families", "README.md's family sentence")
 
@@ -139,7 +148,36 @@ def test_every_module_and_file_the_pages_name_exists():
     assert not missing, "the pages name modules or files that do not exist (update the page): " + "; ".join(missing)
 
 
+def registry_lists(page: str, text: str) -> list[str]:
+    """The page's lists that the tests above check against a registry: its registry tables' rows, design.md's
+    registry rows, README's family sentence. One entry each per family, method, dataset or experiment."""
+    found = [line for p, header, _ in TABLES if p == page for line in table_lines(text, header, page)]
+    if page == "docs/design.md":
+        rows = table_lines(text, DESIGN_TABLE, page)
+        found += [line for line in rows if cells(line)[0] in ("families", "methods", "multi-model methods")]
+    if page == "README.md":  # the names only: the sentence's link and colon still count
+        found += [" ".join(re.findall(r"`\w+`,?", sentence)) for sentence in re.findall(FAMILY_SENTENCE, text)]
+    return found
+
+
+def counted_words(page: str, text: str) -> int:
+    """The page's words outside its registry lists: a new registry entry adds none (it only extends lists)."""
+    return len(text.split()) - sum(len(item.split()) for item in registry_lists(page, text))
+
+
 def test_readme_and_docs_stay_short():
-    words = {p.relative_to(ROOT).as_posix(): len(p.read_text(encoding="utf-8").split()) for p in PAGES}
+    texts = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8") for p in PAGES}
+    words = {page: counted_words(page, text) for page, text in texts.items()}
     total = sum(words.values())
-    assert total <= MAX_WORDS, f"README.md and docs/ hold {total} words, over {MAX_WORDS}: {words}; link, don't repeat"
+    assert total <= MAX_WORDS, (
+        f"README.md and docs/ hold {total} words outside their registry lists, over {MAX_WORDS}: {words}; "
+        "link, don't repeat"
+    )
+    # an uncounted entry stays an entry: a row or sentence grown into prose belongs in the counted text
+    long = [
+        f"{page}: {len(item.split())} words in {item[:50]!r}..."
+        for page, text in texts.items()
+        for item in registry_lists(page, text)
+        if len(item.split()) > MAX_ENTRY_WORDS
+    ]
+    assert not long, f"registry list entries over {MAX_ENTRY_WORDS} words (move the prose out): " + "; ".join(long)

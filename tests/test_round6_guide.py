@@ -68,3 +68,26 @@ def test_width_embedding_grows_one_query_head_per_group(canonical):
     ] == [3]
     with torch.no_grad():
         assert_close_rel(wide(x), model(x), FORWARD, "embedded vs original logits")
+
+
+def test_a_new_family_adds_no_counted_doc_words():
+    """The entries a new family adds to the lists that test_docs_match_registries checks (README's family
+    sentence, design.md's registry row, architectures.md's table) are not counted toward the word bound;
+    a sentence of prose is."""
+    from test_docs_match_registries import ROOT, counted_words
+
+    row = (
+        "| `gptj` | GPTJForCausalLM (`gptj`) | orthogonal, permutation | as GPT-NeoX | as GPT-NeoX | permutation | — |"
+    )
+    edits = {
+        "README.md": lambda t: t.replace("`gpt_neox`:", "`gpt_neox`, `gptj`:", 1),
+        "docs/design.md": lambda t: t.replace("`gpt_neox` (", "`gpt_neox`, `gptj` (", 1),
+        "docs/architectures.md": lambda t: t.replace("\n| `opt` |", f"\n{row}\n| `opt` |", 1),
+    }
+    for page, edit in edits.items():
+        text = (ROOT / page).read_text(encoding="utf-8")
+        grown = edit(text)
+        assert grown != text and "gptj" in grown, page
+        assert counted_words(page, grown) == counted_words(page, text), page
+        prose = grown + "\nA new family explained in eight more words.\n"
+        assert counted_words(page, prose) == counted_words(page, text) + 8, page
