@@ -4,15 +4,23 @@ naming it; link loops in the sweep folder and the data paths are refused by key 
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import time
+from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from stub_workers import LONG, train_until_stopped
 
+import glmc.pipeline.endpoints as endpoints
+import glmc.pipeline.side_by_side as side_by_side
+from glmc.pipeline.run import run_pipeline
 from glmc.pipeline.run_folder import LOCK_NAME
 from glmc.pipeline.sweep_report import FAILED_FILE
 
-from conftest import run_script
+from conftest import compose_config, run_script
 
 
 @pytest.fixture
@@ -58,3 +66,39 @@ def test_a_sweep_folder_that_loops_is_refused_before_any_job(tmp_path, monkeypat
     assert f"the sweep folder {sweep} cannot be created: a symbolic link on this path leads back to itself" in err
     assert "(hydra.sweep.dir=...)" in err and "Traceback" not in err
     assert "job 0" not in err  # refused before any job
+
+
+# 22b. SIGTERM with train.parallel_endpoints >= 2 stops the workers at once
+
+
+def _started(run_dir: Path, count: int) -> list[int]:
+    """The pids of the `count` workers once each has started its training (each writes its file first)."""
+    deadline = time.monotonic() + LONG  # bounds a failure only: a spawned worker starts in seconds
+    while len(found := sorted(run_dir.glob("started_*"))) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(found) == count, f"the workers did not start: {found}"
+    return [int(p.read_text()) for p in found]
+
+
+def test_sigterm_stops_the_side_by_side_workers_at_once(tmp_path, monkeypatch, caplog):
+    run_dir = tmp_path / "run"
+    cfg = compose_config("debug=fast", "logger=none", "seeds=[0,1]", f"cache_dir={tmp_path / 'cache'}")
+    cfg.train.parallel_endpoints = 2
+    monkeypatch.setattr(endpoints, "train_seed", train_until_stopped)  # what each worker runs
+    pids: list[int] = []
+    wait_for_results = side_by_side.as_completed
+
+    def terminated_while_training(futures):
+        pids.extend(_started(run_dir, 2))
+        os.kill(os.getpid(), signal.SIGTERM)  # the cluster's preemption, to this process only
+        return wait_for_results(futures)
+
+    monkeypatch.setattr(side_by_side, "as_completed", terminated_while_training)
+    with caplog.at_level(logging.ERROR, logger="glmc.pipeline.run"), pytest.raises(SystemExit) as stop:
+        run_pipeline(cfg, run_dir)
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert "interrupted while training endpoints: seeds 0, 1 with no finished epoch yet" in caplog.text
+    assert not list(run_dir.glob("finished_*"))  # neither worker trained on to its end
+    for pid in pids:  # both ended (and were reaped) before run_pipeline returned
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

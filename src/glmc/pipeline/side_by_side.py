@@ -8,7 +8,8 @@ seed goes to one worker only, so no two processes write one entry (and the entry
 out as before). On a GPU the workers share the card; each worker gets torch threads = this process's
 threads // N, so that N workers do not oversubscribe the cores. Workers send their log records to this
 process, which writes them where its own go. A worker ends with this process, even one killed with
-SIGKILL (glmc.train.parent_watch), so that no orphan trains on holding its seed's lock.
+SIGKILL (glmc.train.parent_watch), so that no orphan trains on holding its seed's lock; a Ctrl-C or
+SIGTERM of this process stops its workers at once (`stop_workers`) instead of waiting for their training.
 
 The endpoint stage (glmc.pipeline.endpoints) gives the seeds to train and the function a worker runs
 (`train_seed`), so this module knows processes, not endpoints. A worker that fails reports the seed it
@@ -104,12 +105,23 @@ def _run_workers(cfg: Config, run_dir: Path, todo: list, workers: int, threads: 
             if failed:
                 for other in futures:
                     other.cancel()  # those not started yet; the running ones finish and stay cached
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (glmc.pipeline.run.Terminated): stop now, not after training
+        stop_workers(pool)
+        raise
     finally:
         # all done: the idle workers' interpreter teardown (seconds) overlaps with loading the endpoints
         pool.shutdown(wait=bool(failed) or any(not f.done() for f in futures), cancel_futures=True)
         relay.stop()
     if failed:
         raise_failures(failed)
+
+
+def stop_workers(pool: ProcessPoolExecutor) -> None:
+    """SIGTERM to every worker of `pool`: training there stops at its next step (Lightning's SIGTERM handling),
+    elsewhere the worker ends at once; what it checkpointed stays for the next run to resume from."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):  # no public handle before 3.14
+        if process.is_alive():
+            process.terminate()
 
 
 def raise_failures(failed: list[SeedFailed]) -> None:
