@@ -4,13 +4,18 @@ and records what its children vary, and summarize.py and the interrupted-run mes
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from glmc.pipeline.validate import ConfigError, validate_config
+from glmc.train.resume import EpochCheckpoint
 
-from conftest import compose_config, load_script, run_script
+from conftest import ForkedRun, compose_config, load_script, run_script
 
 SPAWN = ["endpoints=spawn", "seeds=[1,2]", "matcher.methods=[vanilla]", "data.limit_train=128"]
 
@@ -132,3 +137,42 @@ def test_summarize_a_folder_of_spawn_runs_only_writes_the_table_and_no_figure(sp
     printed = _summarize(monkeypatch, capsys, spawn_run / "runs")
     assert "children spawned from the parent (seed 0) at step k of 4" in printed
     assert "no seed pairs: no figure" in printed and not (spawn_run / "runs" / "summary.png").exists()
+
+
+def _terminated_after_first_epoch(tmp_path, monkeypatch, seed: int, steps: str) -> tuple[Path, str, int]:
+    """A spawn run (parent: seed 0, children: seeds 1 and 2) sent SIGTERM right after the first epoch of the
+    training of `seed`: (that training's checkpoint, the interrupted line, the exit status)."""
+    real = EpochCheckpoint.on_train_epoch_end
+
+    def then_terminated(self, trainer, pl_module):  # runs in the forked run: a real signal, at a known point
+        real(self, trainer, pl_module)
+        if self.path.parent.name == f".train_seed_{seed}":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(EpochCheckpoint, "on_train_epoch_end", then_terminated)
+    cache, log = tmp_path / "cache", tmp_path / "run.log"
+    args = ["debug=fast", "logger=none", *SPAWN, "seed_fixed=0", f"endpoints.steps={steps}"]  # 2 epochs each
+    run = ForkedRun([*args, f"cache_dir={cache}", f"hydra.run.dir={tmp_path / 'run'}"], log)
+    try:
+        while run.poll() is None:
+            time.sleep(0.05)
+    finally:
+        run.kill()
+    [checkpoint] = cache.glob(f"*/.train_seed_{seed}/last.ckpt")
+    (line,) = [x for x in log.read_text().splitlines() if "interrupted while training endpoints" in x]
+    return checkpoint, line, run.returncode
+
+
+def test_sigterm_during_a_spawn_childs_training_names_its_checkpoint(tmp_path, monkeypatch):
+    checkpoint, line, code = _terminated_after_first_epoch(tmp_path, monkeypatch, 1, "[0]")
+    assert f"the last finished epoch of step 0's child of seed 1 checkpointed in {checkpoint}" in line
+    assert f"the parent's (seed 0) states at steps [0] cached in {tmp_path / 'cache'}" in line
+    folder = checkpoint.parent.parent  # the children of step 0 share it
+    assert f"step 0's children of seed 2 with no finished epoch yet (checkpoints go to {folder}/" in line
+    assert code == 128 + signal.SIGTERM
+
+
+def test_sigterm_during_the_spawn_parents_training_names_its_checkpoint(tmp_path, monkeypatch):
+    checkpoint, line, code = _terminated_after_first_epoch(tmp_path, monkeypatch, 0, "[0,4]")  # 4: its last step
+    assert f"the last finished epoch of the parent (seed 0) checkpointed in {checkpoint}" in line
+    assert "child" not in line and code == 128 + signal.SIGTERM

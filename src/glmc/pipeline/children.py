@@ -187,6 +187,41 @@ def spawn_points(cfg: Config, key: dict[str, Any], run_dir: Path, tracker) -> di
     return points
 
 
+def _named(seeds: list[int]) -> str:
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+
+
+def spawn_kept(cfg: Config) -> str:
+    """What an interrupted spawn run's endpoint stage kept, for its message (endpoints.training_kept says it
+    for the other modes): the parent's states, or its last finished epoch's checkpoint; then each step's
+    children, cached, checkpointed (an epoch finished) or with no finished epoch, each with its own folder."""
+    cache, key, parent, steps = EndpointCache(Path(cfg.cache_dir)), cache_key(cfg), cfg.seed_fixed, cfg.endpoints.steps
+    states = [k for k in steps if cache.entry({**key, "spawn_point": k}, parent).is_dir()]
+    last = cache.training_dir({**key, "spawn_parent": parent}, parent) / "last.ckpt"
+    if len(states) == len(steps):
+        kept = [f"the parent's (seed {parent}) states at steps {list(steps)} cached in {cfg.cache_dir}"]
+    elif last.exists():
+        kept = [f"the last finished epoch of the parent (seed {parent}) checkpointed in {last}"]
+    else:  # its children start once its training has ended
+        return f"the parent (seed {parent}) with no finished epoch yet (checkpoints go to {last}); no child begun"
+    for k in steps:
+        child = {**key, "spawned_from": {"seed": parent, "step": k}}
+        folder = cache.entry(child, 0).parent
+        cached = [s for s in cfg.seeds if cache.entry(child, s).is_dir()]  # renamed into place when complete
+        checkpoints = {s: cache.training_dir(child, s) / "last.ckpt" for s in cfg.seeds if s not in cached}
+        checkpoints = {s: path for s, path in checkpoints.items() if path.exists()}
+        nothing = [s for s in cfg.seeds if s not in cached and s not in checkpoints]
+        kept += [f"step {k}'s children of {_named(cached)} cached in {folder}"] if cached else []
+        own = "the last finished epoch of step {}'s child of seed {} checkpointed in {}"
+        kept += [own.format(k, s, path) for s, path in checkpoints.items()]
+        if nothing and len(states) == len(steps):
+            kept.append(
+                f"step {k}'s children of {_named(nothing)} with no finished epoch yet "
+                f"(checkpoints go to {folder}/.train_seed_<n>/last.ckpt)"
+            )
+    return "; ".join(kept)
+
+
 def get_spawned(cfg: Config, run_dir: Path, tracker, evaluator) -> dict[int, dict[int, Endpoint]]:
     """step k -> seed -> the child continued from the parent's state at k, from the cache or trained now."""
     key = cache_key(cfg)

@@ -34,7 +34,7 @@ from glmc.metrics import is_token_task
 from glmc.models.canonical import relative_deviation
 from glmc.models.families import families_for_data, family_named
 from glmc.pipeline.cache import config_hash
-from glmc.pipeline.children import run_children, run_spawn
+from glmc.pipeline.children import run_children, run_spawn, spawn_kept
 from glmc.pipeline.endpoint_forms import DEVIATION_LOGITS_BYTES
 from glmc.pipeline.endpoint_record import Endpoint
 from glmc.pipeline.endpoints import cache_key, endpoint_ids, get_endpoints, seeds_of, training_kept
@@ -178,8 +178,9 @@ def interrupted_message(cfg: Config, run_dir: Path, stage: dict[str, str]) -> st
         return "interrupted: run the same command again (the endpoints are the folders of endpoints.paths)"
     cache = Path(cfg.cache_dir) / config_hash(cache_key(cfg))
     if stage.get("name") == "endpoints":  # say what was kept: cached seeds, checkpoints, seeds not begun
+        kept = spawn_kept(cfg) if str(cfg.endpoints.source) == "spawn" else training_kept(cfg)
         return (
-            f"interrupted while training endpoints: {training_kept(cfg)}; run the same command again to resume "
+            f"interrupted while training endpoints: {kept}; run the same command again to resume "
             "(cached endpoints are reused)"
         )
     if stage.get("name") == "matching" and "checkpoint_every" not in cfg.matcher[stage["method"]]:
