@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import torch
 
+from glmc.interpolation import interpolate
 from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
+from glmc.models.export import export_hf, head_bias_offset
 from glmc.symmetry import SymmetrySpec, Transform, apply
 from glmc.symmetry.embed_width import embed_width, layer_sizes
 
@@ -23,7 +26,7 @@ from family_checks import (
     symmetry_tests,
 )
 from numeric import FORWARD, assert_close_rel
-from tiny_hf import tiny_llama
+from tiny_hf import tiny_gpt_neox, tiny_llama
 
 # a Llama whose key/value heads equal its query heads: grouped attention with groups of one
 ONE_PER_GROUP = dict(heads=4, kv_heads=4, hidden=16, mlp=24, layers=1)
@@ -91,3 +94,20 @@ def test_a_new_family_adds_no_counted_doc_words():
         assert counted_words(page, grown) == counted_words(page, text), page
         prose = grown + "\nA new family explained in eight more words.\n"
         assert counted_words(page, prose) == counted_words(page, text) + 8, page
+
+
+def test_head_bias_offset_names_the_family_that_lacks_a_head_bias():
+    w, b = torch.randn(12, 4, generator=torch.Generator().manual_seed(0)).double(), torch.linspace(-1, 1, 12).double()
+    with pytest.raises(ValueError, match=r"a gptj model's output head has no bias.*no gptj equivalent") as err:
+        head_bias_offset(w, b, "gptj")
+    assert "GPT-2" not in str(err.value) and "merge.export=false" in str(err.value)
+    beta = head_bias_offset(w, w @ torch.ones(4, dtype=w.dtype), "gptj")  # in the column space: carried
+    assert torch.allclose(w @ beta, w @ torch.ones(4, dtype=w.dtype))
+
+
+def test_a_merged_gpt_neox_export_is_refused_naming_gpt_neox(tmp_path):
+    a, b = to_canonical(tiny_gpt_neox(seed=0, layers=1)), to_canonical(tiny_gpt_neox(seed=1, layers=1))
+    merged = interpolate([a, b], [0.5, 0.5])  # vocabulary 53 > width 32: the mean head bias leaves head.w's span
+    with pytest.raises(ValueError, match="a gpt_neox model's output head has no bias") as err:
+        export_hf(merged, a.source, tmp_path / "out")
+    assert "GPT-2" not in str(err.value)

@@ -141,17 +141,19 @@ def fresh(template: torch.nn.Module, **overrides):
     return type(template)(config).to(dtype).eval()
 
 
-def head_bias_offset(head_w: Tensor, head_b: Tensor, tol: float = 1e-6) -> Tensor:
-    """beta with head_w @ beta = head_b (least squares, float64); ValueError when the residual exceeds tol."""
+def head_bias_offset(head_w: Tensor, head_b: Tensor, family: str, tol: float = 1e-6) -> Tensor:
+    """beta with head_w @ beta = head_b (least squares, float64), the final norm's bias that carries the head's
+    bias in a `family` whose output head has none; ValueError when the residual exceeds tol."""
     w, b = head_w.double(), head_b.double()
     beta = torch.linalg.lstsq(w, b[:, None], driver="gelsd").solution[:, 0]
     scale = b.norm().item()
     residual = (w @ beta - b).norm().item()
     if scale > 0 and residual > tol * scale:
         raise ValueError(
-            f"head.b is not in the column space of head.w (relative residual {residual / scale:.2e}): a GPT-2 "
-            f"lm_head has no bias, and with vocabulary {w.shape[0]} > width {w.shape[1]} ln_f's bias cannot "
-            "carry this one, so the model has no GPT-2 equivalent"
+            f"head.b is not in the column space of head.w (relative residual {residual / scale:.2e}): a {family} "
+            f"model's output head has no bias, and with vocabulary {w.shape[0]} > width {w.shape[1]} its final "
+            f"norm's bias cannot carry this one, so the model has no {family} equivalent: use it in canonical "
+            "form (glmc evaluates it as it is); merge.export=false skips the export"
         )
     return beta
 

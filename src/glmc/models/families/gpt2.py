@@ -59,7 +59,7 @@ def gpt2_from_canonical(model: CanonicalTransformer, template: GPT2LMHeadModel) 
     check_template(
         model, cfg.activation_function, "n_embd", cfg.n_embd, (cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head)
     )
-    beta = head_bias_offset(p("head.w"), p("head.b"))
+    beta = head_bias_offset(p("head.w"), p("head.b"), "gpt2")
     # head.w differs from the token embedding (folding, merging): the head must not be tied
     hf = fresh(template, layer_norm_epsilon=model.config.norm_eps, tie_word_embeddings=False)
     tr, D = hf.transformer, model.width

@@ -175,7 +175,7 @@ def gpt_neox_from_canonical(model: CanonicalTransformer, template: GPTNeoXForCau
     params = check_model(model, "gpt_neox")
     p = lambda n: params[n].double()  # noqa: E731
     _check_template(model, template.config)
-    beta = head_bias_offset(p("head.w"), p("head.b"))
+    beta = head_bias_offset(p("head.w"), p("head.b"), "gpt_neox")
     hf = fresh(template, layer_norm_eps=model.config.norm_eps, tie_word_embeddings=False)
     inner = hf.gpt_neox
     set_param(inner.embed_in.weight, p("embed.tokens"), "embed.tokens")

@@ -114,7 +114,7 @@ def opt_from_canonical(model: CanonicalTransformer, template: OPTForCausalLM) ->
     params = check_model(model, "opt")
     p = lambda n: params[n].double()  # noqa: E731
     _check_template(model, template)
-    beta = head_bias_offset(p("head.w"), p("head.b"))
+    beta = head_bias_offset(p("head.w"), p("head.b"), "opt")
     # head.w differs from the token embedding (folding, merging): the head must not be tied
     hf = fresh(template, tie_word_embeddings=False)
     dec, D = hf.model.decoder, model.width
