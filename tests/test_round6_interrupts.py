@@ -4,6 +4,7 @@ naming it; link loops in the sweep folder and the data paths are refused by key 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -102,3 +103,50 @@ def test_sigterm_stops_the_side_by_side_workers_at_once(tmp_path, monkeypatch, c
     for pid in pids:  # both ended (and were reaped) before run_pipeline returned
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# 22c. a full disk while learned matching writes last.ckpt: a refusal naming it, not a traceback
+
+
+def test_a_full_disk_under_learned_matchings_last_ckpt_is_refused_by_name(tmp_path, monkeypatch):
+    import lightning.fabric.plugins.io.torch_io as torch_io
+
+    from glmc.data.module import DataModule
+    from glmc.eval.evaluator import path_losses
+    from glmc.matching.base import MatchContext
+    from glmc.matching.learned import LearnedMatcher
+    from glmc.models.convert import to_canonical
+    from glmc.pipeline.refusals import is_refusal
+    from glmc.train.latent_fit import fit_latents
+    from glmc.train.storage import NoRoomError
+    from glmc.train.trainer import trainer_factory
+
+    from tiny_hf import tiny_vit
+
+    cfg = compose_config("debug=fast")
+    data = DataModule(cfg.data, seed=0)
+    data.setup()
+    a, b = (to_canonical(tiny_vit(seed=s, hidden=16, mlp=32, layers=1)) for s in (0, 1))
+    save = torch_io._atomic_save
+
+    def disk_full_for_last(checkpoint, path):
+        if Path(path).name == "last.ckpt":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a write() on a full disk: no file name
+        save(checkpoint, path)
+
+    monkeypatch.setattr(torch_io, "_atomic_save", disk_full_for_last)
+    matcher = LearnedMatcher(max_steps=3, checkpoint_every=2, lr=0.05, lambda_scheme="uniform")
+    make = trainer_factory(cfg.trainer)
+    context = MatchContext(
+        data=data, trainer=make, run_dir=tmp_path / "learned", fit=fit_latents, path_loss=path_losses
+    )
+    with pytest.raises(NoRoomError) as refused:
+        matcher.match(a, b, context)
+    message = str(refused.value)
+    folder = next((tmp_path / "learned").glob("pair_*/checkpoints"))
+    assert (
+        f"could not write the learned matching checkpoint last.ckpt into {folder}: No space left on device" in message
+    )
+    assert "free space on that disk, or set the run folder (hydra.run.dir) to a folder on a disk with room" in message
+    assert is_refusal(refused.value)  # the command line shows the message alone, without a traceback
+    assert not (folder / "last.ckpt").exists()

@@ -14,6 +14,9 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from glmc.threads import adapt as adapt_threads
 from glmc.train.resume import EpochCheckpoint, resumable
+from glmc.train.storage import checkpoint_bytes, no_room_error
+
+RUN_DIR = "the run folder (hydra.run.dir)"  # what chooses where a pair's checkpoints go
 
 
 class _SaveLast(Callback):
@@ -67,7 +70,7 @@ def fit_latents(module, context, folder: Path, settings, logger) -> tuple[float,
     callbacks = [checkpoints, _SaveLast(last), clock]
     exact = hasattr(context.data, "train_generator_state")  # glmc.data.module.DataModule
     if exact:
-        callbacks.append(EpochCheckpoint(epoch, context.data, setting="the run folder (hydra.run.dir)"))
+        callbacks.append(EpochCheckpoint(epoch, context.data, setting=RUN_DIR))
     make_trainer = context.trainer or _default_trainer
     trainer = make_trainer(
         default_root_dir=str(folder),
@@ -91,11 +94,26 @@ def fit_latents(module, context, folder: Path, settings, logger) -> tuple[float,
         with warnings.catch_warnings():  # the DataModule's test split is its val loader; matching has no val loop
             warnings.filterwarnings("ignore", message=".*val_dataloader.*validation_step")
             _fit(trainer, module, context.fit_data(), resume)
+    except OSError as err:  # Lightning's last.ckpt (every checkpoint_every steps, and at the end) on a full disk
+        refusal = no_room_error(
+            err, f"the learned matching checkpoint {last.name}", last.parent, _needed(module, last), RUN_DIR
+        )
+        if refusal is None:
+            raise
+        raise refusal from err
     finally:
         if exact:  # the shared DataModule: the next fit starts from the seeded order again
             context.data.train_generator_state = None
             context.data.train_start_step = None
     return time.perf_counter() - tick, trainer.world_size, resume, clock.earlier if resume else 0.0
+
+
+def _needed(module, last: Path) -> int:
+    """About the bytes of `last`: the size of the one written before, else an estimate."""
+    try:
+        return last.stat().st_size
+    except OSError:
+        return checkpoint_bytes(module)
 
 
 def _checkpoint_step(path: Path) -> int:
