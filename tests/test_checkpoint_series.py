@@ -92,7 +92,13 @@ def test_a_run_measures_every_method_at_every_saved_step_and_a_rerun_trains_noth
     pair_12 = results["methods"]["vanilla"]["pairs"][2]
     assert pair_12["seeds"] == [1, 2] and vanilla["barriers"][1][2] == vanilla["barriers"][2][1] == pair_12["barrier"]
     written = {p.relative_to(tmp_path / "run").as_posix() for p in previous_outputs(tmp_path / "run")}
-    assert {"series.png", "matrix.png", "matrix_vanilla.csv", "matrix_weight.csv", "series/step_0"} <= written
+    assert {
+        "series.png",
+        "matrix.png",
+        "matrix_vanilla.csv",
+        "matrix_weight.csv",
+        "series/step_0/weight/diagnostics_0-1.json",
+    } <= written
 
     # the cached endpoint is its last snapshot, and what training without snapshots gives, bit for bit
     cached = build_model(cfg.model)

@@ -5,6 +5,7 @@ online without a key is refused before any work."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,8 +13,10 @@ import sys
 import pytest
 
 from glmc.pipeline.hydra_targets import hydra_override_problems
+from glmc.pipeline.previous_outputs import previous_outputs, remove_previous_outputs
+from glmc.pipeline.run import run_pipeline
 
-from conftest import ROOT
+from conftest import ROOT, compose_config
 
 
 def _run_py(*args: str, env: dict[str, str] | None = None, cwd=None) -> subprocess.CompletedProcess:
@@ -78,3 +81,74 @@ def test_hydras_own_plugins_glmcs_callbacks_and_group_picks_pass():
         "model=vit_digits",
     ]
     assert hydra_override_problems(allowed) == []
+
+
+# 4, 5, 18. overwrite=true removes only the files glmc writes, inside the run folder
+
+
+def _write(root, names, text="x"):
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def _files(root):
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def test_paths_in_the_old_results_never_lead_outside_the_run_folder(tmp_path):
+    run_dir, victim = tmp_path / "a" / "run", tmp_path / "a" / "victim"
+    _write(victim, ["keep.txt"])
+    (run_dir / "series" / "step_..").mkdir(parents=True)  # run/series/step_../../../../victim is `victim`
+    saved = {"series": {"steps": ["../../../../victim"]}, "methods": {"../../victim": {}}, "matrix": {}}
+    (run_dir / "results.json").write_text(json.dumps(saved))
+    assert (run_dir / "series" / "step_../../../../victim").resolve() == victim.resolve()
+    remove_previous_outputs(run_dir)
+    assert (victim / "keep.txt").read_text() == "x"
+    assert not (run_dir / "results.json").exists() and (run_dir / "series" / "step_..").is_dir()
+
+
+def test_a_finished_series_keeps_the_users_files_in_its_step_folders(tmp_path):
+    run_dir = tmp_path / "run"
+    ours = [
+        "results.json",
+        "barrier.csv",
+        "series.png",
+        "matrix.png",
+        "matrix_weight.csv",
+        "weight/diagnostics_0-1.json",
+        "series/step_100/weight/diagnostics_0-1.json",
+        "series/step_100/learned/pair_0123456789ab/checkpoints/last.ckpt",
+        "series/step_200/weight/diagnostics_0-1.json",
+        "series/step_200/weight/hf_0-1/model.safetensors",
+        "series/step_200/weight/hf_0-1/config.json",
+        "series/step_200/weight/.diagnostics_0-1.json.tmp-ab12.json",  # an interrupted atomic write
+    ]
+    users = [
+        "series/step_100/notes.txt",
+        "series/step_100/weight/mine.txt",
+        "series/step_100/learned/pair_0123456789ab/checkpoints/notes.txt",
+        "weight/hf_0-1/README.md",
+        "weight/diagnostics_mine.json",
+        "matrix_notes.csv",
+        "logs/weight_0-1/metrics.csv",
+        "mine/diagnostics_0-1.json",  # not a method's folder
+    ]
+    _write(run_dir, ours + users)
+    (run_dir / "results.json").write_text(json.dumps({"series": {"steps": [100]}, "methods": {"weight": {}}}))
+    assert sorted(p.relative_to(run_dir).as_posix() for p in previous_outputs(run_dir)) == sorted(ours)
+    remove_previous_outputs(run_dir)
+    assert _files(run_dir) == sorted(users)
+    assert not (run_dir / "series" / "step_200").exists()  # left empty: removed
+    assert not (run_dir / "series" / "step_100" / "learned" / "pair_0123456789ab" / "last.ckpt").exists()
+
+
+def test_a_trained_run_over_a_finished_spawn_run_leaves_none_of_its_outputs(tmp_path, tiny_overrides):
+    run_dir = tmp_path / "run"
+    spawned = ["spawn.png", "spawn/step_0/weight/diagnostics_1-5.json", "spawn/step_2/weight/diagnostics_1-5.json"]
+    _write(run_dir, [*spawned, "spawn/step_2/notes.txt"])
+    (run_dir / "results.json").write_text(json.dumps({"config": {"endpoints": {"source": "spawn"}}, "methods": {}}))
+    run_pipeline(compose_config(*tiny_overrides, "matcher.methods=[vanilla]", "overwrite=true"), run_dir)
+    assert not (run_dir / "spawn.png").exists() and not (run_dir / "spawn" / "step_0").exists()
+    assert _files(run_dir / "spawn") == ["step_2/notes.txt"]  # the user's file, in the folder it was in
+    assert list(json.loads((run_dir / "results.json").read_text())["methods"]) == ["vanilla"]

@@ -1,92 +1,143 @@
-"""What an earlier run recorded in a run folder's results.json wrote there, and its removal under
-overwrite=true: the user's own files in the folder are never among it."""
+"""What an earlier run wrote into a run folder, and its removal under overwrite=true. Read from the folder's
+own entries, by the names glmc gives its files: results.json only adds method names, matched against what
+the folder holds (never joined into a path). Only those files go, then the folders they leave empty; the
+user's own files, and the folders holding them, stay; nothing outside the folder is touched."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
-import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+
+from glmc.settings.methods import METHODS, MULTI_METHODS
 
 log = logging.getLogger(__name__)
 
-# what a run writes into its folder besides one folder per method (glmc.pipeline.run, .outputs, .multi)
-RESULT_FILES = ("results.json", "barrier.csv", "barrier.png", "simplex.png", "series.png", "matrix.png")
+# what a run writes into its folder besides one folder per method (glmc.pipeline.run, .outputs, .multi,
+# .series, .children)
+RESULT_FILES = ("results.json", "barrier.csv", "barrier.png", "simplex.png", "series.png", "matrix.png", "spawn.png")
 KEPT_FOLDERS = ("logs", "wandb", ".hydra")  # logs of earlier runs and Hydra's record stay
-# checkpoint folders of learned matching (pair_<hash>) and of the universe refinement (universe_<hash>),
-# named by glmc.matching.base.settings_hash
+# a series (series/) and a spawn run (spawn/) measure each step into <kind>/step_<n>/<method>/
+STEP_KINDS, STEP_FOLDER = ("series", "spawn"), re.compile(r"step_\d+")
+# in a method folder: diagnostics_<a>-<b>.json, the midpoint export hf_<a>-<b>/ and the checkpoint folders of
+# learned matching (pair_<hash>) and of the universe refinement (universe_<hash>, glmc.matching.base.settings_hash)
+DIAGNOSTICS, EXPORT_FOLDER = re.compile(r"diagnostics_.+-.+\.json"), re.compile(r"hf_.+-.+")
 CHECKPOINT_FOLDER = re.compile(r"(pair|universe)_[0-9a-f]{12}")
+CHECKPOINT_FILE = re.compile(r"[^.].*\.ckpt")
+# what save_pretrained, glmc's export (glmc_export.json) and save_tokenizer (glmc.pipeline.merges) write
+EXPORT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "glmc_export.json",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "chat_template.jinja",
+)
+SHARD = re.compile(r"model(-\d+-of-\d+)?\.safetensors")
+TEMPORARY = re.compile(r"\.(.+)\.tmp-[^/]*")  # glmc.safe_files.atomic_path's, left by an interrupted write
 
 
-def _pair_labels(saved: dict[str, Any]) -> set[str]:
-    """The `<a>-<b>` labels of every pair in `saved`'s methods, which name its files."""
-    labels = set()
-    for method in (saved.get("methods") or {}).values():
-        for pair in (method.get("pairs") or []) if isinstance(method, dict) else []:
-            ends = (pair.get("endpoints") or pair.get("seeds")) if isinstance(pair, dict) else None
-            if isinstance(ends, list) and ends:
-                labels.add("-".join(str(e) for e in ends))
-    return labels
+def _ours(name: str, named: Callable[[str], bool]) -> bool:
+    """`name` is a file glmc writes (`named`), or the temporary file of one."""
+    temporary = TEMPORARY.fullmatch(name)
+    return named(name) or (temporary is not None and named(temporary.group(1)))
 
 
-def _saved_results(run_dir: Path) -> dict[str, Any]:
+def _entries(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(entries, key=lambda e: e.name)
+    except OSError:  # gone, or not a folder
+        return []
+
+
+def _files(folder: Path, named: Callable[[str], bool]) -> list[Path]:
+    """The plain files (never a link) directly in `folder` whose names glmc gives them."""
+    return [Path(e.path) for e in _entries(folder) if e.is_file(follow_symlinks=False) and _ours(e.name, named)]
+
+
+def _folders(folder: Path, named: Callable[[str], bool]) -> list[Path]:
+    """The folders (never a link) directly in `folder` whose names `named` accepts."""
+    return [Path(e.path) for e in _entries(folder) if e.is_dir(follow_symlinks=False) and named(e.name)]
+
+
+def _saved_method_names(run_dir: Path) -> set[str]:
+    """The method names results.json records (a custom matcher's folder): plain names only."""
     try:
         saved = json.loads((Path(run_dir) / "results.json").read_text())
     except (OSError, ValueError):
-        return {}
-    return saved if isinstance(saved, dict) else {}
+        return set()
+    saved = saved if isinstance(saved, dict) else {}
+    names = list(saved.get("methods") or {}) if isinstance(saved.get("methods"), dict) else []
+    config = saved.get("config") if isinstance(saved.get("config"), dict) else {}
+    listed = (config.get("matcher") or {}).get("methods") if isinstance(config.get("matcher"), dict) else None
+    names += listed if isinstance(listed, list) else []
+    return {n for n in names if isinstance(n, str)}
 
 
-def method_folders(run_dir: Path) -> list[Path]:
-    """The folders of the methods recorded in `run_dir`/results.json (and universe/ of a multi-model run)."""
-    saved = _saved_results(run_dir)
-    names = list(saved.get("methods") or {}) + (["universe"] if saved.get("multi") else [])
-    folders = [
-        Path(run_dir) / n
-        for n in names
-        if isinstance(n, str) and n and Path(n).name == n and not n.startswith(".") and n not in KEPT_FOLDERS
-    ]
-    return [p for p in folders if p.is_dir() and not p.is_symlink()]
+def _matrix_csv(names: set[str]) -> Callable[[str], bool]:
+    """matrix_<method>.csv and matrix_universe_<method>.csv (glmc.pipeline.matrix)."""
+    stems = names | {f"universe_{n}" for n in names}
+    return lambda name: name.startswith("matrix_") and name.endswith(".csv") and name[7:-4] in stems
+
+
+def _method_outputs(folder: Path) -> Iterator[Path]:
+    """What a run wrote into one method folder: diagnostics, the export's files, the checkpoint files."""
+    yield from _files(folder, DIAGNOSTICS.fullmatch)
+    for export in _folders(folder, EXPORT_FOLDER.fullmatch):
+        yield from _files(export, lambda name: name in EXPORT_FILES or SHARD.fullmatch(name) is not None)
+    for checkpoints in _folders(folder, CHECKPOINT_FOLDER.fullmatch):
+        yield from _files(checkpoints / "checkpoints", CHECKPOINT_FILE.fullmatch)
 
 
 def previous_outputs(run_dir: Path) -> list[Path]:
-    """What the run recorded in `run_dir`/results.json wrote there: in each method folder its diagnostics,
-    exports and checkpoint folders (never a link, nor the user's files), then its result files."""
+    """The files an earlier run wrote into `run_dir`, found by their names: its result files and matrix CSVs,
+    and in every method folder (also those of each step under series/ and spawn/) its diagnostics, exports
+    and checkpoints. Never a link, a folder, or a file of another name (the user's own)."""
     run_dir = Path(run_dir)
-    labels = _pair_labels(_saved_results(run_dir))
-    files, exports = {f"diagnostics_{label}.json" for label in labels}, {f"hf_{label}" for label in labels}
-    inside = [
-        path
-        for folder in method_folders(run_dir)
-        for path in sorted(folder.iterdir())
-        if not path.is_symlink()
-        and (
-            (path.is_file() and path.name in files)
-            or (path.is_dir() and (path.name in exports or CHECKPOINT_FOLDER.fullmatch(path.name)))
-        )
+    methods = set(METHODS) | set(MULTI_METHODS) | {"universe"} | _saved_method_names(run_dir)
+    method = lambda name: name in methods and name not in KEPT_FOLDERS + STEP_KINDS  # noqa: E731
+    csv = _matrix_csv(methods)
+    found = _files(run_dir, lambda name: name in RESULT_FILES or csv(name))
+    levels = [run_dir] + [
+        s for kind in _folders(run_dir, STEP_KINDS.__contains__) for s in _folders(kind, STEP_FOLDER.fullmatch)
     ]
-    saved = _saved_results(run_dir)  # a series' step folders and the matrices' CSVs (glmc.pipeline.series, .matrix)
-    steps = [run_dir / "series" / f"step_{s}" for s in (saved.get("series") or {}).get("steps") or []]
-    csvs = [
-        f"matrix_{n if kind == 'pairwise' else 'universe_' + n}.csv"
-        for kind, m in (saved.get("matrix") or {}).items()
-        for n in m
-    ]
-    return (
-        inside
-        + [p for p in steps if p.is_dir() and not p.is_symlink()]
-        + [run_dir / f for f in (*RESULT_FILES, *csvs) if (run_dir / f).is_file()]
-    )
+    for level in levels:
+        for folder in _folders(level, method):
+            found += _method_outputs(folder)
+    return found
 
 
 def remove_previous_outputs(run_dir: Path) -> None:
-    """Remove `previous_outputs`, and the method folders left empty (the user's own files stay)."""
-    folders = method_folders(run_dir)
+    """Remove `previous_outputs`, then each folder inside `run_dir` that this leaves empty (a folder still
+    holding the user's files stays, and so does every folder above it)."""
+    run_dir = Path(run_dir)
+    root = run_dir.resolve()
+    removed = 0
     for path in previous_outputs(run_dir):
-        log.info("overwrite=true: removing %s of the replaced results", path)
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    for folder in folders:
-        if not any(folder.iterdir()):
-            folder.rmdir()
+        if path.is_symlink() or not path.resolve().is_relative_to(root):  # listed as plain files inside: kept so
+            continue
+        log.debug("overwrite=true: removing %s of the replaced results", path)
+        path.unlink(missing_ok=True)
+        removed += 1
+        folder = path.parent
+        while folder != run_dir and folder.is_relative_to(run_dir):
+            try:
+                folder.rmdir()  # only an empty folder goes
+            except OSError:
+                break
+            folder = folder.parent
+    if removed:
+        log.info("overwrite=true: removed %d files of the replaced results from %s", removed, run_dir)

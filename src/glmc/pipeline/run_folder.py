@@ -128,9 +128,10 @@ def check_run_dir(cfg: Config, run_dir: Path) -> bool:
         return True
     raise FileExistsError(
         f"{run_dir} already holds the results of a different config ({shown}): pass overwrite=true to "
-        "replace them (it removes only what that run wrote: results.json, barrier.csv and the plots, and in "
-        "each method folder its diagnostics_*.json, hf_* exports and checkpoint folders; your own files "
-        "there are kept), or choose another folder (hydra.run.dir=...)"
+        "replace them (it removes only the files glmc writes: results.json, barrier.csv, the plots and matrix "
+        "CSVs, and in each method folder, also those under series/ and spawn/, its diagnostics_*.json, hf_* "
+        "exports and checkpoints, then the folders left empty; your own files there are kept), or choose "
+        "another folder (hydra.run.dir=...)"
     )
 
 
