@@ -1,9 +1,15 @@
 """What a newcomer following docs/adding-a-family.md meets: the family kit's symmetry tests on a model with
-one query head per key/value head (no qheads space of size 1, matchers that do without it)."""
+one query head per key/value head (no qheads space of size 1, matchers that do without it), a docs word
+bound that new registry entries do not count toward, export's head-bias refusal naming the family, and a
+guide that names what a family's tests and conversion need."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import re
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +17,7 @@ import torch
 from glmc.interpolation import interpolate
 from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
+from glmc.models.canonical import CanonicalConfig
 from glmc.models.export import export_hf, head_bias_offset
 from glmc.symmetry import SymmetrySpec, Transform, apply
 from glmc.symmetry.embed_width import embed_width, layer_sizes
@@ -111,3 +118,40 @@ def test_a_merged_gpt_neox_export_is_refused_naming_gpt_neox(tmp_path):
     with pytest.raises(ValueError, match="a gpt_neox model's output head has no bias") as err:
         export_hf(merged, a.source, tmp_path / "out")
     assert "GPT-2" not in str(err.value)
+
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "adding-a-family.md"
+TESTS = Path(__file__).resolve().parent
+
+
+def test_the_guide_names_every_helper_and_group_of_the_family_kit():
+    """Each function and (space, class) group a family's test module can take from tests/family_checks.py."""
+    tree = ast.parse((TESTS / "family_checks.py").read_text())
+    functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    groups = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if t.id.isupper()}
+    guide = GUIDE.read_text()
+    missing = sorted(name for name in functions | groups if f"`{name}" not in guide)
+    assert not missing, f"docs/adding-a-family.md does not name these of tests/family_checks.py: {missing}"
+
+
+def test_the_guide_names_every_test_module_run_over_every_family():
+    """A new family joins these modules' runs: the guide says what each needs of it."""
+    over_all = re.compile(r'parametrize\("family", \[?[^\n]*\bfamily_names\(\)')
+    runs = sorted(p.name for p in TESTS.glob("test_*.py") if over_all.search(p.read_text()))
+    assert {"test_lean_endpoints.py", "test_model_keys.py", "test_pretrained_endpoints.py"} <= set(runs)
+    guide = GUIDE.read_text()
+    missing = [name for name in runs if f"tests/{name}" not in guide]
+    assert not missing, f"docs/adding-a-family.md does not name these tests run over every family: {missing}"
+
+
+def test_the_guides_canonical_settings_are_config_fields():
+    """The CanonicalConfig settings the guide lists exist, GPT-NeoX's parallel residual and odd rotary counts
+    among them; rotary pairs that differ from the canonical ones are a row order, not a block kind."""
+    guide = " ".join(GUIDE.read_text().split())
+    paragraph = re.search(r"The shared blocks' settings travel in `CanonicalConfig`(.*?)The canonical rotary", guide)
+    assert paragraph, "docs/adding-a-family.md lost its paragraph on CanonicalConfig's settings"
+    listed = set(re.findall(r"`(\w+)`", paragraph.group(1)))
+    fields = {f.name for f in dataclasses.fields(CanonicalConfig)}
+    assert listed <= fields, f"not CanonicalConfig fields: {sorted(listed - fields)}"
+    assert {"parallel_residual", "rotary_freq_dim", "rotary_dims", "rope_theta"} <= listed
+    assert "GPT-J" in guide and "needs no new block" in guide
