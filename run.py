@@ -54,6 +54,9 @@ def sweep_job(cfg: DictConfig, job_dir: str) -> float:
 
 
 def run(cfg: DictConfig) -> float:
+    from glmc.pipeline.matplotlib_dir import use_cache_for_matplotlib
+
+    use_cache_for_matplotlib(cfg.cache_dir)  # before the pipeline's imports bring in matplotlib
     from glmc.pipeline.run import run_pipeline  # heavy imports after Hydra has validated the config
     from glmc.threads import configure as configure_threads
 

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from glmc.pipeline.hydra_targets import hydra_override_problems
+from glmc.pipeline.matplotlib_dir import use_cache_for_matplotlib
 from glmc.pipeline.previous_outputs import previous_outputs, remove_previous_outputs
 from glmc.pipeline.run import run_pipeline
 
@@ -152,3 +153,35 @@ def test_a_trained_run_over_a_finished_spawn_run_leaves_none_of_its_outputs(tmp_
     assert not (run_dir / "spawn.png").exists() and not (run_dir / "spawn" / "step_0").exists()
     assert _files(run_dir / "spawn") == ["step_2/notes.txt"]  # the user's file, in the folder it was in
     assert list(json.loads((run_dir / "results.json").read_text())["methods"]) == ["vanilla"]
+
+
+# 6. matplotlib keeps its configuration and font cache in glmc's cache folder, not under $HOME
+
+
+def test_matplotlib_writes_nothing_under_home(tmp_path):
+    home, cache = tmp_path / "home", tmp_path / "cache"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")}
+    # seeds=[0] is refused by the pipeline's check, after its imports brought matplotlib in
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "debug=fast", "logger=none", "seeds=[0]", f"cache_dir={cache}"]
+        + [f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True,
+        text=True,
+        env={**env, "HOME": str(home), "OMP_NUM_THREADS": "1"},
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 1 and "seeds=[0]" in proc.stderr, proc.stderr
+    assert list(home.iterdir()) == []
+    assert list((cache / "matplotlib").glob("fontlist*.json"))  # matplotlib's font cache, where it belongs
+
+
+def test_a_matplotlib_folder_the_user_chose_is_kept(monkeypatch, tmp_path):
+    monkeypatch.delitem(sys.modules, "matplotlib", raising=False)  # as before the first import
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mine"))
+    assert use_cache_for_matplotlib(tmp_path / "cache") is None
+    assert os.environ["MPLCONFIGDIR"] == str(tmp_path / "mine")
+    monkeypatch.delenv("MPLCONFIGDIR")
+    assert use_cache_for_matplotlib(tmp_path / "cache") == tmp_path / "cache" / "matplotlib"
+    assert os.environ["MPLCONFIGDIR"] == str(tmp_path / "cache" / "matplotlib")

@@ -14,10 +14,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from glmc.config import Config
-from glmc.pipeline.outputs import config_as_saved
 from glmc.pipeline.validate import validate_config
 from glmc.safe_files import unwritable
 
@@ -108,6 +107,8 @@ def check_links(run_dir: Path) -> None:
 
 def check_run_dir(cfg: Config, run_dir: Path) -> bool:
     """Refuses `run_dir` holding another config's results unless overwrite=true; True when it replaces them."""
+    from glmc.pipeline.outputs import config_as_saved  # matplotlib with it: after use_cache_for_matplotlib
+
     check_writable(run_dir)
     check_links(run_dir)
     results = Path(run_dir) / "results.json"
@@ -225,8 +226,11 @@ class RunFolderGuard(Callback):
             lock.release(force=True)
 
     def _check(self, config: DictConfig) -> None:
+        from glmc.pipeline.matplotlib_dir import use_cache_for_matplotlib
         from glmc.symmetry.family_defaults import check_residual_classes, resolve_run_symmetry
 
+        # before check_run_dir's imports bring matplotlib in
+        use_cache_for_matplotlib(OmegaConf.select(config, "cache_dir", throw_on_resolution_failure=False))
         run_dir = Path(str(config.hydra.run.dir))
         check_writable(run_dir)
         check_links(run_dir)
