@@ -69,6 +69,59 @@ def test_a_sweep_folder_that_loops_is_refused_before_any_job(tmp_path, monkeypat
     assert "job 0" not in err  # refused before any job
 
 
+# 22d. link loops: data.root, data.path, data.tokenizer_path
+
+
+@pytest.fixture
+def loop(tmp_path):
+    """A path through a -> b -> a."""
+    os.symlink(tmp_path / "b", tmp_path / "a")
+    os.symlink(tmp_path / "a", tmp_path / "b")
+    return tmp_path / "a"
+
+
+def test_a_data_root_that_loops_is_refused_on_the_command_line_before_any_work(
+    tmp_path, loop, monkeypatch, capsys, quiet_hydra
+):
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    args = ("debug=fast", "logger=none", f"cache_dir={cache}", f"data.root={loop}", f"hydra.run.dir={run_dir}")
+    code, _, err = run_script(monkeypatch, capsys, *args)
+    assert code == 1, err
+    assert f"data.root={loop}: a symbolic link on this path leads back to itself (a loop)" in err
+    assert "set data.root=<the folder holding the datasets>" in err and "Traceback" not in err
+    assert not cache.exists()  # nothing trained or cached
+
+
+@pytest.mark.parametrize(
+    "key, overrides",
+    [
+        ("data.path={loop}/notes.txt", ["data=text_file", "model=gpt2_text"]),
+        ("data.path={loop}", ["data=text_file", "model=gpt2_text"]),
+        ("data.tokenizer_path={loop}", ["data=tiny_shakespeare", "model=gpt2_shakespeare"]),
+        ("data.tokenizer_path={loop}", ["endpoints=pretrained", "endpoints.paths=[{loop}/m0,{loop}/m1]"]),
+        ("pretrain.data.root={loop}", ["debug=fast", "pretrain.enabled=true"]),
+    ],
+)
+def test_data_paths_that_loop_are_refused_by_key(tmp_path, loop, key, overrides):
+    from glmc.pipeline.validate import ConfigError, validate_config
+
+    setting = key.format(loop=loop)
+    cfg = compose_config(*(o.format(loop=loop) for o in overrides), setting, f"cache_dir={tmp_path / 'cache'}")
+    with pytest.raises(ConfigError) as refused:
+        validate_config(cfg)
+    message = str(refused.value)
+    assert f"{setting}: a symbolic link on this path leads back to itself (a loop)" in message
+    assert "no such file" not in message  # not taken for a missing file
+
+
+def test_the_text_file_loader_names_a_data_path_that_loops(loop):
+    from glmc.data.text_file import text_file_splits
+
+    data = compose_config("data=text_file", f"data.path={loop}", "data.tokenizer=char").data
+    with pytest.raises(FileNotFoundError, match=f"data.path={loop}: a symbolic link on this path leads back"):
+        text_file_splits(data)
+
+
 # 22b. SIGTERM with train.parallel_endpoints >= 2 stops the workers at once
 
 

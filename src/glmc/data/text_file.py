@@ -30,6 +30,7 @@ from glmc.data.text import (
     token_windows,
 )
 from glmc.data.tokenizer_folder import TOKENIZER_FILES
+from glmc.safe_files import symlink_loop
 
 if TYPE_CHECKING:
     from glmc.config import Config, DataConfig
@@ -50,6 +51,11 @@ def file_problem(data: Any) -> str | None:
     if not data.path:
         return ASK
     path = Path(str(data.path)).expanduser()
+    if symlink_loop(path):  # exists() would call it missing
+        return (
+            f"data.path={data.path}: a symbolic link on this path leads back to itself (a loop), so the file "
+            "cannot be read; remove the link or set data.path=<the text file itself>"
+        )
     if not path.exists():
         return f"data.path={data.path}: no such file{_where(path)}; give the UTF-8 text file to evaluate on"
     if not path.is_file():

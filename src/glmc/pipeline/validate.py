@@ -101,14 +101,38 @@ def _problems(cfg: Config) -> tuple[list[str], Any]:
 LOOP = "a symbolic link on this path leads back to itself (a loop), so nothing can be read or written there"
 
 
+# the data's folder settings, each with what to give instead of a path that loops (data.path, a file, is
+# checked by the dataset that reads it: glmc.data.text_file)
+DATA_PATHS = (
+    ("root", "the folder holding the datasets"),
+    ("tokenizer_path", "the folder of the saved tokenizer itself"),
+)
+
+
+def _data_loops(cfg: Config) -> list[str]:
+    """data.root and data.tokenizer_path (pretrain.data's too, where it pretrains) that loop."""
+    nodes = ["data", "pretrain.data"] if OmegaConf.select(cfg, "pretrain.enabled") else ["data"]
+    return [
+        f"{node}.{key}={value}: {LOOP}; remove the link or set {node}.{key}=<{instead}>"
+        for node in nodes
+        for key, instead in DATA_PATHS
+        if (value := OmegaConf.select(cfg, f"{node}.{key}")) and symlink_loop(str(value))
+    ]
+
+
 def _path_problems(cfg: Config) -> list[str]:
-    """endpoints.paths that loop; a cache_dir that cannot be written (the cache takes a lock even to load)."""
+    """The run's paths that loop, and a cache_dir that cannot be written."""
     if str(cfg.endpoints.source) == "pretrained":
-        return [
+        return _data_loops(cfg) + [
             f"endpoints.paths[{i}]={path}: {LOOP}; remove the link or give the model folder itself"
             for i, path in enumerate(cfg.endpoints.paths)
             if symlink_loop(str(path))
         ]
+    return _data_loops(cfg) + _cache_dir_problems(cfg)
+
+
+def _cache_dir_problems(cfg: Config) -> list[str]:
+    """A cache_dir that loops or cannot be written (the cache takes a lock even to load)."""
     key, path = f"cache_dir={cfg.cache_dir}", Path(str(cfg.cache_dir)).expanduser()
     kind, existing, reason = unwritable(path) or ("", path, "")
     if kind == "loop":
