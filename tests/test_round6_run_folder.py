@@ -16,6 +16,8 @@ from glmc.pipeline.hydra_targets import hydra_override_problems
 from glmc.pipeline.matplotlib_dir import use_cache_for_matplotlib
 from glmc.pipeline.previous_outputs import previous_outputs, remove_previous_outputs
 from glmc.pipeline.run import run_pipeline
+from glmc.pipeline.validate import ConfigError
+from glmc.pipeline.wandb_login import wandb_login_problems
 
 from conftest import ROOT, compose_config
 
@@ -185,3 +187,44 @@ def test_a_matplotlib_folder_the_user_chose_is_kept(monkeypatch, tmp_path):
     monkeypatch.delenv("MPLCONFIGDIR")
     assert use_cache_for_matplotlib(tmp_path / "cache") == tmp_path / "cache" / "matplotlib"
     assert os.environ["MPLCONFIGDIR"] == str(tmp_path / "cache" / "matplotlib")
+
+
+# 14. logger=wandb logger.mode=online without an API key is refused before any work
+
+
+@pytest.fixture
+def no_wandb_login(monkeypatch, tmp_path):
+    """No key anywhere W&B looks: an empty home, W&B's settings in an empty folder."""
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL", "NETRC"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    return tmp_path / "home"
+
+
+def test_wandb_online_without_a_key_is_refused_before_training(tmp_path, tiny_overrides, no_wandb_login):
+    cfg = compose_config(*tiny_overrides, "logger=wandb", "logger.mode=online")
+    with pytest.raises(ConfigError) as err:
+        run_pipeline(cfg, tmp_path / "run")
+    message = str(err.value)
+    assert "logger.mode=online" in message and "wandb login" in message and "logger.mode=offline" in message
+    assert str(no_wandb_login / ".netrc") in message
+    assert not (tmp_path / "endpoints").exists() and not (tmp_path / "run" / "results.json").exists()
+
+
+def test_a_key_where_wandb_reads_it_lets_an_online_run_start(tmp_path, monkeypatch, no_wandb_login):
+    online = compose_config("logger=wandb", "logger.mode=online")
+    assert wandb_login_problems(compose_config("logger=wandb")) == []  # offline needs no key
+    key = "a" * 40
+    (no_wandb_login / ".netrc").write_text(f"machine api.wandb.ai\n  login user\n  password {key}\n")
+    assert wandb_login_problems(online) == []
+    # a key for another server does not count; `wandb login --host` saves that server in W&B's settings
+    (no_wandb_login / ".netrc").write_text(f"machine wandb.example.com\n  login user\n  password {key}\n")
+    assert "https://api.wandb.ai" in wandb_login_problems(online)[0]
+    (tmp_path / "wandb_config").mkdir()
+    (tmp_path / "wandb_config" / "settings").write_text("[default]\nbase_url = https://wandb.example.com\n")
+    assert wandb_login_problems(online) == []
+    (no_wandb_login / ".netrc").unlink()
+    monkeypatch.setenv("WANDB_API_KEY", key)
+    assert wandb_login_problems(online) == []

@@ -18,6 +18,7 @@ from glmc.pipeline.endpoint_modes import endpoint_mode_problems
 from glmc.pipeline.model_checks import fits_data, model_key_problems, model_problems
 from glmc.pipeline.pairing import seed_pairs, seed_problems
 from glmc.pipeline.targets import target_problems, trainer_arguments
+from glmc.pipeline.wandb_login import wandb_login_problems
 from glmc.ranges import RULES, setting_problems
 from glmc.safe_files import symlink_loop, unwritable
 from glmc.settings.methods import METHODS, MULTI_METHODS
@@ -56,6 +57,7 @@ def _run_problems(cfg: Config) -> list[str]:
     problems = [f"{key}={value}: {fix}" for key, value, holds, fix in values if not holds(value)]
     problems += setting_problems(TrainConfig, cfg.train, "train")  # the ranges declared with the settings
     problems += setting_problems(EndpointsConfig, cfg.endpoints, "endpoints")
+    problems += wandb_login_problems(cfg)  # else W&B fails only after the endpoints trained
     return problems + setting_problems(MergeConfig, cfg.merge, "merge")
 
 
