@@ -206,3 +206,27 @@ def test_a_full_disk_under_learned_matchings_last_ckpt_is_refused_by_name(tmp_pa
     assert "free space on that disk, or set the run folder (hydra.run.dir) to a folder on a disk with room" in message
     assert is_refusal(refused.value)  # the command line shows the message alone, without a traceback
     assert not (folder / "last.ckpt").exists()
+
+
+def test_a_full_disk_under_an_endpoint_snapshot_is_refused_by_name(tmp_path, monkeypatch):
+    """train.save_steps' snapshots are refused as the endpoint's own checkpoint is (glmc.train.resume)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import glmc.train.snapshots as snapshots
+    from glmc.train.storage import NoRoomError
+
+    def disk_full(model, filename):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(snapshots, "save_model", disk_full)
+    saver = snapshots.Snapshots(tmp_path / "steps_seed_0", save_steps=2)
+    saver.steps = {0, 2}
+    trainer, module = SimpleNamespace(global_step=2, is_global_zero=True), SimpleNamespace(model=torch.nn.Linear(4, 4))
+    with pytest.raises(NoRoomError) as refused:
+        saver._save(trainer, module)
+    message = str(refused.value)
+    assert f"could not write the snapshot step_2.safetensors into {tmp_path / 'steps_seed_0'}: No space" in message
+    assert "or set cache_dir to a folder on a disk with room" in message
+    assert list((tmp_path / "steps_seed_0").iterdir()) == []  # no partial file left

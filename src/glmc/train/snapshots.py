@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load_model, save_model
 
 from glmc.safe_files import atomic_path, atomic_write_text
+from glmc.train.storage import no_room_error, state_bytes
 
 TOTAL = "steps.json"  # records the run's total optimizer steps, so the planned steps are known without training
 
@@ -100,5 +101,11 @@ class Snapshots(Callback):
         path = snapshot_file(self.folder, step)
         if step not in self.steps or not trainer.is_global_zero or path.exists():
             return
-        with atomic_path(path) as tmp:
-            save_model(pl_module.model, str(tmp))
+        try:
+            with atomic_path(path) as tmp:
+                save_model(pl_module.model, str(tmp))
+        except Exception as err:  # OSError, or safetensors' own error carrying the system's code
+            refusal = no_room_error(err, f"the snapshot {path.name}", self.folder, state_bytes(pl_module.model))
+            if refusal is None:
+                raise
+            raise refusal from err
