@@ -7,6 +7,7 @@ import functools
 import importlib.util
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,10 @@ from glmc.config import register_configs
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 register_configs()
+
+# One matplotlib font cache for the whole test run (subprocesses inherit it): a run would otherwise build one
+# in each test's own cache_dir (glmc points matplotlib there unless MPLCONFIGDIR is set), seconds each time.
+os.environ.setdefault("MPLCONFIGDIR", str(Path(tempfile.gettempdir()) / f"glmc-tests-matplotlib-{os.getuid()}"))
 
 # GLMC_TEST_THREADS=1 runs torch's CPU kernels on one thread: the summation order of a one-core machine.
 if os.environ.get("GLMC_TEST_THREADS"):

@@ -175,16 +175,20 @@ def test_a_second_run_waits_for_the_entry_and_loads_it(tmp_path, caplog):
 @pytest.mark.slow
 def test_a_joblib_sweep_on_an_empty_cache_trains_each_endpoint_once(tmp_path, monkeypatch, capsys):
     """Two jobs started together need the same two endpoints: one job trains each, the other waits."""
+    from joblib.externals.loky.backend import context as loky_context
+
+    import glmc.pipeline.run  # noqa: F401  (imported before the workers fork: they keep it)
     from conftest import run_script
 
+    # Hydra's joblib launcher always picks loky, whose fresh interpreters spend seconds importing torch and
+    # Lightning each; forked workers keep this process's imports and are processes all the same,
+    # coordinating through the cache's file locks
+    monkeypatch.setattr(loky_context, "_DEFAULT_START_METHOD", "fork")
     sweep = tmp_path / "sweep"
     command = [
         "-m",
         "hydra/launcher=local_grid",
         "hydra.launcher.n_jobs=2",
-        # forked workers keep this process's imports (loky's fresh interpreters spend seconds importing);
-        # they are processes all the same, coordinating through the cache's file locks
-        "hydra.launcher.backend=multiprocessing",
         "threads=1",
         "debug=fast",
         "logger=none",
