@@ -178,6 +178,7 @@ def test_a_joblib_sweep_on_an_empty_cache_trains_each_endpoint_once(tmp_path, mo
     from joblib.externals.loky.backend import context as loky_context
 
     import glmc.pipeline.run  # noqa: F401  (imported before the workers fork: they keep it)
+
     from conftest import run_script
 
     # Hydra's joblib launcher always picks loky, whose fresh interpreters spend seconds importing torch and
