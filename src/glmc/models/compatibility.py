@@ -53,6 +53,10 @@ def _differences(a: CanonicalTransformer, b: CanonicalTransformer, equal_mlp: bo
         yield f"has {{}} heads in layer {l}", sb["heads"][l], sa["heads"][l]
         if "qk" in sa:
             yield f"has query/key head dim {{}} in layer {l}", sb["qk"][l], sa["qk"][l]
+        elif f"blocks.{l}.k_w" in pa:  # heads normed over their dims (qk_norm): no space pads them
+            dims = (pb[f"blocks.{l}.k_w"].shape[-2], pa[f"blocks.{l}.k_w"].shape[-2])
+            yield f"has query/key head dim {{}} in layer {l} (head_dim)", *dims
+        if "vo" in sa:
             yield f"has value head dim {{}} in layer {l}", sb["vo"][l], sa["vo"][l]
         if equal_mlp and "mlp" in sa:
             yield f"has MLP width {{}} in layer {l}", sb["mlp"][l], sa["mlp"][l]

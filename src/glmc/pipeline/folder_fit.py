@@ -200,6 +200,7 @@ def _shared_problems(cfg: Config, folders: list[Folder]) -> list[str]:
             problems.append(
                 f"{f.key} has {layers[0]} layers, {first.key} has {layers[1]}: models to align need as many"
             )
+        problems += _expert_count_problems(f, first) + _head_dim_problems(f, first)
         mine, theirs = f.limits(), first.limits()
         for what, named in LIMITS.items():
             if mine.get(what) != theirs.get(what):
@@ -232,6 +233,39 @@ def _shared_problems(cfg: Config, folders: list[Folder]) -> list[str]:
                 "every folder to the first)"
             )
     return problems
+
+
+def _head_dim(f: Folder) -> int | None:
+    """The size of each attention head of the folder's model: config.json's head_dim, or width / heads."""
+    width, heads = f.size("hidden_size"), f.size("num_attention_heads")
+    return f.size("head_dim") or (width // heads if isinstance(width, int) and isinstance(heads, int) else None)
+
+
+def _head_dim_problems(f: Folder, first: Folder) -> list[str]:
+    """Heads whose queries and keys are normed over their dims (no qk space) embed only into heads as large."""
+    kind = first.family.attention_block()
+    dims = _head_dim(f), _head_dim(first)
+    if "qk" in kind.head_spaces or dims[0] == dims[1]:
+        return []
+    return [
+        f"{f.key} has head_dim {dims[0]}, {first.key} has head_dim {dims[1]}: {first.family.name} normalises each "
+        f"head's queries and keys over their head_dim ({kind.name} attention), so zero dims added to a head would "
+        "change its norm and no matcher can embed one into the other; give folders of one head_dim"
+    ]
+
+
+def _expert_count_problems(f: Folder, first: Folder) -> list[str]:
+    """Mixtures of experts align with as many experts per layer: an expert added to embed a smaller mixture
+    would take a share of the router's softmax, so no embedding computes the same function."""
+    key = first.family.experts_key
+    counts = (f.size(key), first.size(key)) if key else (None, None)
+    if counts[0] == counts[1]:
+        return []
+    return [
+        f"{f.key} has {counts[0]} experts per layer ({key}), {first.key} has {counts[1]}: mixtures of experts align "
+        "with as many experts only (an added expert would take a share of the routing, so no matcher can embed "
+        "the smaller mixture); give folders with as many experts"
+    ]
 
 
 def read_folders(cfg: Config) -> list[Folder]:
@@ -335,8 +369,23 @@ def check_pairs(cfg: Config, endpoints: list[Endpoint]) -> None:
         try:
             match_widths(a, b, torch.Generator().manual_seed(ib), str(cfg.embed_stream))
         except ValueError as err:
+            # the other order helps only where the embedded model is the larger somewhere
+            fix = (
+                "put the widest folder first"
+                if _larger_somewhere(b, a)
+                else f"endpoints.paths[{ia}] is already the wider, so reordering the folders does not help; give "
+                "folders whose models differ in no more than the reason allows"
+            )
             raise FolderError(
                 f"endpoints.paths[{ib}]={endpoints[ib].path} does not embed into endpoints.paths[{ia}]="
-                f"{endpoints[ia].path} ({err}): put the widest folder first"
+                f"{endpoints[ia].path} ({err}): {fix}"
             ) from None
         del a, b  # a large pair's forms freed before the next pair's are built
+
+
+def _larger_somewhere(b, a) -> bool:
+    """Whether canonical model `b` is wider than `a` in its stream or in some layer's heads or units."""
+    from glmc.symmetry.embed_width import layer_sizes
+
+    sa, sb = layer_sizes(a), layer_sizes(b)
+    return b.width > a.width or any(y > x for k in sb if k in sa for x, y in zip(sa[k], sb[k]))

@@ -32,6 +32,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import open_dict
@@ -187,6 +188,7 @@ def read_folder(path: str, index: int, task: str, name: str | None = None) -> Fo
 
     from glmc.models.families import family_of_model_type
     from glmc.models.families.llama import ROTARY_TYPES, unread_rope_type
+    from glmc.pipeline.folder_shapes import shape_problem
 
     key = f"endpoints.paths[{index}]={path}"
     folder = Path(path).expanduser()
@@ -223,10 +225,19 @@ def read_folder(path: str, index: int, task: str, name: str | None = None) -> Fo
     try:
         hf_config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     except Exception as err:  # the library's own errors: say which folder and why
+        unusable = family.hf_config_problems(SimpleNamespace(**config))  # its validation names no fix
+        if unusable:
+            raise FolderError(f"{key}: " + "; and ".join(unusable)) from None
         raise FolderError(
             f"{key}: {CONFIG} does not load as a {model_type} config ({error_reason(err, 300)}); {SAVE_AGAIN}"
         ) from None
+    unusable = family.hf_config_problems(hf_config)
+    if unusable:
+        raise FolderError(f"{key}: " + "; and ".join(unusable))
     weights = _weight_files(folder, key)
+    mismatch = shape_problem(hf_class, hf_config, config, weights)  # headers only: nothing built yet
+    if mismatch:
+        raise FolderError(f"{key}: {mismatch}")
     dtype = stored_dtype(weights, config)
     return Folder(index, folder, name or folder.name, family, hf_class, hf_config, weights, dtype)
 

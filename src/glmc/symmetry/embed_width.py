@@ -32,13 +32,16 @@ from glmc.symmetry.spec import SymmetrySpec
 from glmc.symmetry.transform import Transform
 
 PerLayer = Sequence[int] | int | None
-# the per-layer spaces and embed_width's names for their sizes (a gated MLP's scales are per unit)
+# the per-layer spaces and embed_width's names for their sizes (a gated MLP's scales are per unit; a
+# mixture's experts keep their count, each expert's units are padded as an MLP's)
 SIZE_NAMES = {"heads": "heads", "qheads": "qheads", "qk": "qk_dim", "vo": "vo_dim", "mlp": "mlp", "mlp_scale": "mlp"}
+SIZE_NAMES |= {"experts": "experts", "expert_units": "expert_units"}
 
 
 def layer_sizes(model: CanonicalTransformer) -> dict[str, list[int]]:
     """Per layer: heads (grouped-query attention: key/value groups), qheads (grouped-query only: the query
-    heads of each group), qk_dim and vo_dim (factored form only) and mlp units."""
+    heads of each group), qk_dim and vo_dim (factored form only), mlp units and, in a mixture of experts,
+    experts and expert_units (each expert's)."""
     layout = family_named(model.config.family).layout(model.config)
     sizes = family_layer_sizes(layout, model.params(), model.num_layers)
     return {SIZE_NAMES[kind]: values for kind, values in sizes.items()}
@@ -170,14 +173,17 @@ def rotary_index(narrow: RotaryHead, wide: RotaryHead, scaling: dict | None) -> 
     return pairs + [wide_half + j for j in pairs] + list(range(wide.rotating, wide.rotating + through))
 
 
-def _targets(model: CanonicalTransformer, heads, qheads, mlp, qk_dim, vo_dim) -> dict[str, list[int]]:
+def _targets(model: CanonicalTransformer, heads, qheads, mlp, qk_dim, vo_dim, expert_units) -> dict[str, list[int]]:
     """Per-layer target sizes by embed_width's names, each checked against the model's."""
     current = layer_sizes(model)
+    if expert_units is not None and "expert_units" not in current:
+        raise ValueError(f"expert_units={expert_units}: a {model.config.family} model has no experts")
     if model.config.form == "circuit" and (qk_dim is not None or vo_dim is not None):
         raise ValueError("qk_dim / vo_dim: a circuit-form model has no head dimensions to pad")
     if qheads is not None and "qheads" not in current:
         raise ValueError(f"qheads={qheads}: a {model.config.family} model has no grouped query heads")
     given = {"heads": heads, "qheads": qheads, "mlp": mlp, "qk_dim": qk_dim, "vo_dim": vo_dim}
+    given |= {"expert_units": expert_units, "experts": None}  # the experts keep their count (match_widths)
     target = {key: _per_layer(key, given[key], values) for key, values in current.items()}
     kind = family_named(model.config.family).attention_block()
     added = [key for key in ("heads", "qheads") if key in target and target[key] != current[key]]
@@ -227,6 +233,7 @@ def embed_width(
     qheads: PerLayer = None,
     qk_dim: PerLayer = None,
     vo_dim: PerLayer = None,
+    expert_units: PerLayer = None,
     norm_dim: int | None = None,
     stream_scale: float = 1.0,
     rotary_dims: int | None = None,
@@ -234,13 +241,13 @@ def embed_width(
 ) -> CanonicalTransformer:
     """A model of residual width `width` computing exactly what `model` computes.
 
-    heads, qheads, qk_dim, vo_dim, mlp: per-layer sizes (an int, a list per layer, None to keep), each at
+    heads, qheads, qk_dim, vo_dim, mlp, expert_units: per-layer sizes (an int, a list per layer, None to keep), each at
     least the model's. residual_map: (width, model.width) with orthonormal columns (default Haar-random).
     norm_dim: the result's RMS reference width (default `width`). stream_scale: the factor on every
     writer. rotary_dims, rotary_freq_dim: the result's rotary layout. Runs in float64, cast back."""
     config, m = model.config, model.width
     norm_dim = _checked_stream(model, width, residual_map, stream_scale, norm_dim)
-    target = _targets(model, heads, qheads, mlp, qk_dim, vo_dim)
+    target = _targets(model, heads, qheads, mlp, qk_dim, vo_dim, expert_units)
     rotary = {}
     if config.rope_theta is not None and "qk_dim" in target:
         sizes = layer_sizes(model)["qk_dim"]
@@ -315,15 +322,23 @@ def match_widths(
         axes = [i for i in range(t.dim()) if (name, i) not in moved]
         a, b = [t.shape[i] for i in axes], [pn[name].shape[i] for i in axes]
         if a != b:
-            raise ValueError(f"{name}: narrow has sizes {b}, wide {a} (vocabulary, positions or classes)")
+            raise ValueError(
+                f"{name}: narrow has sizes {b}, wide {a} along axes no embedding pads (vocabulary, positions, "
+                "classes, or the dims of heads normed over them)"
+            )
     if narrow.width > wide.width:
         raise ValueError(f"width: narrow {narrow.width} is larger than wide {wide.width}")
     sizes_w, sizes_n = layer_sizes(wide), layer_sizes(narrow)
+    if sizes_w.get("experts") != sizes_n.get("experts"):
+        raise ValueError(
+            f"experts: narrow has {sizes_n.get('experts')} per layer, wide {sizes_w.get('experts')}: an added "
+            "expert would share the router's weights, so mixtures embed into mixtures of as many experts only"
+        )
     for key, values in sizes_w.items():
         for l, (a, b) in enumerate(zip(values, sizes_n[key])):
             if b > a:
                 raise ValueError(f"{key}: narrow has {b} in layer {l}, larger than wide's {a}")
-    extra = {k: sizes_w[k] for k in ("qheads", "qk_dim", "vo_dim") if k in sizes_w}
+    extra = {k: sizes_w[k] for k in ("qheads", "qk_dim", "vo_dim", "expert_units") if k in sizes_w}
     if wide.config.rope_theta is not None and "qk_dim" in sizes_w:  # the wide heads' rotary layout
         layout = RotaryHead.of(wide.config, sizes_w["qk_dim"][0])
         extra.update(rotary_dims=layout.rotating, rotary_freq_dim=layout.freq_dim)
@@ -331,7 +346,7 @@ def match_widths(
         narrow,
         wide.width,
         heads=sizes_w["heads"],
-        mlp=sizes_w["mlp"],
+        mlp=sizes_w.get("mlp"),  # a mixture without a shared expert has experts only
         generator=generator,
         norm_dim=wide.config.norm_dim,
         stream_scale=math.sqrt(wide.config.norm_dim / narrow.config.norm_dim) if stream == "rms" else 1.0,

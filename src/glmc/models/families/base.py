@@ -64,6 +64,8 @@ class Family:
     head_roles: tuple[Role, ...] = ()
     # a head per task (model.head): head -> its data task; empty where the family has one head
     task_heads: dict[str, str] = {}
+    # a mixture of experts' Hugging Face config key counting each layer's experts; None without experts
+    experts_key: str | None = None
 
     # ---- the family's own: building, conversion, the input side ----
     def build(self, cfg: Any) -> nn.Module:
@@ -106,6 +108,11 @@ class Family:
     def model_problems(self, model: Any, prefix: str, checked: set[str]) -> list[str]:
         """What this family's model keys must satisfy together beyond their ranges, where one of `checked`
         is among them."""
+        return []
+
+    def hf_config_problems(self, hf_config: Any) -> list[str]:
+        """What in a model folder's Hugging Face config this family's models cannot run with, read before
+        any weight is: each names the config.json key and its value and says what to set instead."""
         return []
 
     def reads_model_keys(self) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ only its permutations.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -58,6 +59,21 @@ class Gemma2Family(GemmaFamily):
         layer.pre_feedforward_layernorm.weight.fill_(identity_gain)
         for name, module in self.branch_modules.items():
             set_param(getattr(layer, module).weight, p(pre + name) - self.norm_offset, pre + name)
+
+    def hf_config_problems(self, hf_config: Any) -> list[str]:
+        """Beyond Gemma's: transformers applies a soft cap that is set as cap * tanh(x / cap) and switches it
+        off for null only, so a cap of 0 (x / 0) or an infinite one (0 * inf) makes every score or logit 0
+        or NaN."""
+        problems = super().hf_config_problems(hf_config)
+        for key, what in (("attn_logit_softcapping", "attention score"), ("final_logit_softcapping", "logit")):
+            cap = getattr(hf_config, key, None)
+            if isinstance(cap, (int, float)) and (cap == 0 or not math.isfinite(cap)):
+                problems.append(
+                    f"its config.json's {key}={cap}: transformers applies a cap that is set as cap * tanh(x / cap), "
+                    f"so {cap} makes every {what} 0 or NaN instead of switching the cap off; set {key} to null to "
+                    "switch it off (or to the cap the model was trained with)"
+                )
+        return problems
 
     def config_extras(self, cfg: Any) -> dict[str, Any]:
         return {"attn_softcap": cfg.attn_logit_softcapping, "logit_softcap": cfg.final_logit_softcapping}

@@ -29,6 +29,7 @@ class MixtralFamily(LlamaFamily):
     model_keys = (*LlamaFamily.model_keys, "num_experts", "experts_per_token")
     config_class: Any = MixtralConfig
     model_class: Any = MixtralForCausalLM
+    experts_key = "num_local_experts"  # the Hugging Face config's count of experts per layer
 
     def build_extras(self, cfg: Any) -> dict[str, Any]:
         return {"num_local_experts": cfg.num_experts, "num_experts_per_tok": cfg.experts_per_token}
@@ -41,6 +42,19 @@ class MixtralFamily(LlamaFamily):
             problems.append(
                 f"{prefix}.experts_per_token={k} is more than {prefix}.num_experts={n}: route each token to at "
                 f"most {n} experts"
+            )
+        return problems
+
+    def hf_config_problems(self, hf_config: Any) -> list[str]:
+        """Beyond Llama's: a token's experts must be among the experts there are (transformers fails deep
+        in its routing otherwise)."""
+        problems = super().hf_config_problems(hf_config)
+        k, n = getattr(hf_config, "num_experts_per_tok", None), getattr(hf_config, self.experts_key, None)
+        if isinstance(k, int) and isinstance(n, int) and not 1 <= k <= n:
+            problems.append(
+                f"its config.json routes each token to num_experts_per_tok={k} experts of {self.experts_key}={n}: "
+                f"a token is routed to 1 to {n} of the experts there are; save the model with num_experts_per_tok "
+                f"between 1 and {n}"
             )
         return problems
 

@@ -34,6 +34,7 @@ class OlmoeFamily(MixtralFamily):
     attention_kind = "qk_norm_all"
     config_class: Any = OlmoeConfig
     model_class: Any = OlmoeForCausalLM
+    experts_key = "num_experts"
     # OLMo-2's query/key norms over all heads, laid out by head
     query_scale = Olmo2Family.query_scale
     head_norms = Olmo2Family.head_norms

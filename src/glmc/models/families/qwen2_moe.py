@@ -36,6 +36,8 @@ class SparseMoeFamily(MixtralFamily):
     """Mixtral's experts as the Qwen MoE configs lay them out: num_experts experts of moe_intermediate_size
     units, routing renormalised where norm_topk_prob says, every layer a mixture (check_sparse)."""
 
+    experts_key = "num_experts"
+
     def build_extras(self, cfg: Any) -> dict[str, Any]:
         return {
             "num_experts": cfg.num_experts,
