@@ -103,6 +103,23 @@ def test_mixtures_of_different_expert_counts_are_refused_by_name_before_loading(
     assert "drop vanilla" not in message  # the advice would lead to the same refusal
 
 
+@pytest.mark.parametrize("methods", ["[weight]", "[vanilla,weight]"])
+def test_widths_no_symmetry_embeds_are_refused_before_loading_not_sent_to_drop_vanilla(methods, saved, no_loading):
+    # Gemma 2's sandwich norms keep the stream's size; OLMo-2 normalises all heads' queries together
+    gemma = saved("gemma2_w16", lambda: tiny_gemma2(seed=0)), saved("gemma2_w32", lambda: tiny_gemma2(1, hidden=32))
+    message = _refusal([gemma[1], gemma[0]], f"matcher.methods={methods}")
+    assert f"endpoints.paths[1]={gemma[0]} has width 16 (hidden_size), endpoints.paths[0]={gemma[1]} has 32" in message
+    assert "residual stream admits permutations only" in message and "give folders of one hidden_size" in message
+    narrow_olmo = lambda: tiny_olmo2(1, hidden=16, heads=2, kv_heads=1)  # noqa: E731
+    olmo = saved("olmo2_h4", lambda: tiny_olmo2(seed=0)), saved("olmo2_h2", narrow_olmo)
+    message = _refusal(list(olmo), f"matcher.methods={methods}")
+    assert f"endpoints.paths[1]={olmo[1]} has 2 heads (num_attention_heads), endpoints.paths[0]={olmo[0]} has 4" in (
+        message
+    )
+    assert "give folders of as many heads" in message and "give folders of one hidden_size" in message
+    assert "drop vanilla" not in message
+
+
 @pytest.mark.parametrize("build", [tiny_mixtral, tiny_qwen2_moe, tiny_qwen3_moe], ids=lambda b: b.__name__)
 def test_a_narrower_mixture_embeds_exactly_into_a_wider_one(build):
     narrow_hf = build(seed=1, hidden=16, heads=2, kv_heads=1, mlp=8)

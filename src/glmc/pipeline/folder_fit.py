@@ -213,6 +213,9 @@ def _shared_problems(cfg: Config, folders: list[Folder]) -> list[str]:
     widths = [(f.size("hidden_size"), f.size("num_attention_heads")) for f in folders]
     if len(set(widths)) == 1:
         return []
+    problems = [p for f, w in zip(folders, widths) for p in _fixed_width_problems(f, first, w, widths[0])]
+    if problems:  # no matcher embeds these, with vanilla or without
+        return problems
     reason = width_alignment_problem(cfg)
     if reason:
         differ = next(f for f, w in zip(folders, widths) if w != widths[0])
@@ -232,6 +235,26 @@ def _shared_problems(cfg: Config, folders: list[Folder]) -> list[str]:
                 f"which pairing={cfg.pairing} embeds it into: put the widest folder first (pairing=first aligns "
                 "every folder to the first)"
             )
+    return problems
+
+
+def _fixed_width_problems(f: Folder, first: Folder, width: tuple, first_width: tuple) -> list[str]:
+    """Widths the family's symmetries cannot embed: a stream admitting permutations only keeps its size, and
+    heads normed all together keep their count (glmc.symmetry.embed_width)."""
+    family, kind = first.family, first.family.attention_block()
+    problems = []
+    if width[0] != first_width[0] and "orthogonal" not in family.residual_classes:
+        problems.append(
+            f"{f.key} has width {width[0]} (hidden_size), {first.key} has {first_width[0]}: the {family.name} "
+            f"family's residual stream admits permutations only ({family.residual_note}), so a narrower model "
+            "embeds into no wider one; give folders of one hidden_size"
+        )
+    if width[1] != first_width[1] and "semi_permutation" not in kind.head_classes:
+        problems.append(
+            f"{f.key} has {width[1]} heads (num_attention_heads), {first.key} has {first_width[1]}: {family.name}'s "
+            f"{kind.name} attention normalises all heads' queries together, so added heads would change every "
+            "head's queries; give folders of as many heads"
+        )
     return problems
 
 
