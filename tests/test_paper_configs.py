@@ -94,10 +94,11 @@ def test_paper_vit_on_digits_runs_at_full_size_on_cpu(tmp_path):
         [
             "experiment=paper_vit_digits",
             "model=vit_cifar_digits",
-            "data.limit_train=32",
-            "data.limit_test=32",
-            "matcher.weight.max_iter=2",  # the learned start too
-            "matcher.learned.max_steps=2",
+            "data.limit_train=8",  # one step of each at the full size: what is checked is that the size runs
+            "data.limit_test=8",
+            "data.batch_size=8",
+            "matcher.weight.max_iter=1",  # the learned start too
+            "matcher.learned.max_steps=1",
         ],
         ["vanilla", "weight", "learned"],
     )
@@ -116,7 +117,7 @@ def test_paper_gpt2_on_embedded_corpus_runs_at_full_size_on_cpu(tmp_path):
             "data.limit_test=2",
             "data.batch_size=4",
             "data.seq_len=64",  # the model keeps its 256 positions; shorter windows train faster
-            "matcher.weight.max_iter=2",
+            "matcher.weight.max_iter=1",
         ],
         ["vanilla", "weight"],
     )
