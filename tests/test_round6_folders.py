@@ -20,6 +20,7 @@ from glmc.pipeline.hf_folders import FolderError, read_folder
 from glmc.pipeline.validate import ConfigError, validate_config
 from glmc.symmetry.embed_width import match_widths
 
+from conftest import compose_config
 from numeric import FORWARD, assert_close_rel
 from tiny_hf import (
     inputs_for,
@@ -101,6 +102,12 @@ def test_mixtures_of_different_expert_counts_are_refused_by_name_before_loading(
     )
     assert "give folders with as many experts" in message
     assert "drop vanilla" not in message  # the advice would lead to the same refusal
+
+
+def test_trained_mixtures_of_different_expert_counts_are_refused_before_training():
+    cfg = compose_config("model=mixtral_text", *TEXT, "seeds=[0,1]", "endpoint_models=[{},{num_experts:2}]")
+    with pytest.raises(ConfigError, match=r"endpoint_models\[1\] \(seed 1\): model.num_experts=2 differs from"):
+        validate_config(cfg)
 
 
 @pytest.mark.parametrize("methods", ["[weight]", "[vanilla,weight]"])

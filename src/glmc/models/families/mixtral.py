@@ -27,6 +27,8 @@ class MixtralFamily(LlamaFamily):
     mlp_kind = "moe"
     own_model_keys = (*LlamaFamily.own_model_keys, "num_experts", "experts_per_token")
     model_keys = (*LlamaFamily.model_keys, "num_experts", "experts_per_token")
+    # an expert added to embed a smaller mixture would take a share of the routing: no exact embedding
+    shared_model_keys = (*LlamaFamily.shared_model_keys, "num_experts", "experts_per_token")
     config_class: Any = MixtralConfig
     model_class: Any = MixtralForCausalLM
     experts_key = "num_local_experts"  # the Hugging Face config's count of experts per layer
