@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from dataclasses import fields
 from functools import lru_cache
 
@@ -140,10 +139,17 @@ def test_a_second_run_waits_for_the_entry_and_loads_it(tmp_path, caplog):
 
     finished = build_model(cfg.model)
 
+    waiting = threading.Event()
+
+    class SeesTheWait(logging.Handler):  # the holder finishes once the run says it waits, however slow it is
+        def emit(self, record):
+            if "another run is training this endpoint" in record.getMessage():
+                waiting.set()
+
     def finish_elsewhere():
         holder.acquire()
         held.set()
-        time.sleep(1.0)
+        waiting.wait(timeout=300)  # (a bound on a failing run only)
         cache.save(keys[0], 0, finished, {"test_loss": 2.0, "test_accuracy": 0.25})
         holder.release()
 
@@ -158,12 +164,16 @@ def test_a_second_run_waits_for_the_entry_and_loads_it(tmp_path, caplog):
     held.wait()
     original = endpoints.train_endpoint
     endpoints.train_endpoint = lambda *a, **k: trained.append(a) or original(*a, **k)
+    sees = SeesTheWait()
+    logging.getLogger("glmc").addHandler(sees)
     try:
         with caplog.at_level(logging.INFO, logger="glmc"):
             found = endpoints.get_endpoints(cfg, tmp_path / "run", Tracker(), Measured())
     finally:
         endpoints.train_endpoint = original
+        waiting.set()
         thread.join()
+        logging.getLogger("glmc").removeHandler(sees)
     assert not trained
     assert all(e.cached for e in found)
     for name, tensor in finished.state_dict().items():  # the waiting run holds what the other one cached

@@ -39,7 +39,7 @@ from glmc.pipeline.run import run_pipeline
 from glmc.pipeline.run_folder import RunFolderGuard
 from glmc.pipeline.validate import ConfigError, validate_config
 from glmc.train.divergence import DivergenceError
-from glmc.train.resume import resumable
+from glmc.train.resume import EpochCheckpoint, resumable
 
 from conftest import ROOT, ForkedRun, compose_config
 from tiny_hf import tiny_gpt2, tiny_vit
@@ -599,7 +599,7 @@ def _cli(cache: Path, run: Path) -> list[str]:
         "debug=fast",
         "logger=none",
         "matcher.methods=[vanilla]",
-        "train.max_epochs=4",  # killed after an early epoch's checkpoint (later ones leave time for it), then resumed
+        "train.max_epochs=4",  # killed after its second epoch's checkpoint, then resumed
         "data.limit_train=256",
         f"cache_dir={cache}",
         f"hydra.run.dir={run}",
@@ -610,15 +610,25 @@ def _endpoint_losses(run: Path) -> list[float]:
     return [e["test_loss"] for e in json.loads((run / "results.json").read_text())["endpoints"]]
 
 
-def test_endpoint_training_killed_with_sigkill_resumes_to_the_same_endpoint(tmp_path, caplog):
+def test_endpoint_training_killed_with_sigkill_resumes_to_the_same_endpoint(tmp_path, caplog, monkeypatch):
     cache, run = tmp_path / "killed", tmp_path / "run_killed"
-    proc = ForkedRun(_cli(cache, run), tmp_path / "first.log")  # run.py's process, killed below
-    found: list[Path] = []
-    deadline = time.monotonic() + 180
-    while proc.poll() is None and time.monotonic() < deadline and not found:
-        found = list(cache.glob("*/.train_seed_*/last.ckpt"))
-        time.sleep(0.02)
-    proc.kill()  # SIGKILL: no handler runs
+    real = EpochCheckpoint.on_train_epoch_end
+
+    def then_killed(self, trainer, pl_module):  # in the forked run, after its second epoch's checkpoint
+        real(self, trainer, pl_module)
+        if trainer.current_epoch == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # no handler runs
+
+    with monkeypatch.context() as patched:
+        patched.setattr(EpochCheckpoint, "on_train_epoch_end", then_killed)
+        proc = ForkedRun(_cli(cache, run), tmp_path / "first.log")  # run.py's process
+        try:
+            while proc.poll() is None:
+                time.sleep(0.02)
+        finally:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()[-2000:]
+    found = list(cache.glob("*/.train_seed_*/last.ckpt"))
     assert found, "no epoch checkpoint appeared: " + (tmp_path / "first.log").read_text()[-2000:]
     assert found[0].exists() and not (run / "results.json").exists()  # killed mid-training, nothing cached for it
     print(f"\n  killed after {found[0]} (epoch {torch.load(found[0], weights_only=True)['epoch']})")

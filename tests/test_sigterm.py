@@ -2,40 +2,41 @@
 
 from __future__ import annotations
 
+import os
 import signal
-import subprocess
-import sys
 import time
 
-from conftest import ROOT
+from glmc.train.resume import EpochCheckpoint
+
+from conftest import ForkedRun
 
 
-def test_sigterm_during_endpoint_training_prints_the_resume_line(tmp_path):
-    command = [
-        sys.executable,
-        "run.py",
+def test_sigterm_during_endpoint_training_prints_the_resume_line(tmp_path, monkeypatch):
+    real = EpochCheckpoint.on_train_epoch_end
+
+    def then_terminated(self, trainer, pl_module):  # in the forked run: a real signal at a known point
+        real(self, trainer, pl_module)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(EpochCheckpoint, "on_train_epoch_end", then_terminated)
+    args = [
         "debug=fast",
         "logger=none",
         "matcher.methods=[vanilla]",
-        "train.max_epochs=200",  # far longer than the test waits
+        "train.max_epochs=200",  # stopped after its first epoch
         f"cache_dir={tmp_path / 'endpoints'}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
     log = tmp_path / "run.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            found, deadline = [], time.monotonic() + 120
-            while proc.poll() is None and time.monotonic() < deadline and not found:
-                found = list((tmp_path / "endpoints").glob("*/.train_seed_0/last.ckpt"))  # an epoch has ended
-                time.sleep(0.05)
-            assert found, "training did not start: " + log.read_text()[-3000:]
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-        finally:
-            proc.kill()
-            proc.wait()
+    proc = ForkedRun(args, log)  # run.py's process, with this one's imports
+    try:
+        while proc.poll() is None:
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+    found = list((tmp_path / "endpoints").glob("*/.train_seed_0/last.ckpt"))
     output = log.read_text()
+    assert found, "no epoch checkpoint: " + output[-3000:]
     (line,) = [x for x in output.splitlines() if "interrupted while training endpoints" in x]
     print(f"\n  exit status {proc.returncode}: {line.strip()}")
     assert str(found[0]) in line and "run the same command again to resume" in line
