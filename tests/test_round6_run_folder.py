@@ -19,7 +19,7 @@ from glmc.pipeline.run import run_pipeline
 from glmc.pipeline.validate import ConfigError
 from glmc.pipeline.wandb_login import wandb_login_problems
 
-from conftest import ROOT, compose_config
+from conftest import ROOT, compose_config, run_script
 
 
 def _run_py(*args: str, env: dict[str, str] | None = None, cwd=None) -> subprocess.CompletedProcess:
@@ -36,17 +36,21 @@ def _run_py(*args: str, env: dict[str, str] | None = None, cwd=None) -> subproce
 # 3. hydra.* overrides whose `_target_` Hydra would build are refused before Hydra builds them
 
 
-def test_a_hydra_callback_of_another_class_is_refused_before_hydra_builds_it(tmp_path):
+def test_a_hydra_callback_of_another_class_is_refused_before_hydra_builds_it(tmp_path, monkeypatch, capsys):
     source, copy, written = tmp_path / "secret.txt", tmp_path / "copied.txt", tmp_path / "written.txt"
     source.write_text("secret")
     evil = f"+hydra.callbacks.evil={{_target_: shutil.copy, src: {source}, dst: {copy}}}"
     write = [f"+hydra.callbacks.w={{_target_: pathlib.Path.write_text, _args_: [{written}, x]}}"]
-    proc = _run_py(evil, *write, "debug=fast", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert proc.returncode == 1, proc.stderr
+    monkeypatch.chdir(tmp_path)
+    # run.py as the command line runs it, in this process (Hydra would build the callbacks here)
+    code, _, err = run_script(
+        monkeypatch, capsys, evil, *write, "debug=fast", "logger=none", f"hydra.run.dir={tmp_path / 'run'}"
+    )
+    assert code == 1, err
     assert not copy.exists() and not written.exists()  # Hydra built nothing
-    assert f"the override {evil} sets hydra.callbacks.evil._target_=shutil.copy" in proc.stderr
-    assert "hydra.callbacks.w._target_=pathlib.Path.write_text" in proc.stderr
-    assert "glmc.pipeline.run_folder.RunFolderGuard" in proc.stderr and "Traceback" not in proc.stderr
+    assert f"the override {evil} sets hydra.callbacks.evil._target_=shutil.copy" in err
+    assert "hydra.callbacks.w._target_=pathlib.Path.write_text" in err
+    assert "glmc.pipeline.run_folder.RunFolderGuard" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()  # refused before Hydra made the run folder
 
 
