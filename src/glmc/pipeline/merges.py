@@ -22,6 +22,7 @@ from glmc.interpolation import merge_params
 from glmc.merging import fisher_average, fisher_information, gram_matrices, merged_model, regmean_from_grams
 from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
+from glmc.pipeline.export_files import TOKENIZER_FILES
 from glmc.safe_files import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -138,21 +139,6 @@ def export_midpoint(
     if tokenizer is not None:  # images need none
         out["tokenizer"] = save_tokenizer(tokenizer, Path(folder), tokenizer_folder)
     return out
-
-
-# what save_pretrained writes for a tokenizer (fast or slow); never code (.py)
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "vocab.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-)
 
 
 def save_tokenizer(tokenizer: Any, folder: Path, source: str | None = None) -> str:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from glmc.pipeline.export_files import EXPORT_FILES
 from glmc.settings.methods import METHODS, MULTI_METHODS
 
 log = logging.getLogger(__name__)
@@ -27,24 +28,6 @@ STEP_KINDS, STEP_FOLDER = ("series", "spawn"), re.compile(r"step_\d+")
 DIAGNOSTICS, EXPORT_FOLDER = re.compile(r"diagnostics_.+-.+\.json"), re.compile(r"hf_.+-.+")
 CHECKPOINT_FOLDER = re.compile(r"(pair|universe)_[0-9a-f]{12}")
 CHECKPOINT_FILE = re.compile(r"[^.].*\.ckpt")
-# what save_pretrained, glmc's export (glmc_export.json) and save_tokenizer (glmc.pipeline.merges) write
-EXPORT_FILES = (
-    "config.json",
-    "generation_config.json",
-    "glmc_export.json",
-    "model.safetensors.index.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "vocab.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "chat_template.jinja",
-)
 SHARD = re.compile(r"model(-\d+-of-\d+)?\.safetensors")
 TEMPORARY = re.compile(r"\.(.+)\.tmp-[^/]*")  # glmc.safe_files.atomic_path's, left by an interrupted write
 
