@@ -70,8 +70,8 @@ def test_a_worker_ends_when_its_parent_is_killed(kernel):
         worker = int(parent.stdout.readline())
         assert _alive(worker)
         parent.send_signal(signal.SIGKILL)  # no handler runs: the run's process just vanishes
-        parent.wait(timeout=10)
-        deadline = time.monotonic() + 10
+        parent.wait(timeout=60)
+        deadline = time.monotonic() + 60  # bounds a failure only: the worker ends within its 0.05 s watch
         while _alive(worker) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not _alive(worker), "the worker outlived its killed parent"

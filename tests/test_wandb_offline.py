@@ -84,7 +84,7 @@ def _key(item) -> str:
     return item.nested_key[0] if item.nested_key else item.key
 
 
-def _offline_run(folder: Path, wait_s: float = 20.0) -> dict:
+def _offline_run(folder: Path, wait_s: float = 180.0) -> dict:
     """What one offline run folder holds: its run record and config, metric keys, history rows,
     metric definitions, artifacts and exit code.
 
