@@ -87,17 +87,17 @@ def test_a_new_family_adds_no_counted_doc_words():
     from test_docs_match_registries import ROOT, counted_words
 
     row = (
-        "| `gptj` | GPTJForCausalLM (`gptj`) | orthogonal, permutation | as GPT-NeoX | as GPT-NeoX | permutation | — |"
+        "| `newf` | NewFForCausalLM (`newf`) | orthogonal, permutation | as GPT-NeoX | as GPT-NeoX | permutation | — |"
     )
     edits = {
-        "README.md": lambda t: t.replace("`gpt_neox`:", "`gpt_neox`, `gptj`:", 1),
-        "docs/design.md": lambda t: t.replace("`gpt_neox` (", "`gpt_neox`, `gptj` (", 1),
+        "README.md": lambda t: t.replace("`gpt_neox`:", "`gpt_neox`, `newf`:", 1),
+        "docs/design.md": lambda t: t.replace("`gpt_neox` (", "`gpt_neox`, `newf` (", 1),
         "docs/architectures.md": lambda t: t.replace("\n| `opt` |", f"\n{row}\n| `opt` |", 1),
     }
     for page, edit in edits.items():
         text = (ROOT / page).read_text(encoding="utf-8")
         grown = edit(text)
-        assert grown != text and "gptj" in grown, page
+        assert grown != text and "newf" in grown, page
         assert counted_words(page, grown) == counted_words(page, text), page
         prose = grown + "\nA new family explained in eight more words.\n"
         assert counted_words(page, prose) == counted_words(page, text) + 8, page
