@@ -201,9 +201,6 @@ LONG_FILES = (
     "test_report_figures.py",
     "test_config_safety.py",
     "test_folder_reliability.py",
-    "test_round6_run_folder.py",
-    "test_round6_interrupts.py",
-    "test_round6_endpoints.py",
 )
 
 
