@@ -104,6 +104,14 @@ def test_mixtures_of_different_expert_counts_are_refused_by_name_before_loading(
     assert "drop vanilla" not in message  # the advice would lead to the same refusal
 
 
+def test_mixtures_routing_to_other_numbers_of_experts_are_refused_by_name_before_loading(saved, no_loading):
+    two = saved("mixtral_a", lambda: tiny_mixtral(seed=0))
+    one = saved("mixtral_top1", lambda: tiny_mixtral(seed=3, top_k=1))
+    message = _refusal([two, one], "matcher.methods=[weight]")
+    assert f"endpoints.paths[1]={one} routes each token to 1 experts (num_experts_per_tok), " in message
+    assert f"endpoints.paths[0]={two} to 2" in message
+
+
 def test_trained_mixtures_of_different_expert_counts_are_refused_before_training():
     cfg = compose_config("model=mixtral_text", *TEXT, "seeds=[0,1]", "endpoint_models=[{},{num_experts:2}]")
     with pytest.raises(ConfigError, match=r"endpoint_models\[1\] \(seed 1\): model.num_experts=2 differs from"):

@@ -282,13 +282,20 @@ def _expert_count_problems(f: Folder, first: Folder) -> list[str]:
     would take a share of the router's softmax, so no embedding computes the same function."""
     key = first.family.experts_key
     counts = (f.size(key), first.size(key)) if key else (None, None)
-    if counts[0] == counts[1]:
-        return []
-    return [
-        f"{f.key} has {counts[0]} experts per layer ({key}), {first.key} has {counts[1]}: mixtures of experts align "
-        "with as many experts only (an added expert would take a share of the routing, so no matcher can embed "
-        "the smaller mixture); give folders with as many experts"
-    ]
+    top_k = (f.size("num_experts_per_tok"), first.size("num_experts_per_tok")) if key else (None, None)
+    problems = []
+    if counts[0] != counts[1]:
+        problems.append(
+            f"{f.key} has {counts[0]} experts per layer ({key}), {first.key} has {counts[1]}: mixtures of experts "
+            "align with as many experts only (an added expert would take a share of the routing, so no matcher can "
+            "embed the smaller mixture); give folders with as many experts"
+        )
+    if top_k[0] != top_k[1]:  # a path point would route each token to a number of experts neither model uses
+        problems.append(
+            f"{f.key} routes each token to {top_k[0]} experts (num_experts_per_tok), {first.key} to {top_k[1]}: "
+            "give folders that route to as many experts"
+        )
+    return problems
 
 
 def read_folders(cfg: Config) -> list[Folder]:
