@@ -1,4 +1,4 @@
-"""SciPy's Hungarian solver on the host against the certified auction of glmc.matching.device_assignment.
+"""SciPy's Hungarian solver on the host against the certified auction of glmc.matching.engine.device_assignment.
 
     .venv/bin/python benchmarks/assignment_solver.py [--repeats 3] [--sizes 64 256 1024] [--batch 32x64]
         [--threads 1]
@@ -28,7 +28,7 @@ import time
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from glmc.matching.device_assignment import auction_assignment
+from glmc.matching.engine.device_assignment import auction_assignment
 
 
 def synchronize(device: torch.device) -> None:

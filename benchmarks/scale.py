@@ -21,7 +21,7 @@ Reported per shape: parameters, the two canonical models' size, the matching's w
 and per iteration, and the process's peak resident memory (ru_maxrss) during the matching, absolute and
 above the resident memory just before it (the peak is reset before matching through
 /proc/self/clear_refs where the kernel allows it; elsewhere it includes building the models). Then
-glmc.matching.memory's estimate of one learned-matching step for each --batches setting (batch x
+memory_estimate.py's estimate of one learned-matching step for each --batches setting (batch x
 sequence, per GPU; the estimate takes the full shape, also where --layers or --vocab cut the matched
 models), and which GPU sizes it fits: 24 GB (24564 MiB), 40 GB (40536 MiB), 80 GB (81559 MiB),
 141 GB (143771 MiB), the totals such cards report, less 2 GiB for the CUDA context and the allocator's
@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from memory_estimate import learned_matching_memory  # benchmarks/memory_estimate.py, beside this script
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from glmc.matching.memory import learned_matching_memory
 from glmc.matching.weight import weight_matching
 from glmc.models.canonical import CanonicalConfig, CanonicalTransformer
 from glmc.models.families import family_of_hf
@@ -295,7 +295,7 @@ def largest_batch(model: CanonicalTransformer, seq: int, capacity: int) -> int:
 def estimate(shape: Shape, batches: list[tuple[int, int]]) -> None:
     model = full_shape(shape)
     usable = [(label, mib * 2**20 - RESERVE) for label, mib in GPUS]
-    print(f"learned matching, one step per GPU (glmc.matching.memory; full {shape.name} shape, float32):")
+    print(f"learned matching, one step per GPU (memory_estimate.py; full {shape.name} shape, float32):")
     rows = [learned_matching_memory(model, batch, seq) for batch, seq in batches]
     header = "".join(f"{f'{b}x{s}':>12}" for b, s in batches)
     print(f"  {'part (GiB)':<16}{header}")

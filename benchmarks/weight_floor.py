@@ -44,7 +44,8 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale  # noqa: E402  (benchmarks/scale.py: the shapes, the builders, the memory readings)
 
-from glmc.matching import assignment, device_assignment, warm_assignment, weight  # noqa: E402
+from glmc.matching import weight  # noqa: E402
+from glmc.matching.engine import assignment, device_assignment, warm_assignment  # noqa: E402
 from glmc.matching.weight import weight_matching  # noqa: E402
 from glmc.symmetry import groups  # noqa: E402
 

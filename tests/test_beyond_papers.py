@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from glmc import align
 from glmc.eval.barrier import barrier
 from glmc.eval.evaluator import evaluate, evaluate_path
-from glmc.matching.circuits import relative_distance
+from glmc.matching.engine.circuits import relative_distance
 from glmc.matching.registry import _MethodDefaults, default_target
 from glmc.matching.weight import weight_matching
 from glmc.matching.weight_refined import WeightRefinedMatcher

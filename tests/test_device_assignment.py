@@ -1,4 +1,4 @@
-"""The assignment solver on the device (glmc.matching.device_assignment): its answers reach SciPy's
+"""The assignment solver on the device (glmc.matching.engine.device_assignment): its answers reach SciPy's
 optimum on random, batched, tied and ε-close problems, a failed certificate hands the problem to SciPy
 and says so, warm starts give the same answers in fewer bidding rounds, and learned matching gives the
 same hard permutations with it as with the host solver."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-import glmc.matching.device_assignment as device_assignment
-from glmc.matching.device_assignment import DeviceAssignments, auction_assignment
+import glmc.matching.engine.device_assignment as device_assignment
+from glmc.matching.engine.device_assignment import DeviceAssignments, auction_assignment
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
 from glmc.models import to_canonical
 from glmc.symmetry import SymmetrySpec

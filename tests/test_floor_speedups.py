@@ -10,10 +10,10 @@ import threading
 import pytest
 import torch
 
-from glmc.matching import projections, warm_assignment
-from glmc.matching.assignment import assign_layers
-from glmc.matching.projections import decomposed, decomposing, polar_factor
-from glmc.matching.scales import best_scales
+from glmc.matching.engine import projections, warm_assignment
+from glmc.matching.engine.assignment import assign_layers
+from glmc.matching.engine.projections import decomposed, decomposing, polar_factor
+from glmc.matching.engine.scales import best_scales
 from glmc.threads import one_thread
 
 from conftest import ROOT

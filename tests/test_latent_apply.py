@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from glmc.interpolation import merge_params
+from glmc.matching.engine.projections import polar, sinkhorn, straight_through_permutation
 from glmc.matching.latent_apply import LatentApplier
-from glmc.matching.projections import polar, sinkhorn, straight_through_permutation
 from glmc.models import canonical_forward, to_canonical
 from glmc.symmetry import Permutation, SymmetrySpec, apply_dense
 

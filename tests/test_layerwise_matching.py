@@ -5,7 +5,7 @@ post-norm (BERT) paths."""
 import pytest
 import torch
 
-from glmc.matching.layerwise import LayerwiseParams
+from glmc.matching.engine.layerwise import LayerwiseParams
 from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
 from glmc.models.families.roles import layer_of
@@ -43,8 +43,8 @@ def test_layerwise_params_hold_one_layer_and_match_a_whole_apply():
 
 
 def test_a_large_search_runs_consecutive_layer_steps_together():
+    from glmc.matching.engine.steps import LayerStep, Step
     from glmc.matching.weight import _runs
-    from glmc.matching.weight_steps import LayerStep, Step
 
     class Whole(Step):
         pass
@@ -59,7 +59,7 @@ def test_a_large_search_runs_consecutive_layer_steps_together():
 
 def test_a_factored_layer_at_a_time_search_scores_its_layers_as_it_goes(monkeypatch):
     """Llama's factored search: the objective's layer share added as each layer is done, to the same floats."""
-    from glmc.matching.weight_problem import LayerDistance
+    from glmc.matching.engine.problem import LayerDistance
 
     a, b = (to_canonical(tiny_llama(seed=s)) for s in (0, 1))
     _, whole = weight_matching(a, b, max_iter=2, layerwise=False)

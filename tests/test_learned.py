@@ -13,9 +13,15 @@ from glmc.data.module import DataModule
 from glmc.eval.evaluator import evaluate_path, path_losses
 from glmc.interpolation import merge_params
 from glmc.matching.base import MatchContext
+from glmc.matching.engine.projections import (
+    polar,
+    polar_factor,
+    sinkhorn,
+    sinkhorn_latent,
+    straight_through_permutation,
+)
 from glmc.matching.learned import LearnedMatcher
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings, sample_lambda
-from glmc.matching.projections import polar, polar_factor, sinkhorn, sinkhorn_latent, straight_through_permutation
 from glmc.matching.registry import build_matcher, method_config
 from glmc.models import canonical_forward, to_canonical
 from glmc.models.canonical import circuit_params

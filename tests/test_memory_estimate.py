@@ -1,18 +1,23 @@
-"""glmc.matching.memory: the learned-matching memory estimate, part by part, against counts made here
+"""benchmarks/memory_estimate.py: the learned-matching memory estimate, part by part, against counts made here
 from the models' configs and spaces, and its activations against what autograd keeps in a forward."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from glmc.interpolation import merge_params
-from glmc.matching.memory import activation_entries, learned_matching_memory
 from glmc.models import canonical_forward, to_canonical
 from glmc.symmetry import SymmetrySpec
 
+from conftest import ROOT
 from tiny_hf import tiny_gpt2, tiny_vit
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from memory_estimate import activation_entries, learned_matching_memory  # noqa: E402  (benchmarks/memory_estimate.py)
 
 WIDTH, HEADS, HEAD_DIM, MLP, LAYERS, VOCAB = 32, 8, 4, 48, 2, 61
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glmc.matching.mlp_distance import MlpDistance, mlp_matrices
+from glmc.matching.engine.mlp_distance import MlpDistance, mlp_matrices
 from glmc.models import to_canonical
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply_params
 

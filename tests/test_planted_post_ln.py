@@ -15,7 +15,7 @@ from transformers import BertConfig, BertForMaskedLM
 
 import glmc
 from glmc.interpolation import interpolate
-from glmc.matching.circuits import relative_distance
+from glmc.matching.engine.circuits import relative_distance
 from glmc.models import to_canonical
 from glmc.symmetry import SymmetrySpec, Transform, apply
 

@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 from glmc.data.module import DataModule
 from glmc.eval.evaluator import path_losses
 from glmc.matching.base import MatchContext
+from glmc.matching.engine.residual_map import eigen_angles
 from glmc.matching.registry import build_matcher, method_config
-from glmc.matching.residual_map import eigen_angles
 from glmc.matching.weight import weight_matching
 from glmc.models import to_canonical
 from glmc.pipeline.run import run_pipeline, summarise

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glmc.matching.in_head import closed_form_rotations, optimal_scales, pair_objective
+from glmc.matching.engine.in_head import closed_form_rotations, optimal_scales, pair_objective
 from glmc.matching.rotation import RotationMatcher, factored_distance
 from glmc.models import to_canonical
 from glmc.models.blocks import full

@@ -15,7 +15,7 @@ from glmc.eval.evaluator import Evaluator
 from glmc.eval.simplex import evaluate_simplex, multi_barrier, pairwise_barriers, simplex_points
 from glmc.eval.ternary import plot_simplex_heatmaps, to_cartesian
 from glmc.interpolation import interpolate
-from glmc.matching.circuits import relative_distance
+from glmc.matching.engine.circuits import relative_distance
 from glmc.matching.universe import relative_change, universe_match
 from glmc.matching.weight import WeightMatcher
 from glmc.models import to_canonical

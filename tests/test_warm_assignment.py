@@ -7,10 +7,10 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from glmc.matching.assignment import PARALLEL_UNITS
-from glmc.matching.circuits import circuit_cost, circuit_move, circuit_norms
-from glmc.matching.mlp_units import mlp_similarity
-from glmc.matching.warm_assignment import (
+from glmc.matching.engine.assignment import PARALLEL_UNITS
+from glmc.matching.engine.circuits import circuit_cost, circuit_move, circuit_norms
+from glmc.matching.engine.mlp_units import mlp_similarity
+from glmc.matching.engine.warm_assignment import (
     CHUNK,
     RADII,
     SPARSE_UNITS,

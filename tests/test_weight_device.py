@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import glmc
-from glmc.matching import device_assignment
 from glmc.matching.base import MatchContext
-from glmc.matching.warm_assignment import fresh_assignment
+from glmc.matching.engine import device_assignment
+from glmc.matching.engine.warm_assignment import fresh_assignment
 from glmc.matching.weight import WeightMatcher, search_device, weight_matching
 from glmc.models import to_canonical
 

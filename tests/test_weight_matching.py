@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glmc.matching.circuits import circuit_cost, relative_distance
+from glmc.matching.engine.circuits import circuit_cost, relative_distance
+from glmc.matching.engine.residual_map import ones_complement
 from glmc.matching.registry import build_matcher, default_method_config
-from glmc.matching.residual_map import ones_complement
 from glmc.matching.weight import WeightMatcher, weight_matching
 from glmc.models import to_canonical
 from glmc.models.canonical import canonical_forward

@@ -29,8 +29,8 @@ from torch import Tensor
 
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored, settings_hash
+from glmc.matching.engine.residual_map import eigen_angles
 from glmc.matching.learned_module import LearnedMatchingModule, LearnedSettings
-from glmc.matching.residual_map import eigen_angles
 from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.models.families import family_named

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from glmc.matching.engine.residual_map import eigen_angles
 from glmc.matching.learned import Begun, LearnedMatcher, as_dense
 from glmc.matching.learned_module import LearnedMatchingModule
-from glmc.matching.residual_map import eigen_angles
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.symmetry import Orthogonal, Permutation, apply
 

@@ -17,11 +17,11 @@ from torch import Tensor, nn
 
 from glmc.choices import LambdaScheme
 from glmc.interpolation import merge_configs, merge_params
-from glmc.matching.assignment import assign_layers
-from glmc.matching.device_assignment import DeviceAssignments
+from glmc.matching.engine.assignment import assign_layers
+from glmc.matching.engine.device_assignment import DeviceAssignments
+from glmc.matching.engine.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
+from glmc.matching.engine.warm_assignment import WarmAssignments
 from glmc.matching.latent_apply import LatentApplier
-from glmc.matching.projections import polar, sinkhorn, sinkhorn_latent, straight_through_permutation
-from glmc.matching.warm_assignment import WarmAssignments
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.ranges import check_settings

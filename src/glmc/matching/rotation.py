@@ -8,7 +8,7 @@ a^4 |X_B|^2 - a^3 <X_A, R X_B> + a <Y_A, R Y_B> - |Y_B|^2 = 0: sequential, not t
 
 Weight matching first permutes the MLP units (optionally heads and the residual map; paper 002 leaves
 the residual unaligned). The pairs are interpolated factored (qk = vo = none): as circuits the per-head
-maps would not matter. Rotary models: qk gets a RotaryScale per frequency pair (glmc.matching.rotary_pairs),
+maps would not matter. Rotary models: qk gets a RotaryScale per frequency pair (glmc.matching.engine.rotary_pairs),
 vo one orthogonal map and scale per key/value group; `head_permutation` leaves rotary qk in place.
 """
 
@@ -22,8 +22,8 @@ from torch import Tensor
 
 from glmc.alignment import Alignment
 from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
-from glmc.matching.in_head import closed_form_rotations, optimal_scales
-from glmc.matching.rotary_pairs import rotary_scales
+from glmc.matching.engine.in_head import closed_form_rotations, optimal_scales
+from glmc.matching.engine.rotary_pairs import rotary_scales
 from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.blocks import full
 from glmc.models.canonical import CanonicalTransformer

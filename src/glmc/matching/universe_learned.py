@@ -24,9 +24,9 @@ from torch import Tensor, nn
 
 from glmc.interpolation import interpolate, merge_params
 from glmc.matching.base import MatchContext, require_factored, settings_hash
+from glmc.matching.engine.projections import polar, straight_through_permutation
 from glmc.matching.learned import changes_from, finite_list
 from glmc.matching.learned_module import DivergenceStop, LearnedMatchingModule, full_precision, latent_key, worst_draw
-from glmc.matching.projections import polar, straight_through_permutation
 from glmc.matching.universe import UniverseAlignment
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward

@@ -5,8 +5,8 @@ cross-covariance of A's and B's residual-side weights (the first only on the ten
 then assigns heads on paper 001's circuit cost, MLP units on the cosine of [W_in | b_in | W_out^T] and a
 task head's hidden units on the exact inner product. It stops when the relative circuit-form distance
 stops improving and returns the best transform seen; late iterations reuse what did not change
-(glmc.matching.warm_assignment, glmc.matching.mlp_distance). Grouped rotary families (Llama) match the
-factored distance (glmc.matching.in_head, glmc.matching.mlp_units). `keep_mean` makes the orthogonal map
+(glmc.matching.engine.warm_assignment, glmc.matching.engine.mlp_distance). Grouped rotary families (Llama) match the
+factored distance (glmc.matching.engine.in_head, glmc.matching.engine.mlp_units). `keep_mean` makes the orthogonal map
 fix the all-ones vector, so merges of mean-zero streams still export to LayerNorm models.
 """
 
@@ -25,10 +25,10 @@ from torch import Tensor
 from glmc.alignment import Alignment
 from glmc.host_memory import release_after, trim_heap
 from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
-from glmc.matching.layerwise import LayerwiseParams
-from glmc.matching.residual_map import eigen_angles
-from glmc.matching.weight_problem import LayerDistance, MatchingProblem, Objective, Reuse, SearchState, start_state
-from glmc.matching.weight_steps import HiddenUnits, LayerStep, Step, iteration_steps
+from glmc.matching.engine.layerwise import LayerwiseParams
+from glmc.matching.engine.problem import LayerDistance, MatchingProblem, Objective, Reuse, SearchState, start_state
+from glmc.matching.engine.residual_map import eigen_angles
+from glmc.matching.engine.steps import HiddenUnits, LayerStep, Step, iteration_steps
 from glmc.metrics import is_token_task
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.export import uncentred_writer

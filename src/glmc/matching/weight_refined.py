@@ -28,10 +28,10 @@ from torch import Tensor
 from glmc.alignment import Alignment
 from glmc.interpolation import merge_params
 from glmc.matching.base import MatchContext, Matcher, circuit_pairs, require_factored
-from glmc.matching.circuits import circuit_factors, head_inner_diag, head_similarity
+from glmc.matching.engine.circuits import circuit_factors, head_inner_diag, head_similarity
+from glmc.matching.engine.mlp_units import mlp_similarity
+from glmc.matching.engine.residual_map import eigen_angles
 from glmc.matching.latent_apply import LatentApplier
-from glmc.matching.mlp_units import mlp_similarity
-from glmc.matching.residual_map import eigen_angles
 from glmc.matching.weight import used_tokens, weight_matching
 from glmc.models.blocks import full
 from glmc.models.canonical import CanonicalTransformer

@@ -42,7 +42,7 @@ class LearnedTraining:
     seed: int = setting(0, "seed")  # latent noise and the lambda sequence
     # after every epoch, log the midpoint's test loss (match_test_loss) on this many test batches; -1: all, 0: off
     epoch_test_batches: int = setting(16, "batches_or_all")
-    # where each step's permutations are solved: host (SciPy), device (glmc.matching.device_assignment) or auto
+    # where each step's permutations are solved: host (SciPy), device (glmc.matching.engine.device_assignment) or auto
     assignment: str = setting("auto", choices=("auto", "host", "device"))
 
 

@@ -15,7 +15,7 @@ its units permute on their own (space expert_units, one permutation per expert, 
 axis); the shared expert's units permute, and scale against its up branch, as a gated MLP's do (spaces mlp,
 mlp_scale). Each expert's up/down scale is also a symmetry; it is not declared (no batched diagonal class).
 
-Matching the experts' spaces: weight matching's step is glmc.matching.experts (its option `experts`:
+Matching the experts' spaces: weight matching's step is glmc.matching.engine.experts (its option `experts`:
 "fixed" keeps the experts' order), activation matching's hook glmc.matching.activation_experts (router
 logits and expert activations); learned matching keeps both spaces as weight matching found them.
 """
@@ -70,7 +70,7 @@ KIND = BlockKind(
     "mlp",
     experts,
     ROLES,
-    weight_step="glmc.matching.experts:weight_step",
+    weight_step="glmc.matching.engine.experts:weight_step",
     kept_spaces=(X, XU),
     activation=ActivationHook(("router_logits", "expert_act"), "glmc.matching.activation_experts:match"),
     # the experts each token goes to; whether their weights are renormalised to sum to 1 over those

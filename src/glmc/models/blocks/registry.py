@@ -60,7 +60,7 @@ class BlockKind:
     circuit: the same sublayer in circuit form, None where it has none.
 
     What the matchers do for spaces of its own: weight_step(problem, options) -> a step weight matching runs
-    every iteration after the MLP units (glmc.matching.weight_steps.Step's call), or None where `options`
+    every iteration after the MLP units (glmc.matching.engine.steps.Step's call), or None where `options`
     (the search's heads and mlp flags and the matcher's settings for kinds) leave it nothing to do;
     kept_spaces: the space kinds learned matching keeps as weight matching found them (no latent learns
     them); activation: its ActivationHook. settings: its settings and their defaults, which a model's

@@ -26,8 +26,8 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 from torch import Tensor
 
-from glmc.matching.device_assignment import device_project, solves_on_device
-from glmc.matching.projections import decomposed
+from glmc.matching.engine.device_assignment import device_project, solves_on_device
+from glmc.matching.engine.projections import decomposed
 from glmc.symmetry import Permutation
 from glmc.threads import GRAIN, one_thread
 

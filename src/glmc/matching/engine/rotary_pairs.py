@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from glmc.matching.projections import decomposed, polar_factors
-from glmc.matching.scales import best_scales
+from glmc.matching.engine.projections import decomposed, polar_factors
+from glmc.matching.engine.scales import best_scales
 from glmc.symmetry.groups import RotaryScale
 
 

@@ -10,18 +10,18 @@ from typing import Any
 
 from torch import Tensor
 
-from glmc.matching.assignment import PARALLEL_UNITS, assign_layers, group_assignment, projected, warm_layers
-from glmc.matching.circuits import circuit_cost, circuit_move, head_similarity
-from glmc.matching.in_head import in_head_maps, rotary_head_cost
-from glmc.matching.mlp_units import gated_mlp_similarity, mlp_similarity, unit_scales
-from glmc.matching.projections import polar_factor
-from glmc.matching.residual_map import (
+from glmc.matching.engine.assignment import PARALLEL_UNITS, assign_layers, group_assignment, projected, warm_layers
+from glmc.matching.engine.circuits import circuit_cost, circuit_move, head_similarity
+from glmc.matching.engine.in_head import in_head_maps, rotary_head_cost
+from glmc.matching.engine.mlp_units import gated_mlp_similarity, mlp_similarity, unit_scales
+from glmc.matching.engine.problem import MatchingProblem, Reuse, SearchState
+from glmc.matching.engine.projections import polar_factor
+from glmc.matching.engine.residual_map import (
     block_cross_covariance,
     factored_cross_covariance,
     mean_keeping_projection,
     ones_complement,
 )
-from glmc.matching.weight_problem import MatchingProblem, Reuse, SearchState
 from glmc.models.blocks.registry import BlockKind, hook
 from glmc.models.families.roles import HEAD_HIDDEN, HEAD_PAIRS
 from glmc.symmetry import Orthogonal, Permutation, Transform

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from glmc.matching.projections import decomposed
+from glmc.matching.engine.projections import decomposed
 
 
 def scale_objective(a: Tensor, P: Tensor, p: Tensor, Q: Tensor, q: Tensor) -> Tensor:

@@ -1,6 +1,6 @@
 """Assignment problems of weight matching: one Hungarian solve per layer (side by side where that pays),
 key/value groups of grouped attention, and layers whose last assignment a certificate still proves
-optimal (the certificates themselves live in glmc.matching.warm_assignment)."""
+optimal (the certificates themselves live in glmc.matching.engine.warm_assignment)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from glmc.matching.device_assignment import device_project
-from glmc.matching.warm_assignment import WarmAssignments
+from glmc.matching.engine.device_assignment import device_project
+from glmc.matching.engine.warm_assignment import WarmAssignments
 from glmc.symmetry import Permutation
 from glmc.threads import one_thread
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from glmc.matching.weight_problem import MatchingProblem, SearchState
+from glmc.matching.engine.problem import MatchingProblem, SearchState
 from glmc.symmetry import Permutation
 
 Params = dict[str, Tensor]

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from glmc.matching.head_hidden import HiddenHead
-from glmc.matching.projections import decomposing
+from glmc.matching.engine.head_hidden import HiddenHead
+from glmc.matching.engine.projections import decomposing
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.models.families.base import residual_axis

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from glmc.matching.projections import decomposed, polar_factors
-from glmc.matching.rotary_pairs import as_complex, pair_distance, passthrough_cost, rotary_scales, solve_pairs
-from glmc.matching.scales import best_scales, scale_objective
+from glmc.matching.engine.projections import decomposed, polar_factors
+from glmc.matching.engine.rotary_pairs import as_complex, pair_distance, passthrough_cost, rotary_scales, solve_pairs
+from glmc.matching.engine.scales import best_scales, scale_objective
 from glmc.models.blocks import grouped
 from glmc.models.families.roles import HEAD_PAIRS, pair_factors
 from glmc.symmetry import OrthogonalScale, Permutation, Transform

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from glmc.matching.assignment import PARALLEL_UNITS
-from glmc.matching.circuits import (
+from glmc.matching.engine.assignment import PARALLEL_UNITS
+from glmc.matching.engine.circuits import (
     a_circuit_terms,
     circuit_norms,
     circuit_square_norms,
@@ -19,12 +19,18 @@ from glmc.matching.circuits import (
     squared_plain_difference,
     squared_plain_norm,
 )
-from glmc.matching.head_hidden import HiddenHead
-from glmc.matching.layerwise import LayerwiseParams
-from glmc.matching.mlp_distance import MlpDistance, mlp_matrices
-from glmc.matching.mlp_units import mlp_similarity
-from glmc.matching.residual_map import Outside, linear_parts, outside_terms, residual_only_tensors, residual_vectors
-from glmc.matching.warm_assignment import WarmAssignments
+from glmc.matching.engine.head_hidden import HiddenHead
+from glmc.matching.engine.layerwise import LayerwiseParams
+from glmc.matching.engine.mlp_distance import MlpDistance, mlp_matrices
+from glmc.matching.engine.mlp_units import mlp_similarity
+from glmc.matching.engine.residual_map import (
+    Outside,
+    linear_parts,
+    outside_terms,
+    residual_only_tensors,
+    residual_vectors,
+)
+from glmc.matching.engine.warm_assignment import WarmAssignments
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.models.families.roles import HEAD_HIDDEN, layer_of
@@ -53,7 +59,7 @@ class MatchingProblem:
     layers: range
     width: int
     dtype: torch.dtype
-    device: torch.device  # where every product of the search runs (assignments: glmc.matching.assignment)
+    device: torch.device  # where every product of the search runs (assignments: glmc.matching.engine.assignment)
     factored: bool  # no circuit form (grouped rotary heads): the factored distance itself is matched
     grouped: bool  # grouped-query attention: key/value groups, query heads within them
     rotary_dims: int | None  # partial rotary: the leading dims of each query/key head that rotate
@@ -61,7 +67,7 @@ class MatchingProblem:
     vectors: tuple[str, ...]  # residual_vectors
     outside: Outside
     hidden: HiddenHead | None  # a task head's hidden state (BERT's masked-LM transform, pooler)
-    # B's transformed weights computed layer by layer as read, never held whole (glmc.matching.layerwise)
+    # B's transformed weights computed layer by layer as read, never held whole (glmc.matching.engine.layerwise)
     layerwise: bool = False
 
     @classmethod
@@ -153,7 +159,7 @@ def start_state(problem: MatchingProblem, residual: str, heads: bool, mlp: bool)
         if problem.grouped:
             query_heads = [spec[f"qheads.{l}"] for l in layers if f"qheads.{l}" in spec.spaces]
             perms.update({q.name: Permutation.identity(q.size, q.heads) for q in query_heads})
-    if mlp and f"mlp.{layers[0]}" in spec.spaces:  # a mixture of experts has none (glmc.matching.experts)
+    if mlp and f"mlp.{layers[0]}" in spec.spaces:  # a mixture of experts has none (glmc.matching.engine.experts)
         perms.update({f"mlp.{l}": Permutation.identity(spec[f"mlp.{l}"].size) for l in layers})
         if problem.gated:
             perms.update({f"mlp_scale.{l}": Diagonal.identity(spec[f"mlp_scale.{l}"].size) for l in layers})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from glmc.matching.scales import best_scales, scale_objective
+from glmc.matching.engine.scales import best_scales, scale_objective
 from glmc.models.blocks import plain
 from glmc.models.families.roles import unit_rows
 from glmc.symmetry import Diagonal
