@@ -5,8 +5,10 @@ from glmc.symmetry.groups import (
     Orthogonal,
     OrthogonalScale,
     Permutation,
+    PositiveDiagonal,
     RotaryScale,
     SemiPermutation,
+    SignedPermutation,
 )
 from glmc.symmetry.spec import Axis, Space, SymmetrySpec
 from glmc.symmetry.transform import Transform
@@ -21,8 +23,10 @@ __all__ = [
     "Orthogonal",
     "OrthogonalScale",
     "Permutation",
+    "PositiveDiagonal",
     "RotaryScale",
     "SemiPermutation",
+    "SignedPermutation",
     "Space",
     "SymmetrySpec",
     "Transform",

@@ -10,7 +10,7 @@ from torch import Tensor
 from glmc.host_memory import trim_heap
 from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families.roles import layer_of
-from glmc.symmetry.groups import Diagonal, Element, Permutation, SemiPermutation
+from glmc.symmetry.groups import Diagonal, Element, Permutation, SemiPermutation, SignedPermutation
 from glmc.symmetry.spec import Axis, Space, SymmetrySpec
 from glmc.symmetry.transform import Transform
 
@@ -23,8 +23,12 @@ def _gather_per_head(t: Tensor, ax: Axis, index: Tensor) -> Tensor:
 
 
 def _scale(t: Tensor, ax: Axis, scale: Tensor) -> Tensor:
+    """t times `scale` along ax.axis; a (heads, n) scale one row per entry of ax.head_axis."""
     shape = [1] * t.dim()
-    shape[ax.axis] = len(scale)
+    shape[ax.axis] = scale.shape[-1]
+    if scale.dim() == 2:
+        shape[ax.head_axis] = scale.shape[0]
+        scale = scale if ax.head_axis < ax.axis else scale.T
     return t * scale.reshape(shape)
 
 
@@ -67,6 +71,9 @@ def _act(g: Element, t: Tensor, ax: Axis, space: Space) -> Tensor:
     _check_size(t, g, ax, space)
     if isinstance(g, Permutation):
         return _gather(t, ax, g.perm, None)
+    if isinstance(g, SignedPermutation):  # a gain moves with its coordinate and keeps its sign
+        signs = None if ax.gain else torch.cat([g.signs, g.signs.new_ones(ax.extra)])
+        return _gather(t, ax, g.perm, signs)
     if isinstance(g, SemiPermutation):
         return _gather(t, ax, g.src, g.weight if ax.side == space.shares_on else None)
     if isinstance(g, Diagonal):

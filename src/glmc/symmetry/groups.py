@@ -96,6 +96,53 @@ class Permutation(Element):
 
 
 @dataclass
+class SignedPermutation(Element):
+    """New unit i is old unit perm[i] times signs[i] (matrix M with M[i, perm[i]] = signs[i] = +-1): the
+    orthogonal maps that keep an elementwise gain's coordinates apart. Writers and readers both gather and
+    flip (M is its own inverse transpose); a gain (Axis.gain) is gathered only, as a sign commutes with it."""
+
+    perm: Tensor
+    signs: Tensor
+    kind: ClassVar[str] = "signed_permutation"
+
+    @property
+    def size(self) -> int:
+        return self.perm.shape[-1]
+
+    @classmethod
+    def identity(cls, n: int) -> SignedPermutation:
+        return cls(torch.arange(n), torch.ones(n))
+
+    @classmethod
+    def sample(cls, n: int, generator=None, dtype=torch.float32) -> SignedPermutation:
+        signs = torch.where(torch.rand(n, generator=generator) < 0.5, -1.0, 1.0).to(dtype)
+        return cls(torch.randperm(n, generator=generator), signs)
+
+    @classmethod
+    def project(cls, signed: Tensor, unsigned: Tensor | float = 0.0) -> SignedPermutation:
+        """The signed permutation maximising sum_i signs[i] signed[i, perm[i]] + unsigned[i, perm[i]]: each
+        pair's best sign is that of its signed entry, so the assignment runs on |signed| + unsigned and the
+        signs are read off the matched entries (exact: the sign of a pair does not affect any other)."""
+        signed = signed.detach()
+        perm = Permutation.project(signed.abs() + unsigned).perm
+        matched = signed[torch.arange(len(perm), device=signed.device), perm.to(signed.device)]
+        return cls(perm.to(signed.device), torch.where(matched < 0, -1.0, 1.0).to(signed.device, signed.dtype))
+
+    def dense(self, dtype=torch.float32) -> Tensor:
+        return torch.eye(self.size, dtype=dtype, device=self.perm.device)[self.perm] * self.signs.to(dtype)[:, None]
+
+    def forward(self) -> Tensor:
+        return self.dense(self.signs.dtype)
+
+    def contra(self) -> Tensor:
+        return self.forward()
+
+    def inverse(self) -> SignedPermutation:
+        back = torch.argsort(self.perm)
+        return SignedPermutation(back, self.signs[back])
+
+
+@dataclass
 class SemiPermutation(Element):
     """n old units -> m >= n new units: new unit k copies old unit src[k] with share weight[k] (paper 001
     §3.1: S[k, src[k]] = weight[k], every old unit's shares positive and summing to 1)."""
@@ -241,30 +288,47 @@ class OrthogonalScale(Element):
 
 @dataclass
 class Diagonal(Element):
-    """Per unit a non-zero scale s: writers get diag(s), readers diag(1/s) (a gated MLP's linear branch)."""
+    """Per unit a non-zero scale s: writers get diag(s), readers diag(1/s) (a gated MLP's linear branch).
+    (heads, n) scales hold one diagonal per head or expert (each expert's units)."""
 
     scales: Tensor
     kind: ClassVar[str] = "diagonal"
 
     @property
     def size(self) -> int:
-        return len(self.scales)
+        return self.scales.shape[-1]
+
+    @property
+    def heads(self) -> int | None:
+        return self.scales.shape[0] if self.scales.dim() == 2 else None
 
     @classmethod
-    def identity(cls, n: int) -> Diagonal:
-        return cls(torch.ones(n))
+    def identity(cls, n: int, heads: int | None = None) -> Diagonal:
+        return cls(torch.ones(n) if heads is None else torch.ones(heads, n))
 
     @classmethod
-    def sample(cls, n: int, generator=None, dtype=torch.float32) -> Diagonal:
-        magnitude = torch.exp(2 * torch.rand(n, generator=generator, dtype=torch.float64) - 1)
-        sign = torch.where(torch.rand(n, generator=generator) < 0.5, -1.0, 1.0).double()
-        return cls((sign * magnitude).to(dtype))
+    def sample(cls, n: int, generator=None, dtype=torch.float32, heads: int | None = None) -> Diagonal:
+        shape = (n,) if heads is None else (heads, n)
+        magnitude = torch.exp(2 * torch.rand(shape, generator=generator, dtype=torch.float64) - 1)
+        sign = torch.where(torch.rand(shape, generator=generator) < 0.5, -1.0, 1.0).double()
+        return cls((magnitude if cls.positive else sign * magnitude).to(dtype))
+
+    positive: ClassVar[bool] = False
 
     def forward(self) -> Tensor:
-        return torch.diag(self.scales)
+        return torch.diag_embed(self.scales)
 
     def contra(self) -> Tensor:
-        return torch.diag(1 / self.scales)
+        return torch.diag_embed(1 / self.scales)
+
+
+@dataclass
+class PositiveDiagonal(Diagonal):
+    """Per unit a positive scale: the units of a positively homogeneous activation (ReLU(a z) = a ReLU(z) for
+    a > 0) scaled against their readers."""
+
+    kind: ClassVar[str] = "positive_diagonal"
+    positive: ClassVar[bool] = True
 
 
 @dataclass
@@ -341,5 +405,16 @@ class RotaryScale(Element):
 
 
 CLASSES = {
-    c.kind: c for c in (Permutation, SemiPermutation, Orthogonal, Invertible, OrthogonalScale, Diagonal, RotaryScale)
+    c.kind: c
+    for c in (
+        Permutation,
+        SignedPermutation,
+        SemiPermutation,
+        Orthogonal,
+        Invertible,
+        OrthogonalScale,
+        Diagonal,
+        PositiveDiagonal,
+        RotaryScale,
+    )
 }

@@ -33,6 +33,7 @@ class Axis:
     side: str  # "out" | "in"
     head_axis: int | None = None  # per-head spaces: the axis that indexes heads
     extra: int = 0  # trailing entries the group leaves alone (the constant-1 coordinate of circuits)
+    gain: bool = False  # an elementwise gain: a signed permutation moves it without flipping its signs
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class SymmetrySpec:
                 # the stream and the head's hidden state are one space for the whole model, others per layer
                 name = acts.space if acts.space in ("residual", HEAD_HIDDEN) else f"{acts.space}.{layer}"
                 kinds[name] = (acts.space, layer if name != acts.space else None)
-                axes[name].append(Axis(role.at(layer), acts.axis, acts.side, acts.head_axis, acts.extra))
+                axes[name].append(Axis(role.at(layer), acts.axis, acts.side, acts.head_axis, acts.extra, acts.gain))
         per_layer = layer_space_order(kind for kind, _ in kinds.values())
         order = ["residual"] + [f"{k}.{l}" for l in layers for k in per_layer] + [HEAD_HIDDEN]
         spaces = [_space(config, family, n, *kinds[n], tuple(axes[n]), params) for n in order if n in axes]

@@ -7,7 +7,6 @@ import torch
 from glmc.models.families.roles import HEAD_PAIRS
 from glmc.symmetry.groups import (
     CLASSES,
-    Diagonal,
     Element,
     Invertible,
     Orthogonal,
@@ -15,6 +14,7 @@ from glmc.symmetry.groups import (
     Permutation,
     RotaryScale,
     SemiPermutation,
+    SignedPermutation,
 )
 from glmc.symmetry.spec import SymmetrySpec
 
@@ -51,8 +51,10 @@ class Transform(dict[str, Element]):
                 g = SemiPermutation.sample(n, n + grow, generator, dtype)
             elif kind == "orthogonal":
                 g = Orthogonal.sample(n, generator, n + grow, dtype)
-            elif kind == "diagonal":
-                g = Diagonal.sample(n, generator, dtype)
+            elif kind == "signed_permutation":
+                g = SignedPermutation.sample(n, generator, dtype)
+            elif kind in ("diagonal", "positive_diagonal"):
+                g = CLASSES[kind].sample(n, generator, dtype, heads)
             elif kind == "rotary_scale":
                 g = RotaryScale.sample(heads, n, generator, dtype, rotary_dims=space.rotary_dims)
             elif kind in ("invertible", "orthogonal_scale"):

@@ -23,8 +23,8 @@ from glmc.models.blocks.registry import BlockKind
 from glmc.models.families.roles import Acts, block_role
 
 ROLES = (
-    block_role("attn_post", "attn", Acts("residual", 0, "out")),
-    block_role("mlp_post", "mlp", Acts("residual", 0, "out")),
+    block_role("attn_post", "attn", Acts("residual", 0, "out", gain=True)),
+    block_role("mlp_post", "mlp", Acts("residual", 0, "out", gain=True)),
 )
 
 

@@ -41,6 +41,8 @@ class Acts:
     side: str  # "out" | "in"
     head_axis: int | None = None
     extra: int = 0
+    # an elementwise gain on the space (a norm's learned scale): sign flips leave it alone, permutations move it
+    gain: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,9 @@ def block_role(name: str, stage: str, *acts: Acts, reads: str | None = None) -> 
 
 # Post-norm blocks (BERT): the stream is the LayerNorms' output, so their gains and offsets write it
 POST_NORMS = (
-    block_role("ln1_w", "attn", Acts("residual", 0, "out")),
+    block_role("ln1_w", "attn", Acts("residual", 0, "out", gain=True)),
     block_role("ln1_b", "attn", Acts("residual", 0, "out")),
-    block_role("ln2_w", "mlp", Acts("residual", 0, "out")),
+    block_role("ln2_w", "mlp", Acts("residual", 0, "out", gain=True)),
     block_role("ln2_b", "mlp", Acts("residual", 0, "out")),
 )
 
