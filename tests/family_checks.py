@@ -31,7 +31,10 @@ MATCHERS = {
 }
 
 # the (space kind, class) pairs a family's CASES are made of, grouped by the tensors whose maps they are
-STREAM = {("residual", "orthogonal"), ("residual", "permutation")}
+# an RMS-normalised stream (Llama-style): orthogonal maps, and signed permutations as a class of their own
+STREAM = {("residual", "orthogonal"), ("residual", "signed_permutation"), ("residual", "permutation")}
+# a norm with a gain on each sublayer's output (sandwich norms): signed permutations
+SANDWICH_STREAM = {("residual", "signed_permutation"), ("residual", "permutation")}
 # HEADS where several query heads share a key/value head (grouped-query); MULTI_HEAD where each query head
 # has its own: the spec builds no qheads space for one query head per group
 MULTI_HEAD = {("heads", "permutation"), ("heads", "semi_permutation")}
@@ -39,7 +42,7 @@ HEADS = MULTI_HEAD | {("qheads", "permutation")}
 ROTARY_QK = {("qk", "rotary_scale")}
 VO = {("vo", "invertible"), ("vo", "orthogonal_scale")}
 GATED_MLP = {("mlp", "permutation"), ("mlp_scale", "diagonal")}
-EXPERTS = {("experts", "permutation"), ("expert_units", "permutation")}
+EXPERTS = {("experts", "permutation"), ("expert_units", "permutation"), ("expert_scale", "diagonal")}
 
 
 def claimed(model) -> set[tuple[str, str]]:

@@ -70,6 +70,7 @@ def test_bidirectional_attention_is_refused():
 
 CASES = {
     ("residual", "orthogonal"),
+    ("residual", "signed_permutation"),
     ("residual", "permutation"),
     ("heads", "permutation"),
     ("heads", "semi_permutation"),
@@ -94,7 +95,8 @@ def test_symmetry_preserves_function(gemma, kind, group):
 
 def test_all_symmetries_at_once_preserve_function(gemma):
     _, model, x = gemma
-    classes = dict(CASES - {("heads", "semi_permutation"), ("residual", "permutation"), ("vo", "orthogonal_scale")})
+    dropped = {("heads", "semi_permutation"), ("residual", "permutation"), ("residual", "signed_permutation")}
+    classes = dict(CASES - dropped - {("vo", "orthogonal_scale")})
     assert_symmetry_keeps_function(model, x, classes, "all at once")
 
 

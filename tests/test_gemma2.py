@@ -15,6 +15,7 @@ from family_checks import (
     GATED_MLP,
     HEADS,
     ROTARY_QK,
+    SANDWICH_STREAM,
     VO,
     alignment_tests,
     assert_export_reloads,
@@ -47,7 +48,7 @@ def test_conversion_matches_hf(bias):
 
 
 # Gemma's group with the residual stream narrowed to permutations (blocks/sandwich.py says why)
-CASES = {("residual", "permutation")} | HEADS | ROTARY_QK | VO | GATED_MLP
+CASES = SANDWICH_STREAM | HEADS | ROTARY_QK | VO | GATED_MLP
 
 
 canonical = canonical_fixture(tiny_gemma2)
@@ -74,7 +75,7 @@ def test_an_export_to_a_template_with_other_caps_is_refused(tmp_path):
 test_command_line_on_two_bfloat16_folders = bfloat16_folders_test(
     "gemma2",
     {"attention": "grouped", "mlp": "gated", "head_spaces": ["qk", "vo"], "branch": "sandwich"},
-    "permutation",
+    "signed_permutation",
     hidden_act="gelu_pytorch_tanh",
     max_positions=16,
 )

@@ -15,6 +15,7 @@ from glmc.models.families.llama import unread_rope_type
 from family_checks import (
     GATED_MLP,
     HEADS,
+    SANDWICH_STREAM,
     VO,
     alignment_tests,
     assert_export_reloads,
@@ -57,7 +58,7 @@ def test_rotary_types_glmc_does_not_read_are_refused_per_layer_type():
 
 
 # Gemma 2's group without the per-head query/key maps (blocks/qk_norm.py, blocks/sandwich.py say why)
-CASES = {("residual", "permutation")} | HEADS | VO | GATED_MLP
+CASES = SANDWICH_STREAM | HEADS | VO | GATED_MLP
 
 
 canonical = canonical_fixture(tiny_gemma3)
@@ -77,7 +78,7 @@ def test_export_reloads_and_matches(tmp_path):
 test_command_line_on_two_bfloat16_folders = bfloat16_folders_test(
     "gemma3",
     {"attention": "qk_norm", "mlp": "gated", "head_spaces": ["vo"], "branch": "sandwich"},
-    "permutation",
+    "signed_permutation",
     hidden_act="gelu_pytorch_tanh",
     max_positions=16,
 )

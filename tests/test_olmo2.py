@@ -12,6 +12,7 @@ from glmc.symmetry.embed_width import embed_width
 
 from family_checks import (
     GATED_MLP,
+    SANDWICH_STREAM,
     VO,
     alignment_tests,
     assert_export_reloads,
@@ -40,7 +41,7 @@ def test_conversion_matches_hf(bias):
 
 
 # Llama's without qk, head copies or an orthogonal stream (blocks/qk_norm_all.py, blocks/sandwich.py say why)
-CASES = {("residual", "permutation"), ("heads", "permutation"), ("qheads", "permutation")} | VO | GATED_MLP
+CASES = SANDWICH_STREAM | {("heads", "permutation"), ("qheads", "permutation")} | VO | GATED_MLP
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ def test_export_reloads_and_matches(tmp_path):
 test_command_line_on_two_bfloat16_folders = bfloat16_folders_test(
     "olmo2",
     {"attention": "qk_norm_all", "mlp": "gated", "head_spaces": ["vo"], "branch": "sandwich"},
-    "permutation",
+    "signed_permutation",
     hidden_act="silu",
     max_positions=16,
 )

@@ -44,6 +44,9 @@ class ResidualClass(StrEnum):
     # pre-norm streams, permutation for post-norm ones
     auto = "auto"
     orthogonal = "orthogonal"
+    # each coordinate moved and possibly negated: RMS-normalised streams (Llama-style), the widest class where
+    # a norm with a gain touches the stream (sandwich norms: OLMo-2, Gemma 2 and 3)
+    signed_permutation = "signed_permutation"
     permutation = "permutation"
     none = "none"
 
@@ -124,6 +127,7 @@ class ActivationResidual(StrEnum):
 
 class ResidualMap(StrEnum):
     permutation = "permutation"
+    signed_permutation = "signed_permutation"  # assigned on |correlation|, each sign that of its matched entry
     orthogonal = "orthogonal"
 
 

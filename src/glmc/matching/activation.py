@@ -4,7 +4,8 @@ Both models run on the same training batches; units are compared by the standard
 of their activations over non-padding tokens (Eq. 1) and assigned to maximise its sum (Eq. 2):
   residual  `identity` (no map), or one stream permutation from the embedding output (`first`), the
             final stream (`last`) or every sublayer's output (`all`); `separate` permutes each state on
-            its own (not a symmetry). residual_map=orthogonal fits polar(sum_t x_A,t x_B,t^T) instead.
+            its own (not a symmetry). residual_map=orthogonal fits polar(sum_t x_A,t x_B,t^T) instead,
+            signed_permutation assigns on |corr| and negates the coordinates that correlate negatively.
   mlp       per layer; gated units are assigned on |corr| and get mlp_scale = sign(corr) rms(a_A) / rms(a_B).
   heads     the two-stage assignment on the heads' outputs (Eq. 5-6): in-head permutations, then heads on
             their sums; grouped-query attention assigns groups on their query heads' best assignment, with
@@ -36,7 +37,16 @@ from glmc.models.families.base import role_of
 from glmc.models.families.roles import layer_of
 from glmc.ranges import check_settings
 from glmc.settings.methods import ActivationMatcherConfig
-from glmc.symmetry import Diagonal, Orthogonal, OrthogonalScale, Permutation, SymmetrySpec, Transform, apply
+from glmc.symmetry import (
+    Diagonal,
+    Orthogonal,
+    OrthogonalScale,
+    Permutation,
+    SignedPermutation,
+    SymmetrySpec,
+    Transform,
+    apply,
+)
 
 
 class CrossMoments:
@@ -373,6 +383,11 @@ class ActivationMatcher(Matcher):
             corr = sum(moments[s].correlation() for s in states) / len(states)
             transform["residual"] = Permutation(torch.as_tensor(assign(corr)[0]))
             correlation["residual"] = (mean_matched(corr), mean_matched(corr, transform["residual"].perm))
+        elif self.residual_map == "signed_permutation":  # a flipped coordinate correlates negatively
+            corr = sum(moments[s].correlation() for s in states) / len(states)
+            transform["residual"] = SignedPermutation.project(corr.float())
+            flipped = corr * transform["residual"].signs.to(corr.dtype)[:, None]
+            correlation["residual"] = (mean_matched(corr), mean_matched(flipped, transform["residual"].perm))
         else:
             cross = sum(moments[s].normalised_cross() for s in states)
             transform["residual"] = Orthogonal(Orthogonal.project(cross).matrix.float())

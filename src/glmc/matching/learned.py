@@ -39,7 +39,7 @@ from glmc.ranges import check_settings
 from glmc.settings.methods import LearnedMatcherConfig
 from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, apply, apply_dense
 from glmc.symmetry.family_defaults import resolve_residual
-from glmc.symmetry.groups import Element
+from glmc.symmetry.groups import Element, SignedPermutation
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,38 @@ def as_dense(g) -> Tensor:
     """The element as a matrix: an orthogonal map's own, a permutation's dense form."""
     return g.matrix if isinstance(g, Orthogonal) else g.dense()
 
+
+def unsigned(transform: Transform) -> Transform:
+    """The transform with a signed residual permutation's order only: where the residual latent starts (its
+    signs are applied to B first: residual_flips)."""
+    g = transform.get("residual")
+    return (
+        transform if not isinstance(g, SignedPermutation) else Transform({**transform, "residual": Permutation(g.perm)})
+    )
+
+
+def residual_flips(transform: Transform) -> Transform:
+    """A signed residual permutation's signs, indexed by B's own coordinates (applied to B before its order),
+    or nothing."""
+    g = transform.get("residual")
+    if not isinstance(g, SignedPermutation):
+        return Transform()
+    flips = torch.empty_like(g.signs)
+    flips[g.perm] = g.signs
+    return Transform({"residual": SignedPermutation(torch.arange(g.size, device=g.perm.device), flips)})
+
+
+def signed(learned: Transform, fixed: Transform) -> Transform:
+    """The learned residual permutation with the signs applied to B first, as one signed permutation."""
+    flips, g = fixed.get("residual"), learned.get("residual")
+    if not isinstance(flips, SignedPermutation) or g is None:
+        return learned
+    return Transform({**learned, "residual": SignedPermutation(g.perm, flips.signs.to(g.perm.device)[g.perm])})
+
+
+# the residual classes weight matching starts learned matching from, and the latent of each that has another
+WEIGHT_RESIDUAL = ("orthogonal", "signed_permutation", "permutation")
+LATENT_OF = {"signed_permutation": "permutation"}
 
 # per-group and per-unit spaces that no latent learns, and the learned space that orders their elements
 CARRIED = {"qheads": "heads", "qk": "heads", "vo": "heads", "mlp_scale": "mlp"}
@@ -145,7 +177,7 @@ class LearnedMatcher(Matcher):
         spaces = [s for s in spec if self.kinds.get(s.kind, "none") != "none"]
         if self.init == "identity":
             return Transform({s.name: Permutation.identity(s.size) for s in spaces}), {}
-        residual = {"orthogonal": "orthogonal", "permutation": "permutation"}.get(self.kinds["residual"], "none")
+        residual = self.kinds["residual"] if self.kinds["residual"] in WEIGHT_RESIDUAL else "none"
         heads, mlp = self.kinds["heads"] != "none", self.kinds["mlp"] != "none"
         transform, diagnostics = weight_matching(
             a, b, residual, heads, mlp, self.weight_max_iter, self.weight_tol, tokens=tokens
@@ -168,7 +200,9 @@ class LearnedMatcher(Matcher):
         self.kinds["residual"] = resolve_residual(self.residual, family_named(a.config.family))[0]
         loader = context.train_batches(self.name)
         spec = SymmetrySpec.from_model(b)
-        kinds = {s.name: self.kinds[s.kind] for s in spec if self.kinds.get(s.kind, "none") != "none"}
+        # a signed residual permutation learns its order; its signs are weight matching's (residual_flips)
+        latent = {**self.kinds, "residual": LATENT_OF.get(self.kinds["residual"], self.kinds["residual"])}
+        kinds = {s.name: latent[s.kind] for s in spec if latent.get(s.kind, "none") != "none"}
         begun = self.begin(a, b, spec, kinds, context)
         module = self.build_module(a, begun, kinds, b.task)
         run = self.fit(module, a, b, context)
@@ -179,7 +213,7 @@ class LearnedMatcher(Matcher):
             diagnostics = self.run_diagnostics(begun, run, ran, finite_list, {})
             return self.keep_start(a, b, begun.start, next(iter(loader))[0], diverged, diagnostics)
 
-        learned = module.hard_transform()
+        learned = signed(module.hard_transform(), begun.fixed)
         held = kept(begun.fixed, learned, kept_spaces(b))
         hard = Transform({**learned, **carried_along(begun.fixed, learned), **held})
         aligned = apply(hard, b)
@@ -208,7 +242,7 @@ class LearnedMatcher(Matcher):
 
     def build_module(self, a: CanonicalTransformer, begun: Begun, kinds: dict, task: str) -> LearnedMatchingModule:
         """The LightningModule whose latents learn B's transform, from the start."""
-        init = {n: as_dense(begun.start[n]) for n in kinds}
+        init = {n: as_dense(unsigned(begun.start)[n]) for n in kinds}
         return LearnedMatchingModule(a, begun.b_fixed, init, kinds, self.settings, task, self.circuits)
 
     def reference(
@@ -227,6 +261,7 @@ class LearnedMatcher(Matcher):
         # matching's elements, applied to B first
         fixed = carried_along(start, start, inverse=True)
         fixed.update(kept(start, kinds, kept_spaces(b)))
+        fixed.update(residual_flips(start))
         b_fixed = apply(fixed, b) if fixed else b
         return Begun(start, wm, fixed, b_fixed, time.perf_counter() - tick)
 
@@ -338,8 +373,8 @@ def changes_from(start: Transform, final: Transform) -> dict[str, float]:
     out = {}
     for name, g in final.items():
         g0 = start[name]
-        if isinstance(g, Permutation):
-            p0 = g0.perm if isinstance(g0, Permutation) else Permutation.project(as_dense(g0)).perm
+        if isinstance(g, (Permutation, SignedPermutation)):
+            p0 = g0.perm if isinstance(g0, (Permutation, SignedPermutation)) else Permutation.project(as_dense(g0)).perm
             out[name] = float((g.perm.cpu() != p0.cpu()).float().mean())
         else:
             d = (g.matrix.double() - as_dense(g0).double().to(g.matrix.device)).norm() / g.matrix.shape[1] ** 0.5

@@ -76,7 +76,10 @@ def latent_kind(element: Any, space: str) -> str:
         return "orthogonal"
     if isinstance(element, (Permutation, SemiPermutation)):
         return "permutation"
-    raise ValueError(f"space {space}: cannot refine a {type(element).__name__} (orthogonal or permutation only)")
+    raise ValueError(
+        f"space {space}: cannot refine a {type(element).__name__} (orthogonal or permutation only): choose "
+        "symmetry.residual=permutation for universe learning"
+    )
 
 
 def project(z: Tensor, kind: str) -> Tensor:

@@ -245,8 +245,8 @@ def weight_matching(
     work whose inputs did not change. `layerwise`: B's transformed weights built layer by layer (the same
     floats; None: by size). `options`: settings of the steps the models' block kinds add (BlockKind.weight_step;
     None: their defaults)."""
-    if residual not in ("orthogonal", "permutation", "none"):
-        raise ValueError(f"residual={residual!r} is not one of orthogonal, permutation, none")
+    if residual not in ("orthogonal", "signed_permutation", "permutation", "none"):
+        raise ValueError(f"residual={residual!r} is not one of orthogonal, signed_permutation, permutation, none")
     if model_a.config.form != "factored" or model_b.config.form != "factored":
         raise ValueError("weight matching reads factored heads: pass models before .to_circuit()")
     with full_float32():

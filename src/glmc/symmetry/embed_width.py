@@ -35,7 +35,7 @@ PerLayer = Sequence[int] | int | None
 # the per-layer spaces and embed_width's names for their sizes (a gated MLP's scales are per unit; a
 # mixture's experts keep their count, each expert's units are padded as an MLP's)
 SIZE_NAMES = {"heads": "heads", "qheads": "qheads", "qk": "qk_dim", "vo": "vo_dim", "mlp": "mlp", "mlp_scale": "mlp"}
-SIZE_NAMES |= {"experts": "experts", "expert_units": "expert_units"}
+SIZE_NAMES |= {"experts": "experts", "expert_units": "expert_units", "expert_scale": "expert_units"}
 
 
 def layer_sizes(model: CanonicalTransformer) -> dict[str, list[int]]:

@@ -7,9 +7,11 @@ Derived from the roles its family gives each tensor (glmc.models.families), neve
   qk.{l}, vo.{l} per head, query/key and value  invertible, orthogonal_scale (factored form only; rotary qk:
                 spaces                          rotary_scale, with an invertible block on unrotated dims)
   mlp.{l}       MLP units (F)                   permutation; semi_permutation for plain ReLU-like MLPs
-  mlp_scale.{l} a gated MLP's linear branch     diagonal
+  mlp_scale.{l} a gated MLP's linear branch     diagonal; a plain ReLU-like MLP's units: positive_diagonal (not
+                built for other activations)
   experts.{l}   a mixture's experts (E)         permutation (router rows with their experts)
   expert_units.{l} per expert, its units (F)    permutation, one per expert
+  expert_scale.{l} per expert, its up branch    diagonal, one per expert (after expert_units)
   head_hidden   a task head's own hidden state  permutation
 In circuit form qk and vo are absorbed by the representation (`absorbed` names them). Each space lists
 the (parameter, axis, side) triples it acts on: "out" where the parameter writes into it (it gets g),
@@ -79,7 +81,8 @@ class SymmetrySpec:
         per_layer = layer_space_order(kind for kind, _ in kinds.values())
         order = ["residual"] + [f"{k}.{l}" for l in layers for k in per_layer] + [HEAD_HIDDEN]
         spaces = [_space(config, family, n, *kinds[n], tuple(axes[n]), params) for n in order if n in axes]
-        spaces = [s for s in spaces if identity_spaces or not _identity_only(s)]
+        # a space with no class (a plain MLP's unit scales where the activation is not ReLU-like) is not built
+        spaces = [s for s in spaces if s.classes and (identity_spaces or not _identity_only(s))]
         absorbed = tuple(f"{k}.{l}" for l in layers for k in HEAD_PAIRS) if config.form == "circuit" else ()
         return cls({s.name: s for s in spaces}, absorbed)
 
@@ -134,8 +137,12 @@ def _space(config, family, name, kind, layer, axes, params) -> Space:
         return Space(name, kind, layer, size, ("rotary_scale",), axes, heads=heads, rotary_dims=rotary)
     if kind in HEAD_PAIRS:
         return Space(name, kind, layer, size, ("invertible", "orthogonal_scale"), axes, heads=heads)
-    if kind == "mlp_scale":
-        return Space(name, kind, layer, size, ("diagonal",), axes)
+    if kind == "mlp_scale":  # gated: sign and scale; plain: positive homogeneity, act(a z) = a act(z) for a > 0
+        plain = family.mlp_kind == "plain"
+        classes = ("positive_diagonal",) if config.activation in RELU_FAMILY else ()
+        return Space(name, kind, layer, size, classes if plain else ("diagonal",), axes)
+    if kind == "expert_scale":  # each expert's gated units against their up branch: one diagonal per expert
+        return Space(name, kind, layer, size, ("diagonal",), axes, heads=heads)
     if heads is not None:  # units within each head or expert: one permutation per batch entry
         return Space(name, kind, layer, size, ("permutation",), axes, heads=heads)
     relu_like = kind == "mlp" and config.activation in RELU_FAMILY and family.mlp_kind == "plain"

@@ -45,11 +45,19 @@ def gated_mlp_similarity(pa: Params, pb: Params, layer: int) -> Tensor:
 
 def unit_scales(pa: Params, pb: Params, layer: int) -> Diagonal:
     """Per unit of a gated MLP (B's units already matched to A's) the non-zero s minimising
-    ||up_A - s up_B||^2 + ||down_A - down_B / s||^2, the sign tried both ways."""
-    xa, xb = _gated_rows(pa, layer, "in").double(), _gated_rows(pb, layer, "in").double()
-    ya, yb = _gated_rows(pa, layer, "out").double(), _gated_rows(pb, layer, "out").double()
-    P, Q = xb.pow(2).sum(1), yb.pow(2).sum(1)
-    p, q = (xa * xb).sum(1), (ya * yb).sum(1)
+    ||up_A - s up_B||^2 + ||down_A - down_B / s||^2, the sign tried both ways (up_down_scales)."""
+    xa, xb = _gated_rows(pa, layer, "in"), _gated_rows(pb, layer, "in")
+    ya, yb = _gated_rows(pa, layer, "out"), _gated_rows(pb, layer, "out")
+    return Diagonal(up_down_scales(xa, xb, ya, yb))
+
+
+def up_down_scales(xa: Tensor, xb: Tensor, ya: Tensor, yb: Tensor) -> Tensor:
+    """(...) per unit the non-zero s minimising ||x_A - s x_B||^2 + ||y_A - y_B / s||^2 (float32), from
+    (..., n) up rows x and down columns y of matched units; s and -s both tried (a gated unit's sign is free)."""
+    xa, xb, ya, yb = (t.double() for t in (xa, xb, ya, yb))
+    shape = xb.shape[:-1]
+    P, Q = xb.pow(2).sum(-1).flatten(), yb.pow(2).sum(-1).flatten()
+    p, q = (xa * xb).sum(-1).flatten(), (ya * yb).sum(-1).flatten()
     positive, negative = best_scales(P, p, Q, q), best_scales(P, -p, Q, -q)
     flip = scale_objective(negative, P, -p, Q, -q) < scale_objective(positive, P, p, Q, q)
-    return Diagonal(torch.where(flip, -negative, positive).float())
+    return torch.where(flip, -negative, positive).reshape(shape).float()

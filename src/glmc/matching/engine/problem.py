@@ -35,7 +35,7 @@ from glmc.models.canonical import CanonicalTransformer
 from glmc.models.families import family_named
 from glmc.models.families.roles import HEAD_HIDDEN, layer_of
 from glmc.symmetry import Diagonal, Orthogonal, Permutation, SymmetrySpec, Transform, apply_params
-from glmc.symmetry.groups import Element
+from glmc.symmetry.groups import Element, SignedPermutation
 
 Params = dict[str, Tensor]
 
@@ -132,7 +132,15 @@ class MatchingProblem:
         g = t.get("residual")
         if g is None:
             return torch.eye(self.width, dtype=self.dtype, device=self.device)
-        return g.dense(self.dtype) if isinstance(g, Permutation) else g.matrix.to(self.dtype)
+        return g.dense(self.dtype) if isinstance(g, (Permutation, SignedPermutation)) else g.matrix.to(self.dtype)
+
+    @property
+    def gains(self) -> frozenset[str]:
+        """B's layer tensors that are elementwise gains on the stream (a sandwich norm's): a signed residual
+        permutation moves them without their signs."""
+        if "residual" not in self.spec.spaces:
+            return frozenset()
+        return frozenset(ax.param for ax in self.spec["residual"].acts_on if ax.gain and ax.param in self.pb)
 
 
 @dataclass
@@ -169,6 +177,8 @@ def start_state(problem: MatchingProblem, residual: str, heads: bool, mlp: bool)
         res = {"residual": Orthogonal(torch.eye(problem.width, dtype=problem.dtype, device=device))}
     elif residual == "permutation":
         res = {"residual": Permutation.identity(problem.width).to(device=device)}
+    elif residual == "signed_permutation":
+        res = {"residual": SignedPermutation.identity(problem.width).to(device=device, dtype=problem.dtype)}
     hidden = problem.hidden
     head = {} if hidden is None else {HEAD_HIDDEN: Permutation.identity(hidden.size).to(device=device)}
     # the identity leaves every weight exactly as it is: B's own weights

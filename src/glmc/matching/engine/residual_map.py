@@ -127,11 +127,14 @@ def block_cross_covariance(
     return c
 
 
-def factored_cross_covariance(pa: Params, pb: Params, layout: dict, width: int) -> Tensor:
-    """C = sum_t A_t B_t^T over the tensors with a residual axis, that axis first and the rest flattened:
-    <O, C> is the factored inner product of A with B's tensors mapped by O (float64)."""
+def factored_cross_covariance(pa: Params, pb: Params, layout: dict, width: int, names=None) -> Tensor:
+    """C = sum_t A_t B_t^T over the tensors with a residual axis (those in `names` where given), that axis
+    first and the rest flattened: <O, C> is the factored inner product of A with B's tensors mapped by O
+    (float64)."""
     c = torch.zeros(width, width, dtype=torch.float64, device=next(iter(pa.values())).device)
     for name, a in pa.items():
+        if names is not None and name not in names:
+            continue
         axis = residual_axis(layout, name, "out")
         axis = residual_axis(layout, name, "in") if axis is None else axis
         if axis is None:

@@ -25,7 +25,7 @@ from glmc.matching.engine.residual_map import (
 from glmc.models.blocks.registry import BlockKind, hook
 from glmc.models.families.roles import HEAD_HIDDEN, HEAD_PAIRS
 from glmc.symmetry import Orthogonal, Permutation, Transform
-from glmc.symmetry.groups import Element
+from glmc.symmetry.groups import Element, SignedPermutation
 
 
 class Step:
@@ -61,6 +61,10 @@ class ResidualStep(Step):
             c = c + self.block_share(state)
             if p.hidden is not None:  # the head's first map, its rows in the hidden order found so far
                 c = c + p.hidden.residual_cross(state.head[HEAD_HIDDEN], p.width, raw=p.factored)
+        if self.residual == "signed_permutation":  # the gains' share carries no sign (apply's Axis.gain)
+            gains = self.gain_share(state) if it > 0 else 0.0
+            state.res = {"residual": SignedPermutation.project(c - gains, gains).to(dtype=self.problem.dtype)}
+            return
         state.res = {"residual": self.project(c)}
 
     def block_share(self, state: SearchState) -> Tensor:
@@ -71,6 +75,15 @@ class ResidualStep(Step):
             return factored_cross_covariance(p.pa, pb_perm, p.layout, p.width)
         linear = partial(reuse.linear_share, state.perms, pb_perm) if reuse.late else None
         return block_cross_covariance(p.pa, pb_perm, state.pb_cur, p.vectors, linear)
+
+    def gain_share(self, state: SearchState) -> Tensor | float:
+        """The part of the block share from the stream's gains (block_share's terms of those tensors alone)."""
+        p = self.problem
+        if not p.gains:
+            return 0.0
+        pa = {n: p.pa[n] for n in p.gains}
+        pb = {n: p.pb[n] for n in p.gains}  # the heads and units leave a gain on the stream as it is
+        return factored_cross_covariance(pa, pb, p.layout, p.width)  # the outer products block_share sums
 
     def project(self, c: Tensor) -> Element:
         """The residual map maximising <map, c>; the polar factor in float64: its error grows with the

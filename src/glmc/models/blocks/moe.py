@@ -12,12 +12,14 @@ What keeps the function. Every tensor reads the pre-normed stream and the output
 residual classes are the pre-norm ones. Reordering the experts together with the router's rows permutes the
 softmax's inputs and outputs alike, so top-k picks the same experts (space experts); within each expert
 its units permute on their own (space expert_units, one permutation per expert, batched over the expert
-axis); the shared expert's units permute, and scale against its up branch, as a gated MLP's do (spaces mlp,
-mlp_scale). Each expert's up/down scale is also a symmetry; it is not declared (no batched diagonal class).
+axis); each expert's units scale against their up branch as a gated MLP's do (space expert_scale, one
+diagonal per expert, after the units: indexed by new experts and units); the shared expert's units
+permute and scale as a gated MLP's do (spaces mlp, mlp_scale).
 
 Matching the experts' spaces: weight matching's step is glmc.matching.engine.experts (its option `experts`:
-"fixed" keeps the experts' order), activation matching's hook glmc.matching.activation_experts (router
-logits and expert activations); learned matching keeps both spaces as weight matching found them.
+"fixed" keeps the experts' order and still matches each expert's units and their scales),
+activation matching's hook glmc.matching.activation_experts (router logits and expert activations);
+learned matching keeps the three spaces as weight matching found them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from torch import Tensor
 from glmc.models.blocks.registry import ActivationHook, BlockKind
 from glmc.models.families.roles import Acts, Role
 
-R, X, XU = "residual", "experts", "expert_units"
+R, X, XU, XS = "residual", "experts", "expert_units", "expert_scale"
 
 
 def _expert_role(name: str, *acts: Acts) -> Role:
@@ -39,8 +41,20 @@ def _expert_role(name: str, *acts: Acts) -> Role:
 ROLES = (
     _expert_role("router_w", Acts(R, 1, "in"), Acts(X, 0, "out")),
     _expert_role("expert_gate_w", Acts(R, 2, "in"), Acts(X, 0, "in"), Acts(XU, 1, "out", head_axis=0)),
-    _expert_role("expert_in_w", Acts(R, 2, "in"), Acts(X, 0, "in"), Acts(XU, 1, "out", head_axis=0)),
-    _expert_role("expert_out_w", Acts(R, 1, "out"), Acts(X, 0, "in"), Acts(XU, 2, "in", head_axis=0)),
+    _expert_role(
+        "expert_in_w",
+        Acts(R, 2, "in"),
+        Acts(X, 0, "in"),
+        Acts(XU, 1, "out", head_axis=0),
+        Acts(XS, 1, "out", head_axis=0),
+    ),
+    _expert_role(
+        "expert_out_w",
+        Acts(R, 1, "out"),
+        Acts(X, 0, "in"),
+        Acts(XU, 2, "in", head_axis=0),
+        Acts(XS, 2, "in", head_axis=0),
+    ),
 )
 
 
@@ -71,7 +85,7 @@ KIND = BlockKind(
     experts,
     ROLES,
     weight_step="glmc.matching.engine.experts:weight_step",
-    kept_spaces=(X, XU),
+    kept_spaces=(X, XU, XS),
     activation=ActivationHook(("router_logits", "expert_act"), "glmc.matching.activation_experts:match"),
     # the experts each token goes to; whether their weights are renormalised to sum to 1 over those
     settings={"experts_top_k": None, "experts_renormalise": True},

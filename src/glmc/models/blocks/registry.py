@@ -46,7 +46,7 @@ class ActivationHook:
 
 
 # the residual classes a block admits where it reads the stream through the pre-norm and writes it linearly
-PRE_NORM_RESIDUAL = frozenset({"orthogonal", "permutation"})
+PRE_NORM_RESIDUAL = frozenset({"orthogonal", "signed_permutation", "permutation"})
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ branch output y. The RMS norm commutes with R only where R is orthogonal; then d
 a generic gain g (distinct entries of any sign) forces R to map each coordinate to one coordinate: a
 signed permutation, with g' the gain permuted the same way. Sign flips keep the gain as it is (a diagonal
 sign commutes with diag(g)), permutations carry it along; a general rotation mixes coordinates of
-different gains and changes the function. So the block admits the residual permutation class only (the
-group has no signed permutations), and its gains are written by the residual space: permuted with it.
+different gains and changes the function. So the block admits the residual signed permutations (and
+permutations, their subgroup), and its gains are gains of the residual space (Acts.gain): moved with it,
+never flipped.
 """
 
 from __future__ import annotations
@@ -34,4 +35,4 @@ def output(config, p: dict[str, Tensor], pre: str, sublayer: str, y: Tensor) -> 
     return normed * p[pre + sublayer + "_post"]
 
 
-KIND = BlockKind("sandwich", "branch", output, ROLES, residual_classes=frozenset({"permutation"}))
+KIND = BlockKind("sandwich", "branch", output, ROLES, residual_classes=frozenset({"signed_permutation", "permutation"}))

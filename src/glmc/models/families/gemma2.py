@@ -22,7 +22,7 @@ from transformers import Gemma2Config, Gemma2ForCausalLM
 from glmc.models.export import set_param
 from glmc.models.families.gemma import GemmaFamily
 
-_SANDWICH_NOTE = "a norm with a learned gain on each sublayer's output: only permutations commute with the gain"
+_SANDWICH_NOTE = "a norm with a learned gain on each sublayer's output: only signed permutations commute with the gain"
 
 
 def softcap(x: Tensor, cap: float | None) -> Tensor:
@@ -35,7 +35,7 @@ class Gemma2Family(GemmaFamily):
     model_types = ("gemma2",)
     hf_classes = ("Gemma2ForCausalLM",)
     branch_kind = "sandwich"
-    residual_classes = ("permutation",)
+    residual_classes = ("signed_permutation", "permutation")
     residual_note = _SANDWICH_NOTE
     config_class: Any = Gemma2Config
     model_class: Any = Gemma2ForCausalLM

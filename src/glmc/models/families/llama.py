@@ -235,6 +235,8 @@ class LlamaFamily(TokenRotaryFamily):
     model_keys = ("vocab_size", "max_positions", "num_kv_heads", "tie_embeddings", "rope_theta")
     mlp_kind = "gated"
     mean_zero_stream = False
+    # an RMS-normalised stream: signed permutations are a class of their own (symmetry.residual=signed_permutation)
+    residual_classes = ("orthogonal", "signed_permutation", "permutation")
     head_roles = linear_head(bias=False, vocab_rows=True)
     # an RMSNorm's gain is norm_offset + its weight (Gemma stores the gain less one)
     norm_offset = 0.0

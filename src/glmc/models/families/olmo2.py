@@ -3,7 +3,7 @@
 No norm before the sublayers (they read the raw stream: pre_norms False); an RMSNorm with a gain after each
 (sandwich norms, blocks.sandwich: attn_post, mlp_post), and one RMSNorm over all heads' queries together and
 one over all keys before rotary (blocks.qk_norm_all: q_norm, k_norm laid out by head, the 1/sqrt(head_dim)
-scale folded into q_norm). The group: residual permutations, head permutations with the norms' gains,
+scale folded into q_norm). The group: residual signed permutations, head permutations with the norms' gains,
 value/output maps, MLP units.
 """
 
@@ -25,8 +25,10 @@ class Olmo2Family(LlamaFamily):
     attention_kind = "qk_norm_all"
     branch_kind = "sandwich"
     pre_norms = False
-    residual_classes = ("permutation",)
-    residual_note = "a norm with a learned gain on each sublayer's output: only permutations commute with the gain"
+    residual_classes = ("signed_permutation", "permutation")
+    residual_note = (
+        "a norm with a learned gain on each sublayer's output: only signed permutations commute with the gain"
+    )
     config_class: Any = Olmo2Config
     model_class: Any = Olmo2ForCausalLM
     # the norms on the sublayers' outputs, as the decoder layer names them

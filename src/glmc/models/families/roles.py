@@ -1,7 +1,7 @@
 """Roles of canonical tensors: where each symmetry space acts, as data.
 
-A `Role` names one canonical tensor ("{l}" for the layer) and lists its `Acts`: for a space kind
-(residual, heads, qheads, qk, vo, mlp, mlp_scale, experts, expert_units, head_hidden), the axis the group
+A `Role` names one canonical tensor ("{l}" for the layer) and lists its `Acts`: for a space kind (residual,
+heads, qheads, qk, vo, mlp, mlp_scale, experts, expert_units, expert_scale, head_hidden), the axis the group
 acts on and the side, "out" for a writer into the space (gets g), "in" for a reader (gets g's inverse
 transpose); `head_axis` makes a space batched: one element per head (or expert). `stage` says where in the
 stream the tensor sits. Each block kind lists the roles of its tensors (glmc.models.blocks); a
@@ -36,7 +36,7 @@ HEAD_HIDDEN = "head_hidden"
 
 @dataclass(frozen=True)
 class Acts:
-    space: str  # residual | heads | qheads | qk | vo | mlp | mlp_scale | experts | expert_units | head_hidden
+    space: str  # residual | heads | qheads | qk | vo | mlp | mlp_scale | experts | expert_units | expert_scale | ...
     axis: int
     side: str  # "out" | "in"
     head_axis: int | None = None
