@@ -88,6 +88,7 @@ CASES = {
     ("vo", "orthogonal_scale"),
     ("mlp", "permutation"),
     ("mlp", "semi_permutation"),
+    ("mlp_scale", "positive_diagonal"),
 }
 
 

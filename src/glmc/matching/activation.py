@@ -6,7 +6,8 @@ of their activations over non-padding tokens (Eq. 1) and assigned to maximise it
             final stream (`last`) or every sublayer's output (`all`); `separate` permutes each state on
             its own (not a symmetry). residual_map=orthogonal fits polar(sum_t x_A,t x_B,t^T) instead,
             signed_permutation assigns on |corr| and negates the coordinates that correlate negatively.
-  mlp       per layer; gated units are assigned on |corr| and get mlp_scale = sign(corr) rms(a_A) / rms(a_B).
+  mlp       per layer; gated units are assigned on |corr| and get mlp_scale = sign(corr) rms(a_A) / rms(a_B),
+            ReLU-like units on corr and get mlp_scale = rms(a_A) / rms(a_B).
   heads     the two-stage assignment on the heads' outputs (Eq. 5-6): in-head permutations, then heads on
             their sums; grouped-query attention assigns groups on their query heads' best assignment, with
             one value permutation per group; rotary q/k are left alone. `monotonic` keeps heads in place;
@@ -42,6 +43,7 @@ from glmc.symmetry import (
     Orthogonal,
     OrthogonalScale,
     Permutation,
+    PositiveDiagonal,
     SignedPermutation,
     SymmetrySpec,
     Transform,
@@ -343,7 +345,12 @@ class ActivationMatcher(Matcher):
         """Layer l's MLP units (and, gated, their scales) into `transform`, their mean correlations into
         `correlation`."""
         corr = m.correlation()
-        if f"mlp_scale.{l}" in spec.spaces:  # gated: a unit's sign and scale are free
+        scale = spec.spaces.get(f"mlp_scale.{l}")
+        if scale is not None and "positive_diagonal" in scale.classes:  # ReLU-like: the scale, not the sign
+            perm = torch.as_tensor(assign(corr)[0])
+            transform[f"mlp.{l}"] = Permutation(perm)
+            transform[f"mlp_scale.{l}"] = PositiveDiagonal(activation_scales(m, corr, perm).scales.abs())
+        elif scale is not None:  # gated: a unit's sign and scale are free
             perm = torch.as_tensor(assign(corr.abs())[0])
             transform[f"mlp.{l}"] = Permutation(perm)
             transform[f"mlp_scale.{l}"] = activation_scales(m, corr, perm)

@@ -32,7 +32,16 @@ from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.ranges import check_settings
 from glmc.settings.groups import UniverseTraining
-from glmc.symmetry import Orthogonal, Permutation, SemiPermutation, SymmetrySpec, Transform, apply, apply_dense
+from glmc.symmetry import (
+    Diagonal,
+    Orthogonal,
+    Permutation,
+    SemiPermutation,
+    SymmetrySpec,
+    Transform,
+    apply,
+    apply_dense,
+)
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +266,8 @@ def _latent_kinds(transforms: list, spec: SymmetrySpec) -> list[dict[str, str]]:
         missing = set(transform) - set(spec.spaces)
         if missing:
             raise ValueError(f"model {i}: the universe transform names spaces the model lacks: {sorted(missing)}")
-        kinds.append({space: latent_kind(g, space) for space, g in transform.items()})
+        # unit scales have no latent: they stay as the universe alignment set them (the models carry them)
+        kinds.append({space: latent_kind(g, space) for space, g in transform.items() if not isinstance(g, Diagonal)})
     return kinds
 
 

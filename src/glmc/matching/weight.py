@@ -250,7 +250,8 @@ def weight_matching(
     if model_a.config.form != "factored" or model_b.config.form != "factored":
         raise ValueError("weight matching reads factored heads: pass models before .to_circuit()")
     with full_float32():
-        problem = MatchingProblem.build(model_a, model_b, dtype, tokens, layerwise, device)
+        scales = (options or {}).get("unit_scales", True)
+        problem = MatchingProblem.build(model_a, model_b, dtype, tokens, layerwise, device, scales)
         state = start_state(problem, residual, heads, mlp)
         carried = Reuse.build(problem, residual, heads, mlp, reuse)
         kinds = family_named(model_b.config.family).kinds("factored")

@@ -49,12 +49,14 @@ Params = dict[str, Tensor]
 def unsupported(model: CanonicalTransformer, residual: str) -> str | None:
     """Why the refinement cannot run on `model` (None when it can)."""
     family = family_named(model.config.family)
-    spaces = {s.kind for s in SymmetrySpec.from_model(model)}
+    spec = SymmetrySpec.from_model(model)
+    # a gated MLP's signed up/down scales (a ReLU model's positive unit scales are left at one here)
+    spaces = {s.kind for s in spec if s.kind != "mlp_scale" or "diagonal" in s.classes}
     if residual != "orthogonal":
         return f"the residual map is {residual}, not orthogonal"
     if not family.circuit_form or family.attention_kind == "grouped":
         return f"family {model.config.family} has grouped or rotary heads (no circuit form)"
-    if spaces & {"qheads", "mlp_scale"} or HEAD_HIDDEN in {s.name for s in SymmetrySpec.from_model(model)}:
+    if spaces & {"qheads", "mlp_scale"} or HEAD_HIDDEN in spec.spaces:
         return f"family {model.config.family} has gated MLPs or a head with a hidden state"
     if model.config.parallel_residual:
         return "attention and MLP read the same stream (parallel residual)"
@@ -453,7 +455,9 @@ class WeightRefinedMatcher(Matcher):
 
     def weight(self, a: CanonicalTransformer, b: CanonicalTransformer, residual: str, tokens: Tensor | None):
         heads, mlp = "heads" in self.units, "mlp" in self.units
-        return weight_matching(a, b, residual, heads, mlp, self.max_iter, self.tol, tokens=tokens)
+        # its unit re-assignments compare joined rows: the search it refines sets no unit scales either
+        options = {"unit_scales": False}
+        return weight_matching(a, b, residual, heads, mlp, self.max_iter, self.tol, tokens=tokens, options=options)
 
     def match(self, a: CanonicalTransformer, b: CanonicalTransformer, context: MatchContext | None = None) -> Alignment:
         require_factored(self.name, a, b)

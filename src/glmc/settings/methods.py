@@ -61,6 +61,8 @@ class WeightMatcherConfig:
     device: str = setting("auto", choices=("auto", "cpu", "cuda"))
     # mixtures of experts: permutation reorders the experts (router rows with them), fixed keeps their order
     experts: str = setting("permutation", choices=("permutation", "fixed"))
+    # plain ReLU-like MLPs: units compared up to their positive scale, which is then set (false: plain cosines)
+    unit_scales: bool = setting(True, "flag")
 
 
 @dataclass

@@ -79,10 +79,14 @@ class MatchingProblem:
         tokens: Tensor | None,
         layerwise: bool | None = None,
         device: str | torch.device | None = None,
+        unit_scales: bool = True,
     ) -> MatchingProblem:
         """The problem in `dtype` on `device` (None: where A's weights are); tensors already there in that
-        dtype are not copied."""
+        dtype are not copied. `unit_scales=False`: plain ReLU-like units compared without their scales."""
         spec = SymmetrySpec.from_model(model_b)
+        if not unit_scales:  # the search without that space is the one before it was declared
+            kept = {n: s for n, s in spec.spaces.items() if s.kind != "mlp_scale" or "diagonal" in s.classes}
+            spec = SymmetrySpec(kept, spec.absorbed)
         params_a = model_a.params()
         device = torch.device(device) if device is not None else next(iter(params_a.values())).device
         pa = {k: v.detach().to(device=device, dtype=dtype) for k, v in params_a.items()}
@@ -124,8 +128,17 @@ class MatchingProblem:
 
     @property
     def gated(self) -> bool:
-        """Whether the MLPs are gated: their units carry an up/down scale."""
-        return f"mlp_scale.{self.layers[0]}" in self.spec.spaces
+        """Whether the MLPs are gated: their units carry an up/down scale of either sign."""
+        return "diagonal" in self._unit_scale_classes()
+
+    @property
+    def scaled(self) -> bool:
+        """Whether plain ReLU-like units carry a positive scale (in row and bias against out column)."""
+        return "positive_diagonal" in self._unit_scale_classes()
+
+    def _unit_scale_classes(self) -> tuple[str, ...]:
+        space = self.spec.spaces.get(f"mlp_scale.{self.layers[0]}")
+        return () if space is None else space.classes
 
     def residual_matrix(self, t: dict[str, Element]) -> Tensor:
         """The residual map of t as a dense matrix (the identity without one)."""
@@ -169,7 +182,7 @@ def start_state(problem: MatchingProblem, residual: str, heads: bool, mlp: bool)
             perms.update({q.name: Permutation.identity(q.size, q.heads) for q in query_heads})
     if mlp and f"mlp.{layers[0]}" in spec.spaces:  # a mixture of experts has none (glmc.matching.engine.experts)
         perms.update({f"mlp.{l}": Permutation.identity(spec[f"mlp.{l}"].size) for l in layers})
-        if problem.gated:
+        if problem.gated or problem.scaled:
             perms.update({f"mlp_scale.{l}": Diagonal.identity(spec[f"mlp_scale.{l}"].size) for l in layers})
     perms = perms.to(device=device)  # the solved elements live there too: compared with these
     res = {}
@@ -209,10 +222,11 @@ class Reuse:
     @classmethod
     def build(cls, problem: MatchingProblem, residual: str, heads: bool, mlp: bool, reuse: bool) -> Reuse:
         spec, layers, pa, pb = problem.spec, problem.layers, problem.pa, problem.pb
-        # MLP cosines move by at most the map's move, so their assignments carry over (not gated; below
+        # MLP cosines move by at most the map's move, so their assignments carry over (not scaled units; below
         # PARALLEL_UNITS units the solver is as cheap)
         big = mlp and f"mlp.{layers[0]}" in spec.spaces and spec[f"mlp.{layers[0]}"].size >= PARALLEL_UNITS
-        warm = WarmAssignments() if reuse and big and not problem.gated and residual != "none" else None
+        scaled = problem.gated or problem.scaled  # their costs are not one cosine: no certificates
+        warm = WarmAssignments() if reuse and big and not scaled and residual != "none" else None
         # head costs move by at most circuit_move: theirs carry over too (not in grouped rotary models)
         head_warm = WarmAssignments() if reuse and heads and not problem.grouped and residual != "none" else None
         head_norms = [float(circuit_norms(pb, l).max()) for l in layers] if head_warm is not None else []

@@ -16,6 +16,7 @@ from glmc.matching.engine.in_head import in_head_maps, rotary_head_cost
 from glmc.matching.engine.mlp_units import gated_mlp_similarity, mlp_similarity, unit_scales
 from glmc.matching.engine.problem import MatchingProblem, Reuse, SearchState
 from glmc.matching.engine.projections import polar_factor
+from glmc.matching.engine.relu_units import positive_unit_scales, scaled_mlp_similarity
 from glmc.matching.engine.residual_map import (
     block_cross_covariance,
     factored_cross_covariance,
@@ -223,6 +224,20 @@ class GatedMlp(PlainMlp):
         return partial(gated_mlp_similarity, self.problem.pa, state.pb_res)
 
 
+class ScaledMlp(PlainMlp):
+    """Plain ReLU-like units on a cost their positive scales leave unchanged, then those scales (no
+    certificates: a sum of two cosines moves by up to twice the map's move)."""
+
+    def after(self, state: SearchState, layers: Sequence[int]) -> None:
+        p = self.problem
+        units = Transform({f"mlp.{l}": state.perms[f"mlp.{l}"] for l in layers})
+        moved = p.transformed(units, p.spec_blocks, state.pb_res)
+        state.perms.update({f"mlp_scale.{l}": positive_unit_scales(p.pa, moved, l) for l in layers})
+
+    def similarity(self, state: SearchState) -> Callable[[int], Tensor]:
+        return partial(scaled_mlp_similarity, self.problem.pa, state.pb_res)
+
+
 class InHeadMaps(LayerStep):
     """Factored heads: the in-head maps of the groups just matched decide which factored weights compare."""
 
@@ -273,7 +288,8 @@ def iteration_steps(
     if heads:
         steps.append((GroupedHeads if problem.grouped else CircuitHeads)(problem, reuse))
     if mlp and f"mlp.{problem.layers[0]}" in problem.spec.spaces:
-        steps.append((GatedMlp if problem.gated else PlainMlp)(problem, reuse, threads))
+        units = GatedMlp if problem.gated else ScaledMlp if problem.scaled else PlainMlp
+        steps.append(units(problem, reuse, threads))
     steps += kind_steps(problem, kinds, {**(options or {}), "heads": heads, "mlp": mlp})
     if problem.factored and head_pairs(problem):
         steps.append(InHeadMaps(problem, reuse))
