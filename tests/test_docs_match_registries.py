@@ -35,6 +35,7 @@ TABLES = [
     ("README.md", "| method | paper |", "methods"),
     ("docs/methods.md", "| method | what it interpolates |", "methods"),
     ("docs/architectures.md", "| family | Hugging Face classes", "families"),
+    ("docs/architectures.md", "| family | group (space: classes) |", "families"),
     ("docs/adding-a-dataset.md", "| `data=` | kind |", "datasets"),
     ("docs/experiments.md", "| experiment | what it runs |", "experiments"),
 ]

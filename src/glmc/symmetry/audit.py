@@ -130,6 +130,10 @@ class Audit:
     def ok(self) -> bool:
         return not self.holes and not self.bugs
 
+    def group_line(self) -> str:
+        """The group in one line, as docs/architectures.md lists it: "space: classes; ..."."""
+        return "; ".join(f"{space}: {', '.join(classes)}" for space, classes in self.group.items())
+
     def __str__(self) -> str:
         blocks = ", ".join(f"{k} {v}" for k, v in self.blocks.items())
         lines = [f"symmetry audit of a {self.family} model ({blocks})", "", "group used (space: classes):"]
