@@ -2,6 +2,9 @@
 declared (mlp_scale, positive_diagonal), recovered by weight and activation matching from a planted
 scaled permutation, and the audit finds no hole."""
 
+import json
+import sys
+
 import pytest
 import torch
 
@@ -13,6 +16,7 @@ from glmc.models import to_canonical
 from glmc.models.canonical import canonical_forward
 from glmc.symmetry import PositiveDiagonal, SymmetrySpec, Transform, apply
 
+from conftest import load_script
 from family_checks import next_token_data
 from numeric import FORWARD, assert_close_rel, relative_error
 from tiny_hf import tiny_gpt2, tiny_opt
@@ -108,3 +112,26 @@ def test_audit_of_opt_finds_no_hole():
     audit = glmc.symmetries(tiny_opt())
     assert audit.ok and not audit.holes, str(audit)
     assert ("mlp_scale", "positive_diagonal") in {(f.space, f.cls) for f in audit.generators}
+
+
+def test_experiment_script_tabulates_both_runs(tmp_path, monkeypatch, capsys):
+    """experiments/relu_unit_scales.py --skip-runs: one row per seed pair and the means, from the runs' results."""
+
+    def write(name, methods):
+        pairs = {
+            m: {"pairs": [{"seeds": [0, 1], "barrier": x}, {"seeds": [2, 3], "barrier": y}]}
+            for m, (x, y) in methods.items()
+        }
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({"methods": pairs}))
+
+    write("with_scales", {"vanilla": (0.8, 0.6), "weight": (0.1, 0.3)})
+    write("without_scales", {"weight": (0.2, 0.4)})
+    monkeypatch.setattr(sys, "argv", ["relu_unit_scales.py", "--out", str(tmp_path), "--skip-runs"])
+    load_script("experiments/relu_unit_scales.py").main()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == [
+        "| 0-1 | 0.8000 | 0.2000 | 0.1000 |",
+        "| 2-3 | 0.6000 | 0.4000 | 0.3000 |",
+        "| mean | 0.7000 | 0.3000 | 0.2000 |",
+    ]
