@@ -36,7 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", help="a Hugging Face model folder (what save_pretrained writes)")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the random elements and inputs")
     args = parser.parse_args(argv)
-    result = audit_folder(args.folder, args.seed)
+    from glmc.pipeline.hf_folders import FolderError
+
+    try:
+        result = audit_folder(args.folder, args.seed)
+    except FolderError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(result)
     return 0 if result.ok else 1
 
