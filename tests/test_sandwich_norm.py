@@ -63,12 +63,13 @@ def test_a_residual_rotation_changes_logits(model):
     assert deviation(CanonicalTransformer(flat_model.config, rotated), flat_model, x) < KEEPS
 
 
-def test_the_residual_space_offers_permutations_only(model):
+def test_the_residual_space_offers_signed_permutations_only(model):
     model, _ = model
     spec = SymmetrySpec.from_model(model)
-    assert spec["residual"].classes == ("permutation",)
-    assert block_kind("sandwich").residual_classes == {"permutation"}
-    posts = {ax.param for ax in spec["residual"].acts_on if ax.param.endswith("_post")}
+    assert spec["residual"].classes == ("signed_permutation", "permutation")
+    assert block_kind("sandwich").residual_classes == {"signed_permutation", "permutation"}
+    # the gains move with the stream's coordinates and keep their signs
+    posts = {ax.param for ax in spec["residual"].acts_on if ax.gain}
     assert posts == {f"blocks.{l}.{s}_post" for l in range(model.num_layers) for s in ("attn", "mlp")}
     with pytest.raises(ValueError, match="orthogonal is not a symmetry of residual"):
         apply(Transform({"residual": Orthogonal(torch.eye(model.width, dtype=torch.float64))}), model)

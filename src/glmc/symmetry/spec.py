@@ -138,9 +138,10 @@ def _space(config, family, name, kind, layer, axes, params) -> Space:
     if kind in HEAD_PAIRS:
         return Space(name, kind, layer, size, ("invertible", "orthogonal_scale"), axes, heads=heads)
     if kind == "mlp_scale":  # gated: sign and scale; plain: positive homogeneity, act(a z) = a act(z) for a > 0
-        plain = family.mlp_kind == "plain"
+        if f"blocks.{layer}.gate_w" in params:  # the gate branch, which the scale leaves alone, beside
+            return Space(name, kind, layer, size, ("diagonal",), axes)
         classes = ("positive_diagonal",) if config.activation in RELU_FAMILY else ()
-        return Space(name, kind, layer, size, classes if plain else ("diagonal",), axes)
+        return Space(name, kind, layer, size, classes, axes)
     if kind == "expert_scale":  # each expert's gated units against their up branch: one diagonal per expert
         return Space(name, kind, layer, size, ("diagonal",), axes, heads=heads)
     if heads is not None:  # units within each head or expert: one permutation per batch entry
