@@ -91,3 +91,14 @@ def test_an_export_of_a_flipped_sandwich_model_reloads(tmp_path):
             loaded.model.layers[0].post_attention_layernorm.weight.abs().sort().values,
             hf.model.layers[0].post_attention_layernorm.weight.abs().sort().values,
         )
+
+
+@pytest.mark.parametrize("method", ["learned", "learned_dual"])
+def test_learned_matching_starts_from_the_signed_solution_and_keeps_it(method, tmp_path):
+    import glmc
+
+    a, b = _planted(tiny_olmo2, seed=2)
+    settings = dict(max_steps=1, lr=1e-7, weight_max_iter=6, checkpoint_every=10**6)
+    alignment = glmc.align(a, b, method, next_token_data(61), run_dir=tmp_path, **settings)
+    assert isinstance(alignment.transform["residual"], SignedPermutation)
+    assert _worst(a, b, alignment.transform) < 1e-5

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from glmc.matching.engine.residual_map import eigen_angles
-from glmc.matching.learned import Begun, LearnedMatcher, as_dense
+from glmc.matching.learned import Begun, LearnedMatcher, as_dense, unsigned
 from glmc.matching.learned_module import LearnedMatchingModule
 from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.symmetry import Orthogonal, Permutation, apply
@@ -36,7 +36,7 @@ class LearnedDualMatcher(LearnedMatcher):
         """B's latents from the start, A's from the identity of every learned space."""
         if a.params().keys() != begun.b_fixed.params().keys() or a.width != begun.b_fixed.width:
             raise ValueError(f"{self.name} transforms both endpoints: A and B must share one architecture")
-        init = {n: as_dense(begun.start[n]) for n in kinds}
+        init = {n: as_dense(unsigned(begun.start)[n]) for n in kinds}  # a signed start's order: B is flipped
         identity = {n: torch.eye(m.shape[0]) for n, m in init.items()}
         return LearnedMatchingModule(
             a, begun.b_fixed, init, kinds, self.settings, task, self.circuits, reference_init=identity

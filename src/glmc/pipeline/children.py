@@ -46,7 +46,7 @@ from glmc.pipeline.endpoints import cache_key, load_or_train, pretrained_model, 
 from glmc.pipeline.merges import canonical_pair, own_data_merges, own_statistics
 from glmc.pipeline.outputs import write_results
 from glmc.pipeline.tracking import Tracker
-from glmc.symmetry import Permutation
+from glmc.symmetry import Permutation, SignedPermutation
 from glmc.train.endpoint import SpawnPoint, SpawnPoints
 from glmc.train.resume import resumable
 
@@ -253,7 +253,7 @@ def with_head(encoder: CanonicalTransformer, head_from: CanonicalTransformer) ->
 
 def moved_share(alignment) -> float | None:
     """The share of the permuted spaces' units that moved (children of one parent may already be aligned)."""
-    perms = [g.perm for g in (alignment.transform or {}).values() if isinstance(g, Permutation)]
+    perms = [g.perm for g in (alignment.transform or {}).values() if isinstance(g, (Permutation, SignedPermutation))]
     total = sum(len(p) for p in perms)
     return sum(int((p != torch.arange(len(p))).sum()) for p in perms) / total if total else None
 
