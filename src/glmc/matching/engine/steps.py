@@ -211,31 +211,28 @@ class PlainMlp(LayerStep):
 
 
 class GatedMlp(PlainMlp):
-    """Gated MLP units on the gate rows and a cost their up/down scale leaves unchanged, then that scale
-    (no certificates: that cost is not a cosine the residual map rotates)."""
+    """Gated MLP units on the gate rows and a cost their up/down scale leaves unchanged (`cost`), then that
+    scale (`scales`; no certificates: that cost is not a cosine the residual map rotates)."""
+
+    cost = staticmethod(gated_mlp_similarity)
+    scales = staticmethod(unit_scales)
 
     def after(self, state: SearchState, layers: Sequence[int]) -> None:
         p = self.problem
         units = Transform({f"mlp.{l}": state.perms[f"mlp.{l}"] for l in layers})
         moved = p.transformed(units, p.spec_blocks, state.pb_res)
-        state.perms.update({f"mlp_scale.{l}": unit_scales(p.pa, moved, l) for l in layers})
+        state.perms.update({f"mlp_scale.{l}": self.scales(p.pa, moved, l) for l in layers})
 
     def similarity(self, state: SearchState) -> Callable[[int], Tensor]:
-        return partial(gated_mlp_similarity, self.problem.pa, state.pb_res)
+        return partial(self.cost, self.problem.pa, state.pb_res)
 
 
-class ScaledMlp(PlainMlp):
+class ScaledMlp(GatedMlp):
     """Plain ReLU-like units on a cost their positive scales leave unchanged, then those scales (no
     certificates: a sum of two cosines moves by up to twice the map's move)."""
 
-    def after(self, state: SearchState, layers: Sequence[int]) -> None:
-        p = self.problem
-        units = Transform({f"mlp.{l}": state.perms[f"mlp.{l}"] for l in layers})
-        moved = p.transformed(units, p.spec_blocks, state.pb_res)
-        state.perms.update({f"mlp_scale.{l}": positive_unit_scales(p.pa, moved, l) for l in layers})
-
-    def similarity(self, state: SearchState) -> Callable[[int], Tensor]:
-        return partial(scaled_mlp_similarity, self.problem.pa, state.pb_res)
+    cost = staticmethod(scaled_mlp_similarity)
+    scales = staticmethod(positive_unit_scales)
 
 
 class InHeadMaps(LayerStep):
