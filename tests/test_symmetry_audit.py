@@ -22,6 +22,8 @@ from glmc.symmetry.audit import NOT_SYMMETRY, NOT_USED, USED
 
 import tiny_hf
 
+pytestmark = pytest.mark.numeric
+
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "architectures.md"
 
 # a tiny model of each registered family: a family added without one here fails the first test
