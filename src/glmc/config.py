@@ -159,13 +159,44 @@ class LoggerConfig:
 
 
 @dataclass
+class PlaneConfig:
+    """The loss over the plane through three models (glmc.eval.plane): `models=aligned` A, B and each
+    method's aligned B, `endpoints` the pair's A and B and the next endpoint; a grid x grid lattice spanning
+    the triangle's bounding box widened by `margin` of its size on each side."""
+
+    enabled: bool = False
+    grid: int = setting(11, "count")
+    margin: float = setting(0.2, "nonnegative")
+    models: str = setting("aligned", choices=("aligned", "endpoints"))
+
+
+@dataclass
 class EvalConfig:
-    """How every path is evaluated (glmc.eval.evaluator): on the trainer's accelerator, batched."""
+    """How every path is evaluated (glmc.eval.evaluator): on the trainer's accelerator, batched; and the
+    landscape around it: layer-wise barriers (glmc.eval.layerwise) and the plane through three models."""
 
     num_lambdas: int = 11
     split: EvalSplit = EvalSplit.test
     precision: EvalPrecision = EvalPrecision.full  # autocast for the path's forward passes
     cache_batches_mb: int = 2048  # batches kept on the device across lambdas while they fit in this
+    # per block (and embedding, head): the barrier with only that part interpolated, the rest at A and at B;
+    # `cumulative`: parts 0..l interpolated together as well
+    layerwise: str = setting("none", choices=("none", "single", "cumulative"))
+    plane: PlaneConfig = field(default_factory=PlaneConfig)
+
+
+@dataclass
+class CurveConfig:
+    """A curve between A and each method's aligned B (glmc.matching.curves; Garipov et al. 2018): `bezier`
+    (a quadratic Bezier curve, one bend) or `chain` (a polygonal chain through `bends` points), the bends
+    trained on the training split with the endpoints fixed, by the loss at a uniform t per step."""
+
+    name: str = setting("none", choices=("none", "bezier", "chain"))
+    bends: int = setting(1, "count")  # chain: its inner points (bezier: one control point)
+    methods: list[str] = field(default_factory=lambda: ["vanilla", "weight", "learned"])  # those the run has
+    max_steps: int = setting(300, "count")
+    lr: float = setting(0.01, "lr")
+    batches_per_eval: int = setting(0, "count0")  # 0: the curve's barrier on the whole eval split
 
 
 @dataclass
@@ -240,6 +271,7 @@ class Config:
     matcher: MatcherConfig = field(default_factory=MatcherConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     merge: MergeConfig = field(default_factory=MergeConfig)
+    curve: CurveConfig = field(default_factory=CurveConfig)
     multi: MultiConfig = field(default_factory=MultiConfig)
     # per-seed overrides of `model` ({} keeps it): endpoints of other widths, the narrower embedded (pairing=first)
     endpoint_models: list[Any] = field(default_factory=list)

@@ -40,6 +40,7 @@ from glmc.pipeline.endpoint_record import Endpoint
 from glmc.pipeline.endpoints import cache_key, endpoint_ids, get_endpoints, seeds_of, training_kept
 from glmc.pipeline.folder_fit import check_tokenizer
 from glmc.pipeline.hf_folders import evaluation_config, is_pretrained
+from glmc.pipeline.landscape import landscape_records
 from glmc.pipeline.matrix import barrier_matrices
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
 from glmc.pipeline.multi import format_multi, model_name, run_multi
@@ -335,6 +336,7 @@ def pair_paths(
     result = evaluate_alignment(
         evaluator, alignment, b, lambdas, task, f"{name} {label}", ends, bool(cfg.endpoint_models)
     )
+    result.update(landscape_records(run, name, label, alignment, pair, context))  # where the path breaks
     for variant, other in alignment.variants.items():  # e.g. a Sinkhorn run's hard projection
         result[variant] = evaluate_alignment(evaluator, other, b, lambdas, task, f"{name} {variant}")
     if cfg.merge.kinds:
