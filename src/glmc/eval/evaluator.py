@@ -41,7 +41,7 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-class _Functional:
+class Functional:
     """A model as (forward(params, inputs) -> logits, its tensors on the device)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device):
@@ -59,7 +59,7 @@ class _Functional:
         """`config`: a canonical model's config to run with instead of its own (a path's, merge_configs)."""
         if self.canonical:
             return canonical_forward(config or self.config, params, inputs)
-        return _logits_of(torch.func.functional_call(self.module, params, (inputs,), self.options), self.module)
+        return logits_of(torch.func.functional_call(self.module, params, (inputs,), self.options), self.module)
 
     def output_size(self, example: Tensor) -> int:
         """How many logits one example gives (a language model's: positions x vocabulary)."""
@@ -68,13 +68,16 @@ class _Functional:
         return self.forward(self.tensors, example).numel()
 
 
+_Functional = Functional  # the former name, for importers not yet moved to Functional
+
+
 def _no_cache(model: torch.nn.Module) -> dict[str, bool]:
     """Keyword arguments that keep a Hugging Face language model from returning its keys and values (a
     cache the loss never reads, a tenth of a large model's forward memory); none for other models."""
     return {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
 
 
-def _logits_of(out: Any, module: torch.nn.Module) -> Tensor:
+def logits_of(out: Any, module: torch.nn.Module) -> Tensor:
     """The logits of a model's output (a tensor, or a Hugging Face output with .logits)."""
     if isinstance(out, Tensor):
         return out
@@ -193,13 +196,13 @@ class Evaluator:
 
     def evaluate(self, model: torch.nn.Module) -> tuple[float, float]:
         """Mean loss and accuracy of one model."""
-        f = _Functional(model, self.device)
+        f = Functional(model, self.device)
         return self._metrics(lambda x: f.forward(f.tensors, x))
 
     def path(self, alignment: Alignment, lambdas: Sequence[float], desc: str = "path") -> dict[str, list[float]]:
         """Loss and accuracy of lam * reference + (1 - lam) * model for every lam (lam = 1 is A)."""
         curve: dict[str, Any] = {"lambdas": checked_lambdas(lambdas), "loss": [], "accuracy": []}
-        fa, fb = _Functional(alignment.reference, self.device), _Functional(alignment.model, self.device)
+        fa, fb = Functional(alignment.reference, self.device), Functional(alignment.model, self.device)
         if fa.canonical != fb.canonical:
             raise TypeError("the two ends of a path must both be canonical or both be the original models")
         release_after(fa.tensors.values())  # a large model's matching left its working set's pages behind
@@ -225,7 +228,7 @@ class Evaluator:
         return curve
 
     def _point(
-        self, fa: _Functional, fb: _Functional, weights: list[float], circuits: Sequence[str], layerwise: bool
+        self, fa: Functional, fb: Functional, weights: list[float], circuits: Sequence[str], layerwise: bool
     ) -> tuple[float, float]:
         """Loss and accuracy at weights[0] * A + weights[1] * B; `layerwise`: never held whole (path_point),
         the last point's freed pages handed back first."""
@@ -246,7 +249,7 @@ class Evaluator:
             )
         if layerwise:
             with interpolated_forward(fa.module, ends, weights) as model:
-                return self._metrics(lambda x: _logits_of(model(x, **fa.options), model))
+                return self._metrics(lambda x: logits_of(model(x, **fa.options), model))
         with torch.inference_mode():
             params = interpolate_state_dicts(ends, weights)
         return self._metrics(functools.partial(fa.forward, params))
@@ -255,7 +258,7 @@ class Evaluator:
     def logits(self, model: torch.nn.Module, max_bytes: int | None = None) -> Tensor:
         """Logits of the first batch (for comparing functions); with `max_bytes`, of as many of its first
         examples as keep the logits within it (at least one): a large vocabulary's are never held whole."""
-        f = _Functional(model, self.device)
+        f = Functional(model, self.device)
         inputs, _ = next(iter(self.batches()))
         if max_bytes is not None:
             per_example = 4 * f.output_size(inputs[:1])

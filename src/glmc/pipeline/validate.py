@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from glmc.config import Config, EndpointsConfig, MergeConfig, MultiConfig, TrainConfig, TrainerConfig
+from glmc.config import Config, EndpointsConfig, MergeConfig, MultiConfig, PlaneConfig, TrainConfig, TrainerConfig
 from glmc.data.checks import data_problems
 from glmc.models.compatibility import residual_class_problem
 from glmc.models.families import family_named
@@ -46,6 +46,7 @@ RUN_CHECKS = (
         "a barrier needs a point between the endpoints; use at least 3 (11 is the default)",
     ),
     ("eval.cache_batches_mb", lambda v: v >= 0, "use 0 (no cache) or a positive size"),
+    ("eval.plane.grid", lambda v: v >= 2, "a plane's lattice needs at least 2 points a side (11 is the default)"),
     ("train.lr", RULES["positive"].holds, "the learning rate must be positive and finite (e.g. train.lr=3e-3)"),
     ("train.max_epochs", lambda v: v >= 1, "train for at least 1 epoch"),
     ("train.early_stopping_patience", lambda v: v is None or v >= 0, "use 0 or more, or null for no early stopping"),
@@ -57,6 +58,7 @@ def _run_problems(cfg: Config) -> list[str]:
     problems = [f"{key}={value}: {fix}" for key, value, holds, fix in values if not holds(value)]
     problems += setting_problems(TrainConfig, cfg.train, "train")  # the ranges declared with the settings
     problems += setting_problems(EndpointsConfig, cfg.endpoints, "endpoints")
+    problems += setting_problems(PlaneConfig, cfg.eval.plane, "eval.plane")
     problems += wandb_login_problems(cfg)  # else W&B fails only after the endpoints trained
     return problems + setting_problems(MergeConfig, cfg.merge, "merge")
 
