@@ -187,12 +187,12 @@ class EvalConfig:
 
 @dataclass
 class CurveConfig:
-    """A curve between A and each method's aligned B (glmc.matching.curves; Garipov et al. 2018): `bezier`
-    (a quadratic Bezier curve, one bend) or `chain` (a polygonal chain through `bends` points), the bends
+    """A curve between A and each method's aligned B (glmc.curves; Garipov et al. 2018): `bezier`
+    (a Bezier curve; bends=1: quadratic) or `chain` (a polygonal chain through `bends` points), the bends
     trained on the training split with the endpoints fixed, by the loss at a uniform t per step."""
 
     name: str = setting("none", choices=("none", "bezier", "chain"))
-    bends: int = setting(1, "count")  # chain: its inner points (bezier: one control point)
+    bends: int = setting(1, "count")  # inner points: a chain's vertices, a Bezier curve's control points
     methods: list[str] = field(default_factory=lambda: ["vanilla", "weight", "learned"])  # those the run has
     max_steps: int = setting(300, "count")
     lr: float = setting(0.01, "lr")
