@@ -17,8 +17,8 @@ from glmc.models.canonical import CanonicalTransformer
 from glmc.symmetry.embed_width import match_widths, same_shapes
 
 log = logging.getLogger(__name__)
-# models=endpoints: the pair's plane, by (run folder, pair), computed with the first method that asks
-_ENDPOINT_PLANES: dict[tuple[str, str], dict[str, Any]] = {}
+# models=endpoints: the pair's plane, by (run folder, pair, lattice), computed with the first method that asks
+_ENDPOINT_PLANES: dict[tuple[str, str, int, float], dict[str, Any]] = {}
 
 
 def _aligned_models(run: Any, alignment: Alignment, pair: tuple) -> tuple[list[torch.nn.Module] | None, str]:
@@ -46,7 +46,7 @@ def plane_record(run: Any, name: str, label: str, alignment: Alignment, pair: tu
     coordinates, or {"skipped": why}."""
     settings = run.cfg.eval.plane
     if str(settings.models) == "endpoints":
-        key = (str(run.run_dir), label)
+        key = (str(run.run_dir), label, int(settings.grid), float(settings.margin))
         if key not in _ENDPOINT_PLANES:
             third = _third_endpoint(run, pair)
             if third is None:
