@@ -1,6 +1,6 @@
 """glmc: symmetry-aware alignment of Transformers and loss barriers along linear paths."""
 
-from glmc.api import align, evaluate, evaluate_path, to_canonical
+from glmc.api import align, evaluate, evaluate_layerwise, evaluate_path, evaluate_plane, fit_curve, to_canonical
 from glmc.eval.evaluator import Evaluator
 from glmc.interpolation import interpolate
 
@@ -15,4 +15,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'glmc' has no attribute {name!r}")
 
 
-__all__ = ["Evaluator", "align", "evaluate", "evaluate_path", "interpolate", "symmetries", "to_canonical"]
+__all__ = [
+    "Evaluator",
+    "align",
+    "evaluate",
+    "evaluate_layerwise",
+    "evaluate_path",
+    "evaluate_plane",
+    "fit_curve",
+    "interpolate",
+    "symmetries",
+    "to_canonical",
+]

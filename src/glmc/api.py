@@ -24,7 +24,10 @@ from glmc.api_inputs import (
     untied_ends,
 )
 from glmc.choices import ResidualClass
+from glmc.curves import fit as _curves
 from glmc.eval import evaluator as _evaluator
+from glmc.eval import layerwise as _layerwise
+from glmc.eval import plane as _plane
 from glmc.matching.base import MatchContext, Matcher
 from glmc.matching.registry import METHODS, build_matcher, default_method_config
 from glmc.metrics import IGNORE_INDEX, is_token_task
@@ -138,6 +141,85 @@ def evaluate_path(
     task = resolve_task(reference, task, "model_a")
     checked = CheckedBatches(loader, reference, task)
     return _evaluator.evaluate_path(model_a, model_b, checked, lambdas, task, circuits, progress, **options)
+
+
+def evaluate_layerwise(
+    model_a: torch.nn.Module | Alignment,
+    model_b: torch.nn.Module | None,
+    loader: Iterable,
+    lambdas: Sequence[float],
+    task: str | None = None,
+    circuits: Sequence[str] = (),
+    cumulative: bool = False,
+    progress: bool = True,
+    **options,
+) -> dict[str, Any]:
+    """Layer-wise barriers (glmc.eval.layerwise): the loss along lam * A + (1 - lam) * B with only one part
+    (embed, block l, head; `cumulative`: parts 0..l too) interpolated, the rest held at A and at B; the
+    models and batches checked as evaluate_path checks them."""
+    reference = path_reference(model_a, model_b)
+    model_a, model_b = untied_ends(model_a, model_b)
+    check_loader(loader, "loader")
+    task = resolve_task(reference, task, "model_a")
+    checked = CheckedBatches(loader, reference, task)
+    return _layerwise.evaluate_layerwise(
+        model_a, model_b, checked, lambdas, task, circuits, cumulative, progress, **options
+    )
+
+
+def evaluate_plane(
+    models: Sequence[torch.nn.Module],
+    loader: Iterable,
+    grid: int = 11,
+    margin: float = 0.2,
+    task: str | None = None,
+    progress: bool = True,
+    **options,
+) -> dict[str, Any]:
+    """The loss over the plane through three models (canonical factored, or original models of one
+    architecture) on a grid x grid lattice over their bounding box widened by `margin`: the lattice (x, y,
+    loss and accuracy by [row y][column x]), the models' coordinates and their own losses."""
+    models = list(models)
+    if len(models) != 3:
+        raise ValueError(f"models: a plane passes through three models, not {len(models)}")
+    for i, model in enumerate(models):
+        check_model(model, f"models[{i}]")
+    check_loader(loader, "loader")
+    task = resolve_task(models[0], task, "models[0]")
+    checked = CheckedBatches(loader, models[0], task)
+    return _plane.evaluate_plane(models, checked, grid, margin, task, progress, **options)
+
+
+def fit_curve(
+    models: Alignment | Sequence[torch.nn.Module],
+    data: Any,
+    kind: str = "bezier",
+    bends: int = 1,
+    *,
+    max_steps: int = 300,
+    lr: float = 0.01,
+    seed: int = 0,
+    run_dir: str | Path | None = None,
+    trainer: dict[str, Any] | None = None,
+    device: str | torch.device = "cpu",
+) -> Any:
+    """A curve from A to B (Garipov et al. 2018) whose bends train on `data` (as align takes it), the ends
+    fixed: `kind` bezier (bends=1: quadratic) or chain (a polygon through `bends` points). `models`: an
+    Alignment (its ends, in their canonical forms, and circuits) or two models. Checkpoints go to `run_dir`
+    (a temporary folder if None), where a rerun resumes. The Curve's `.point(lam)` is its model at lam (1: A,
+    0: B), `.path(glmc.Evaluator(loader, task), lambdas)` its losses, `.diagnostics` its training's."""
+    from glmc.curves.curve import CurveSettings
+
+    settings = CurveSettings(kind=kind, bends=bends, max_steps=max_steps, lr=lr, seed=seed, where="fit_curve")
+    if not isinstance(models, Alignment):
+        if isinstance(models, torch.nn.Module) or len(models) != 2:
+            raise TypeError("fit_curve takes an Alignment or a pair of models (model_a, model_b)")
+        models = Alignment(*models)
+    check_run_dir(run_dir)
+    a, b = to_canonical(models.reference, "model_a"), to_canonical(models.model, "model_b")
+    check_compatible(a, b)
+    check_data(a, data)
+    return _curves.fit_curve(a, b, data, settings, models.circuits, run_dir, _trainer(trainer), device)
 
 
 def model_limits(model: Any) -> dict[str, Any]:

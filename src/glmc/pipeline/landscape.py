@@ -24,3 +24,11 @@ def landscape_records(run: Any, name: str, label: str, alignment: Any, pair: tup
 
         out["plane"] = plane_record(run, name, label, alignment, pair)
     return out
+
+
+def landscape_outputs(results: dict[str, Any], run_dir: Any, tracker: Any) -> None:
+    """The run's own figures and tables of these records (call after tracker.log_results)."""
+    if str(results.get("config", {}).get("eval", {}).get("layerwise", "none")) != "none":
+        from glmc.pipeline.layerwise_run import write_layerwise
+
+        write_layerwise(results, run_dir, tracker)

@@ -40,7 +40,7 @@ from glmc.pipeline.endpoint_record import Endpoint
 from glmc.pipeline.endpoints import cache_key, endpoint_ids, get_endpoints, seeds_of, training_kept
 from glmc.pipeline.folder_fit import check_tokenizer
 from glmc.pipeline.hf_folders import evaluation_config, is_pretrained
-from glmc.pipeline.landscape import landscape_records
+from glmc.pipeline.landscape import landscape_outputs, landscape_records
 from glmc.pipeline.matrix import barrier_matrices
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
 from glmc.pipeline.multi import format_multi, model_name, run_multi
@@ -490,6 +490,7 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
             write_results(results, run_dir)
             tracker.log_results(results)
             write_connectivity(results, run_dir, tracker)  # series.png, matrix_*.csv, matrix.png
+            landscape_outputs(results, run_dir, tracker)  # e.g. layerwise.png
     if is_global_zero():
         _print_summary(results, multi, run_dir, endpoints)
     return results
