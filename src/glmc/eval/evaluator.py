@@ -68,9 +68,6 @@ class Functional:
         return self.forward(self.tensors, example).numel()
 
 
-_Functional = Functional  # the former name, for importers not yet moved to Functional
-
-
 def _no_cache(model: torch.nn.Module) -> dict[str, bool]:
     """Keyword arguments that keep a Hugging Face language model from returning its keys and values (a
     cache the loss never reads, a tenth of a large model's forward memory); none for other models."""
