@@ -117,3 +117,44 @@ def test_a_run_writes_the_record_the_figures_and_the_table(monkeypatch, capsys, 
     assert (run_dir / "layerwise.png").stat().st_size > 0
     rows = (run_dir / "layerwise.csv").read_text().splitlines()
     assert rows[0].startswith("method,pair,kind,held_at,part,barrier") and len(rows) == 1 + 2 * 2 * 3
+
+
+def test_the_run_table_averages_pairs_and_logs_lines_and_the_figure(tmp_path):
+    from glmc.pipeline.layerwise_run import write_layerwise
+
+    def record(scale):
+        curves = {"barrier": [0.0, scale, 2 * scale], "loss": [[1.0, 1.0]] * 3}
+        return {"parts": ["embed", "block 0", "head"], "lambdas": [0.0, 1.0], "held_at_a": curves,
+                "held_at_b": curves, "cumulative": None}  # fmt: skip
+
+    pairs = [{"seeds": [0, 1], "layerwise": record(1.0)}, {"seeds": [2, 3], "layerwise": record(3.0)}]
+    results = {"model": "m", "dataset": "d", "methods": {"weight": {"pairs": pairs}, "vanilla": {"pairs": [{}]}}}
+
+    class Tracker:
+        logged: list = []
+
+        def log_image(self, key, path):
+            self.logged.append((key, path.name))
+
+        def log_lines(self, key, xs, lines, xname):
+            self.logged.append((key, xs, lines))
+
+    tracker = Tracker()
+    assert [f.name for f in write_layerwise(results, tmp_path, tracker)] == ["layerwise.png", "layerwise.csv"]
+    assert ("layerwise/png", "layerwise.png") in tracker.logged
+    assert ("layerwise/barrier_held_at_a", [0, 1, 2], {"weight": [0.0, 2.0, 4.0]}) in tracker.logged  # pairs' mean
+    assert len((tmp_path / "layerwise.csv").read_text().splitlines()) == 1 + 2 * 2 * 3
+    assert write_layerwise({"methods": {"vanilla": {"pairs": [{}]}}}, tmp_path, tracker) == []  # none asked for
+
+
+def test_an_unknown_layerwise_setting_is_refused_before_any_work():
+    from omegaconf import OmegaConf
+
+    from glmc.pipeline.validate import ConfigError, validate_config
+
+    from conftest import compose_config
+
+    cfg = compose_config("debug=fast")
+    OmegaConf.update(cfg, "eval.layerwise", "blocks")
+    with pytest.raises(ConfigError, match="eval.layerwise=blocks: choose one of none, single, cumulative"):
+        validate_config(cfg)

@@ -10,7 +10,16 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from glmc.config import Config, EndpointsConfig, MergeConfig, MultiConfig, PlaneConfig, TrainConfig, TrainerConfig
+from glmc.config import (
+    Config,
+    EndpointsConfig,
+    EvalConfig,
+    MergeConfig,
+    MultiConfig,
+    PlaneConfig,
+    TrainConfig,
+    TrainerConfig,
+)
 from glmc.data.checks import data_problems
 from glmc.models.compatibility import residual_class_problem
 from glmc.models.families import family_named
@@ -59,6 +68,7 @@ def _run_problems(cfg: Config) -> list[str]:
     problems += setting_problems(TrainConfig, cfg.train, "train")  # the ranges declared with the settings
     problems += setting_problems(EndpointsConfig, cfg.endpoints, "endpoints")
     problems += setting_problems(PlaneConfig, cfg.eval.plane, "eval.plane")
+    problems += setting_problems(EvalConfig, cfg.eval, "eval")  # eval.layerwise
     problems += wandb_login_problems(cfg)  # else W&B fails only after the endpoints trained
     return problems + setting_problems(MergeConfig, cfg.merge, "merge")
 
