@@ -1,6 +1,7 @@
 """curve=bezier|chain in the pipeline: per method and pair, a curve between A and the aligned B trained on
 the training split (glmc.curves), evaluated at the path's lambdas beside the straight line between the same
-ends on the same batches; its record goes into the pair's entry of results.json under "curve", its figure
+ends on the same batches (vanilla's: between the canonical forms of A and B, not the original parameters'
+line); its record goes into the pair's entry of results.json under "curve", its figure
 into the method's folder (curve_<pair>.png)."""
 
 from __future__ import annotations
