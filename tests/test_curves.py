@@ -96,7 +96,8 @@ def test_bad_settings_name_their_key(aligned):
 
 def test_the_pipeline_writes_the_curve_record_and_a_rerun_reuses_its_bends(tmp_path):
     overrides = ["debug=fast", f"cache_dir={tmp_path / 'endpoints'}", "logger=none", "matcher.methods=[vanilla,weight]"]
-    cfg = compose_config(*overrides, "curve=chain", "curve.max_steps=2", "curve.batches_per_eval=1")
+    curve = ["curve=chain", "curve.max_steps=2", "curve.batches_per_eval=1", "merge.export=true"]
+    cfg = compose_config(*overrides, *curve)
     results = run_pipeline(cfg, tmp_path / "run")
     for method in ("vanilla", "weight"):
         pair = results["methods"][method]["pairs"][0]
@@ -107,6 +108,7 @@ def test_the_pipeline_writes_the_curve_record_and_a_rerun_reuses_its_bends(tmp_p
         assert (tmp_path / "run" / method / "curve_0-1.png").exists()
         # the curve's ends are the path's (vanilla: through the canonical forms of the same models)
         assert record["linear_loss"][-1] == pytest.approx(record["test_loss"][-1], rel=1e-6)
+        assert record["export"]["exported"] or "curve's midpoint" in record["export"]["reason"]
     first = results["methods"]["weight"]["pairs"][0]["curve"]
     written = json.loads((tmp_path / "run" / "results.json").read_text())
     assert written["methods"]["weight"]["pairs"][0]["curve"]["barrier"] == first["barrier"]

@@ -85,7 +85,10 @@ def export_curve_midpoint(run: Any, curve: Any, circuits: tuple, pair: tuple, fo
     source = evaluation_config(run.cfg).data.tokenizer_path
     # the midpoint as both ends of an alignment: its own interpolation at 0.5 is itself, exactly
     as_path = Alignment(mid, mid, circuits=circuits)
-    return export_midpoint(as_path, pair[0].model, folder, inputs, run.data.tokenizer, source, pair[0].dtype)
+    out = export_midpoint(as_path, pair[0].model, folder, inputs, run.data.tokenizer, source, pair[0].dtype)
+    if not out["exported"]:  # the bends train freely: a LayerNorm model's stream may leave the mean-zero plane
+        out["reason"] = f"the curve's midpoint, its bends trained freely: {out['reason']}"
+    return out
 
 
 def plot_curve(record: dict[str, Any], path: Path, title: str) -> Path:
