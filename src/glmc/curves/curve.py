@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from glmc.interpolation import merge_configs, merge_params
+from glmc.matching.learned_module import fit_saved_history
 from glmc.metrics import loss_and_correct
 from glmc.models.canonical import CanonicalTransformer, canonical_forward
 from glmc.ranges import check_settings, setting
@@ -160,13 +161,7 @@ class Curve(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # a resumed run may train for more steps than the interrupted one planned
-        saved = checkpoint["state_dict"].get("history")
-        if saved is not None and saved.shape != self.history.shape:
-            resized = torch.full_like(self.history, math.nan)
-            n = min(len(saved), len(resized))
-            resized[:n] = saved[:n]
-            checkpoint["state_dict"]["history"] = resized
+        fit_saved_history(checkpoint, self.history)
 
     def steps(self) -> int:
         """The steps trained (over every attempt)."""

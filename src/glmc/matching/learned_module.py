@@ -32,6 +32,17 @@ from glmc.symmetry import Orthogonal, Permutation, SymmetrySpec, Transform, appl
 KINDS = ("orthogonal", "permutation", "sinkhorn")
 
 
+def fit_saved_history(checkpoint: dict, history: Tensor) -> None:
+    """A checkpoint's per-step history buffer resized to `history`'s steps (NaN beyond the saved ones): a
+    resumed run may train for more steps than the interrupted one planned."""
+    saved = checkpoint["state_dict"].get("history")
+    if saved is not None and saved.shape != history.shape:
+        resized = torch.full_like(history, math.nan)
+        n = min(len(saved), len(resized))
+        resized[:n] = saved[:n]
+        checkpoint["state_dict"]["history"] = resized
+
+
 @dataclass
 class LearnedSettings(LearnedTraining):
     """Learned matching's training settings (glmc.settings.groups.LearnedTraining), range-checked;
@@ -431,13 +442,7 @@ class LearnedMatchingModule(DivergenceStop, L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # a resumed run may train for more steps than the interrupted one planned
-        saved = checkpoint["state_dict"].get("history")
-        if saved is not None and saved.shape != self.history.shape:
-            resized = torch.full_like(self.history, math.nan)
-            n = min(len(saved), len(resized))
-            resized[:n] = saved[:n]
-            checkpoint["state_dict"]["history"] = resized
+        fit_saved_history(checkpoint, self.history)
 
     @torch.no_grad()
     def hard_transform(self, side: str = "b") -> Transform:
