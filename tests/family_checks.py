@@ -154,9 +154,12 @@ def bfloat16_folders_test(family: str, blocks: dict, residual: str | None = None
     return test_command_line_on_two_bfloat16_folders
 
 
-def cli_on_two_folders(monkeypatch, capsys, tmp_path, family: str, dtype=torch.float32, **model) -> dict:
+def cli_on_two_folders(
+    monkeypatch, capsys, tmp_path, family: str, dtype=torch.float32, extra: tuple[str, ...] = (), **model
+) -> dict:
     """run.py with endpoints=pretrained on two tiny save_pretrained folders of `family` stored in `dtype`
-    (weight matching, the vanilla midpoint exported); results.json, after checking the run succeeded."""
+    (weight matching, the vanilla midpoint exported; `extra` overrides); results.json, after checking the run
+    succeeded."""
     tokenizer = char_tokenizer()
     folders = []
     for seed in (0, 1):
@@ -172,7 +175,7 @@ def cli_on_two_folders(monkeypatch, capsys, tmp_path, family: str, dtype=torch.f
     paths = ",".join(str(f) for f in folders)
     args = ("endpoints=pretrained", f"endpoints.paths=[{paths}]", "data=pydoc", f"data.seq_len={SEQ_LEN}")
     methods = ("matcher.methods=[vanilla,weight]", "merge.export=true", f"hydra.run.dir={run}")
-    code, _, err = run_script(monkeypatch, capsys, *FAST, *args, *methods)
+    code, _, err = run_script(monkeypatch, capsys, *FAST, *args, *methods, *extra)
     assert code == 0, err[-3000:]
     results = json.loads((run / "results.json").read_text())
     assert results["model"].startswith(f"{family} (")
