@@ -113,6 +113,8 @@ class TrainConfig:
     early_stopping_patience: int | None = None  # validations without a better val_loss before stopping
     # endpoints trained at once, each in its own process; 1: one after another. Not part of the cache key
     parallel_endpoints: int = setting(1, "count")
+    # the seeds not cached yet train as one batched model (glmc.train.ensemble). Not part of the cache key
+    ensemble: bool = False
     # snapshots along training (glmc.train.snapshots): null, every N optimizer steps, or a list of steps.
     # Not part of the cache key: they sit beside the endpoint, which is the same with them or without
     save_steps: Any = None

@@ -61,8 +61,9 @@ KEY_VERSION = 2  # bumped when the key's layout changes, so that older entries a
 NOT_WEIGHTS = {
     "data": ("root", "download", "eval_batch_size", "limit_test", "tokenizer_path", "path"),
     "trainer": ("_target_", "enable_progress_bar", "log_every_n_steps"),
-    # how many endpoints train at once, each as it would alone; snapshots saved beside the endpoint
-    "train": ("parallel_endpoints", "save_steps"),
+    # how many endpoints train at once, each as it would alone (ensemble: within round-off); snapshots saved
+    # beside the endpoint
+    "train": ("parallel_endpoints", "ensemble", "save_steps"),
 }
 
 

@@ -7,7 +7,8 @@ endpoint's seed into an initialisation seed and a data-order (and dropout) seed 
 Training checkpoints after every epoch into the cache's `.train_seed_<n>` folder of its config
 (glmc.pipeline.cache), so the same command run again after a kill resumes there; the folder is
 removed once the endpoint is cached. With train.parallel_endpoints=N > 1 the seeds not cached yet train
-first, N at a time in worker processes (glmc.pipeline.side_by_side), and are then loaded from the cache."""
+first, N at a time in worker processes (glmc.pipeline.side_by_side), and are then loaded from the cache;
+with train.ensemble, as one batched model first (glmc.pipeline.ensemble)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from glmc.models.families import family_named, family_names
 from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
 from glmc.pipeline.endpoint_forms import DEVIATION_LOGITS_BYTES, folder_forms, holds_forms
 from glmc.pipeline.endpoint_record import Endpoint
+from glmc.pipeline.ensemble import train_ensemble
 from glmc.pipeline.folder_fit import check_pairs, read_folders
 from glmc.pipeline.hf_folders import (
     canonical_of,
@@ -244,7 +246,8 @@ def get_endpoints(cfg: Config, run_dir: Path, tracker, evaluator: Evaluator) -> 
     # the model fine-tuned endpoints start from: loaded (or trained) once, when the first needs it
     pretrained = functools.cache(functools.partial(pretrained_model, shared, run_dir, tracker))
     # train.parallel_endpoints > 1: the seeds not cached yet train side by side first; loaded below
-    fresh = train_side_by_side(shared, run_dir, pretrained, seeds_to_train, train_seed)
+    fresh = train_ensemble(shared, run_dir, tracker, evaluator, seeds_to_train, endpoint_seeds, divergence_hint(shared))
+    fresh |= train_side_by_side(shared, run_dir, pretrained, seeds_to_train, train_seed)
     for index, seed in enumerate(shared.seeds):
         cfg = endpoint_config(shared, index)
         key = cache_key(cfg)

@@ -1,0 +1,121 @@
+"""Several endpoints of one architecture trained as one batched model (train.ensemble): their parameters
+stacked along a new leading axis (member k at index k), one vmapped forward and backward for all. Each
+member keeps its own initial weights, data order (its own loader, zipped with the others), AdamW state
+(AdamW is elementwise, so one AdamW over the stacked tensors is K independent ones), warmup_cosine
+schedule and gradient-norm clipping (per member, as torch.nn.utils.clip_grad_norm_ computes it).
+
+Dropout draws each member's own masks (vmap randomness="different"), from one shared generator: not
+the masks a separate run draws, so only with dropout 0 does a member equal its separate run (within
+the round-off of sums taken in another order)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch.func import functional_call, stack_module_state
+
+from glmc.config import TrainConfig
+from glmc.metrics import logits_of
+from glmc.schedule import warmup_cosine
+from glmc.train.endpoint import NO_DECAY, fused_clipping_refused, training_loss
+
+
+class ZippedBatches:
+    """The members' own training loaders in step: each batch is theirs stacked along a new first axis."""
+
+    def __init__(self, loaders: list[Any]):
+        self.loaders = loaders
+
+    def __len__(self) -> int:
+        return min(len(loader) for loader in self.loaders)
+
+    def __iter__(self):
+        for batches in zip(*self.loaders):
+            yield tuple(torch.stack(parts) for parts in zip(*batches))
+
+
+class EnsembleModule(L.LightningModule):
+    """`models`: the members, each built as it would be alone; `base`: one more of the same architecture
+    (on the meta device, so that it holds no memory) whose structure, tied weights included, the stacked
+    parameters are called through."""
+
+    def __init__(self, models: list[torch.nn.Module], base: torch.nn.Module, train_cfg: TrainConfig, task: str):
+        super().__init__()
+        params, buffers = stack_module_state(models)
+        self.names = list(params)
+        self.stacked = torch.nn.ParameterList(torch.nn.Parameter(params[name]) for name in self.names)
+        self.buffer_names = list(buffers)
+        for i, name in enumerate(self.buffer_names):
+            self.register_buffer(f"buffer_{i}", buffers[name])
+        object.__setattr__(self, "base", base)  # not a submodule: it holds no weights of its own
+        self.members, self.train_cfg, self.task = len(models), train_cfg, task
+        self.train_loaders: list[Any] = []
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Every member's logits of its own inputs: (K, ...) in, (K, ...) out."""
+        buffers = {name: getattr(self, f"buffer_{i}") for i, name in enumerate(self.buffer_names)}
+        params = dict(zip(self.names, self.stacked))
+
+        def one(p, b, x):
+            return logits_of(_Called(self.base, p, b), x)
+
+        return torch.vmap(one, randomness="different")(params, buffers, inputs)
+
+    def train_dataloader(self) -> ZippedBatches:
+        return ZippedBatches(self.train_loaders)
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        logits = self(inputs)
+        # the sum of the members' mean losses: each member's gradient is its own loss's
+        smoothing = self.train_cfg.label_smoothing
+        loss = sum(training_loss(logits[k], targets[k], self.task, smoothing) for k in range(self.members))
+        self.log("train_loss", loss / self.members, prog_bar=True, on_step=True, on_epoch=False, sync_dist=False)
+        return loss
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Each member's gradient clipped to norm `gradient_clip_val` over its own slice of every parameter."""
+        if not gradient_clip_val:
+            return
+        grads = [p.grad for p in self.stacked if p.grad is not None]
+        if not grads:
+            return
+        norms = torch.stack([g.detach().flatten(1).float().norm(dim=1) for g in grads]).norm(dim=0)  # (K,)
+        scale = (gradient_clip_val / (norms + 1e-6)).clamp(max=1.0)  # clip_grad_norm_'s rule
+        for g in grads:
+            g.mul_(scale.to(g.dtype).view(-1, *([1] * (g.ndim - 1))))
+
+    def configure_optimizers(self):
+        cfg = self.train_cfg
+        decay, no_decay = [], []
+        for name, p in zip(self.names, self.stacked):
+            exempt = p.ndim - 1 < 2 or any(k in name for k in NO_DECAY)  # a member's own shape decides
+            (no_decay if exempt else decay).append(p)
+        on_cuda = all(p.is_cuda for p in self.stacked)
+        fused = on_cuda and not fused_clipping_refused(self.trainer.precision_plugin, self.trainer.gradient_clip_val)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr,
+            **({"fused": True} if fused else {}),
+        )
+        scheduler = warmup_cosine(optimizer, self.trainer.estimated_stepping_batches, cfg.warmup_fraction)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def member_state(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's parameters and buffers by their names in the model, on the CPU."""
+        state = {name: p[k].detach().cpu() for name, p in zip(self.names, self.stacked)}
+        for i, name in enumerate(self.buffer_names):
+            state[name] = getattr(self, f"buffer_{i}")[k].detach().cpu()
+        return state
+
+
+class _Called:
+    """`base` called with the given parameters and buffers (functional_call), as logits_of calls a model."""
+
+    def __init__(self, base: torch.nn.Module, params: dict, buffers: dict):
+        self.base, self.params, self.buffers = base, params, buffers
+
+    def __call__(self, inputs: torch.Tensor):
+        return functional_call(self.base, (self.params, self.buffers), (inputs,))
