@@ -1,12 +1,15 @@
 """Wall time of training K seeds' endpoints one after another and side by side (train.parallel_endpoints),
-beside one seed alone, measured in one run on one machine.
+or with --ensemble as one batched model (train.ensemble), beside one seed alone, measured in one run on one
+machine.
 
-  .venv/bin/python benchmarks/parallel_seeds.py [--seeds K] [--parallel N] [--device cpu|cuda] [hydra overrides]
+  .venv/bin/python benchmarks/parallel_seeds.py [--seeds K] [--parallel N | --ensemble] [--device cpu|cuda]
+      [hydra overrides]
 
 Each time is the endpoint stage as run.py runs it (glmc.pipeline.endpoints.get_endpoints: train, cache,
 load and convert every seed, with the run's test evaluator) on an empty endpoint cache of its own, so the
 side-by-side time includes starting the worker processes. Printed: the three times, "K seeds side by side
-/ one seed" (the target on one GPU: ten seeds at most 3x one seed) and "sequential / side by side".
+/ one seed" (the target on one GPU: ten seeds at most 3x one seed) and "sequential / side by side"; with
+--ensemble, "ensemble / one seed" and "sequential / ensemble".
 
 Defaults by device:
   cpu   K=4, the default digits ViT (width 256) on a slice of the data (CPU_OVERRIDES); this process's torch
@@ -58,12 +61,14 @@ def compose_config(overrides: list[str]):
         return compose(config_name="config", overrides=overrides)
 
 
-def stage_seconds(cfg, seeds: list[int], parallel: int, folder: Path) -> float:
-    """Wall time of the endpoint stage for `seeds`, `parallel` at a time, on an empty cache in `folder`."""
+def stage_seconds(cfg, seeds: list[int], parallel: int, folder: Path, ensemble: bool = False) -> float:
+    """Wall time of the endpoint stage for `seeds`, `parallel` at a time (or as one batched model), on an
+    empty cache in `folder`."""
     with open_dict(cfg):
         cfg.seeds = seeds
         cfg.pairing = "all"  # one seed is a valid run here: the stage alone is timed, never paired
         cfg.train.parallel_endpoints = parallel
+        cfg.train.ensemble = ensemble
         cfg.cache_dir = str(folder / "endpoints")
     data = DataModule(cfg.data, seed=0)
     data.setup()
@@ -85,10 +90,12 @@ def machine(device: str) -> str:
     return "unknown CPU"
 
 
-def main(overrides: list[str], seeds: int | None, parallel: int | None, device: str) -> dict[str, float]:
+def main(
+    overrides: list[str], seeds: int | None, parallel: int | None, device: str, ensemble: bool = False
+) -> dict[str, float]:
     quiet_lightning()
     k = seeds or (10 if device == "cuda" else 4)
-    n = parallel or k
+    n = 1 if ensemble else parallel or k
     cfg = compose_config([*(GPU_OVERRIDES if device == "cuda" else CPU_OVERRIDES), *overrides])
     with open_dict(cfg):
         cfg.seeds = list(range(k))
@@ -98,11 +105,16 @@ def main(overrides: list[str], seeds: int | None, parallel: int | None, device: 
     with tempfile.TemporaryDirectory() as tmp:
         one = stage_seconds(copy.deepcopy(cfg), [0], 1, Path(tmp) / "one")
         sequential = stage_seconds(copy.deepcopy(cfg), list(range(k)), 1, Path(tmp) / "sequential")
-        side = stage_seconds(copy.deepcopy(cfg), list(range(k)), n, Path(tmp) / "side_by_side")
+        side = stage_seconds(copy.deepcopy(cfg), list(range(k)), n, Path(tmp) / "side_by_side", ensemble)
     threads = torch.get_num_threads()
     print(f"{machine(device)}, {threads} torch threads in this process, {cfg.model.name} on {cfg.data.name}")
     print(f"one seed:                         {one:8.1f} s")
     print(f"{k} seeds one after another:       {sequential:8.1f} s")
+    if ensemble:
+        print(f"{k} seeds as one batched model:    {side:8.1f} s")
+        print(f"ensemble / one seed {side / one:.2f}")
+        print(f"sequential / ensemble {sequential / side:.2f}")
+        return {"one": one, "sequential": sequential, "ensemble": side}
     print(f"{k} seeds side by side ({n} at once): {side:8.1f} s")
     print(f"{k} seeds side by side / one seed:  {side / one:8.2f}x")
     print(f"sequential / side by side:        {sequential / side:8.2f}x")
@@ -113,7 +125,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=None, help="K (default: 4 on cpu, 10 on cuda)")
     parser.add_argument("--parallel", type=int, default=None, help="endpoints at once (default: K)")
+    parser.add_argument("--ensemble", action="store_true", help="the K seeds as one batched model (train.ensemble)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args, rest = parser.parse_known_args()
     logging.basicConfig(level=logging.WARNING)
-    main(rest, args.seeds, args.parallel, args.device)
+    main(rest, args.seeds, args.parallel, args.device, args.ensemble)

@@ -111,3 +111,19 @@ def test_what_cannot_be_stacked_trains_one_at_a_time_and_says_why(tmp_path, capl
         trained = ensemble.train_ensemble(cfg, tmp_path, None, None, todo, endpoint_seeds, "")
     assert trained == set()
     assert "train.ensemble: training one seed at a time, since train.early_stopping_patience" in caplog.text
+
+
+def test_the_benchmark_times_the_ensemble_beside_one_seed_and_the_sequence(capsys, one_thread):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "parallel_seeds.py"
+    spec = importlib.util.spec_from_file_location("parallel_seeds", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tiny = ["debug=fast", "data.limit_train=64", "data.limit_test=32", "train.max_epochs=1"]
+    times = bench.main(tiny, 2, None, "cpu", ensemble=True)
+    assert set(times) == {"one", "sequential", "ensemble"}
+    printed = capsys.readouterr().out
+    assert f"ensemble / one seed {times['ensemble'] / times['one']:.2f}" in printed
+    assert f"sequential / ensemble {times['sequential'] / times['ensemble']:.2f}" in printed
