@@ -34,6 +34,8 @@ NOT_RESULTS = (
     "threads",  # how fast, not what: numbers may differ in the last bits only
     "train.parallel_endpoints",  # how many endpoints train at once, each as it would alone
     "pretrain.train.parallel_endpoints",
+    "train.ensemble",  # the seeds trained as one batched model: the last bits only, as with threads
+    "pretrain.train.ensemble",
     "symmetry.name",  # the group's label (auto, orthogonal, ...): its classes, compared resolved, are what ran
 )
 
