@@ -106,6 +106,7 @@ def test_an_ensemble_run_caches_and_measures_what_one_at_a_time_does(tmp_path, o
     assert [e["cached"] for e in together["endpoints"]] == [False, False]  # trained by this run
     for seed in (0, 1):
         assert EndpointCache(tmp_path / "both").has(key, seed)
+    assert not list((tmp_path / "both").glob("*/.train_ensemble_0_1"))  # its checkpoints: gone once cached
     saved = [json.loads((tmp_path / run / "results.json").read_text()) for run in ("run_one", "run_both")]
     for method in ("vanilla", "weight"):
         assert saved[1]["methods"][method]["barrier"] == pytest.approx(saved[0]["methods"][method]["barrier"], abs=1e-3)
@@ -136,3 +137,32 @@ def test_the_benchmark_times_the_ensemble_beside_one_seed_and_the_sequence(capsy
     printed = capsys.readouterr().out
     assert f"ensemble / one seed {times['ensemble'] / times['one']:.2f}" in printed
     assert f"sequential / ensemble {times['sequential'] / times['ensemble']:.2f}" in printed
+
+
+class Killed(Exception):
+    """The run's end, right after an epoch's checkpoint."""
+
+
+def test_an_interrupted_ensemble_resumes_to_the_uninterrupted_weights(tmp_path, one_thread, monkeypatch, caplog):
+    from glmc.train.ensemble import EnsembleCheckpoint
+
+    cfg = compose_config("debug=fast", "logger=none", "data.limit_train=96", "train.max_epochs=2")
+    members = [endpoint_seeds(cfg, s) for s in (0, 1)]
+    whole = ensemble._fit(cfg, tmp_path, NoTracker(), members, "")
+    real, folder = EnsembleCheckpoint.on_train_epoch_end, tmp_path / "training"
+
+    def then_killed(self, trainer, pl_module):
+        real(self, trainer, pl_module)
+        raise Killed
+
+    monkeypatch.setattr(EnsembleCheckpoint, "on_train_epoch_end", then_killed)
+    with pytest.raises(Killed):
+        ensemble._fit(cfg, tmp_path, NoTracker(), members, "", folder)
+    assert torch.load(folder / "last.ckpt", weights_only=True)["epoch"] == 0
+    monkeypatch.undo()
+    with caplog.at_level(logging.INFO):
+        resumed = ensemble._fit(cfg, tmp_path, NoTracker(), members, "", folder)
+    assert f"train.ensemble: resuming training from {folder / 'last.ckpt'}" in caplog.text
+    for k in range(2):  # the random state and each member's data order travel in the checkpoint: exactly
+        want = whole.member_state(k)
+        assert all(torch.equal(resumed.member_state(k)[name], want[name]) for name in want), k

@@ -1,13 +1,17 @@
 """train.ensemble: the seeds not cached yet train together as one batched model (glmc.train.ensemble)
 before the sequential loop, each member then cached exactly as a separately trained seed is (same key,
-same metrics), so that the loop loads it and later runs cannot tell how it was trained. Where members
-cannot be stacked, one line says why and the seeds train one at a time."""
+same metrics), so that the loop loads it and later runs cannot tell how it was trained. The ensemble
+writes last.ckpt after every epoch into .train_ensemble_<seeds> beside the members' entries; a rerun with
+the same seeds resumes from it, and it is removed once the members are cached. Where members cannot be
+stacked, one line says why and the seeds train one at a time."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,8 @@ from glmc.data.module import DataModule
 from glmc.models.build import build_model
 from glmc.pipeline.cache import EndpointCache
 from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
-from glmc.train.ensemble import EnsembleModule
+from glmc.train.ensemble import EnsembleCheckpoint, EnsembleModule
+from glmc.train.resume import resumable
 from glmc.train.trainer import trainer_factory
 
 log = logging.getLogger(__name__)
@@ -62,7 +67,9 @@ def train_ensemble(cfg: Config, run_dir: Path, tracker, evaluator, seeds_to_trai
             return set()
         seeds = [seed for _, seed, _ in todo]
         log.info("seeds %s: training together as one batched model (train.ensemble)", seeds)
-        module = _fit(cfg, run_dir, tracker, [seeds_of(cfg, seed) for seed in seeds], hint)
+        # checkpointed after every epoch beside the members' entries; a rerun with these seeds resumes
+        folder = cache.training_dir(todo[0][2], seeds[0]).parent / f".train_ensemble_{'_'.join(map(str, seeds))}"
+        module = _fit(cfg, run_dir, tracker, [seeds_of(cfg, seed) for seed in seeds], hint, folder)
         for k, (_, seed, key) in enumerate(todo):
             model = build_model(cfg.model)
             _load_member(model, module.member_state(k))
@@ -71,10 +78,14 @@ def train_ensemble(cfg: Config, run_dir: Path, tracker, evaluator, seeds_to_trai
             metrics = {"test_loss": loss, "test_accuracy": acc}
             check_finite_endpoint(model, metrics, f"seed {seed}", hint)
             cache.save(key, seed, model, metrics)
+        shutil.rmtree(folder, ignore_errors=True)  # every member cached: its checkpoints are done with
     return set(seeds)
 
 
-def _fit(cfg: Config, run_dir: Path, tracker, member_seeds: list[tuple[int, int]], hint: str) -> EnsembleModule:
+def _fit(
+    cfg: Config, run_dir: Path, tracker, member_seeds: list[tuple[int, int]], hint: str, folder: Path | None = None
+) -> EnsembleModule:
+    """The members trained as one model; with `folder`, last.ckpt there after every epoch, resumed from."""
     models = []
     for init_seed, _ in member_seeds:  # each built as train_endpoint builds it alone
         L.seed_everything(init_seed, workers=True, verbose=False)
@@ -91,18 +102,27 @@ def _fit(cfg: Config, run_dir: Path, tracker, member_seeds: list[tuple[int, int]
         data.train_set, data.val_set, data.test_set = first.train_set, first.val_set, first.test_set
         module.train_loaders.append(data.train_dataloader())
     L.seed_everything(member_seeds[0][1], workers=True, verbose=False)  # the dropout masks' shared stream
+    callbacks: list[Any] = [DivergenceGuard("the ensemble", hint)]
+    resume = None
+    if folder is not None:
+        resume = resumable(folder / "last.ckpt")
+        if resume is not None:
+            log.info("train.ensemble: resuming training from %s", resume)
+        callbacks.append(EnsembleCheckpoint(folder / "last.ckpt", module.train_loaders))
     trainer = trainer_factory(cfg.trainer)(
         default_root_dir=str(run_dir),
         logger=tracker.lightning_logger("ensemble", "train"),
         max_epochs=cfg.train.max_epochs,
         gradient_clip_val=cfg.train.gradient_clip_val,
         accumulate_grad_batches=cfg.train.accumulate_grad_batches,
-        callbacks=[DivergenceGuard("the ensemble", hint)],
-        enable_checkpointing=False,
+        callbacks=callbacks,
+        enable_checkpointing=folder is not None,
         limit_val_batches=0,
         num_sanity_val_steps=0,
     )
-    trainer.fit(module)
+    # weights_only=True where Lightning accepts it (the checkpoint holds tensors and plain data)
+    restricted = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
+    trainer.fit(module, ckpt_path=resume, **restricted)
     return module.cpu()
 
 

@@ -20,6 +20,7 @@ from glmc.config import TrainConfig
 from glmc.metrics import logits_of
 from glmc.schedule import warmup_cosine
 from glmc.train.endpoint import NO_DECAY, fused_clipping_refused, training_loss
+from glmc.train.resume import EpochCheckpoint
 
 
 class ZippedBatches:
@@ -109,6 +110,23 @@ class EnsembleModule(L.LightningModule):
         for i, name in enumerate(self.buffer_names):
             state[name] = getattr(self, f"buffer_{i}")[k].detach().cpu()
         return state
+
+
+class EnsembleCheckpoint(EpochCheckpoint):
+    """EpochCheckpoint of an ensemble: every member's shuffling generator travels in the checkpoint and is
+    set back on resume (the loaders are built before the restore, and draw from it only when iterated)."""
+
+    def __init__(self, path, loaders: list[Any], setting: str = "cache_dir"):
+        super().__init__(path, None, setting)
+        self.loaders = loaders
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"loaders": [loader.generator.get_state() for loader in self.loaders]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        for loader, state in zip(self.loaders, state_dict.get("loaders") or []):
+            loader.generator.set_state(state)
 
 
 class _Called:
