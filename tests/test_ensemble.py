@@ -6,10 +6,12 @@ another order than one model's; the round-off (~1e-7 relative per operation) is 
 step (whose update divides by sqrt of the second moment, so tiny gradients' differences weigh as much as
 large ones'). Measured over these runs' 8 optimizer steps, the largest gap relative to a tensor's largest
 entry: 2.5e-6 (digits ViT), 1.7e-5 (text GPT-2, in c_attn.bias, which holds the key bias), 0 (text
-Llama), 1.6e-5 (text Mixtral, whose routed experts vmap through per-member fallbacks); the bound is ~30x
-the largest. The ViT's separate key biases (k_proj.bias) are left out: their gradient is zero in exact
-arithmetic (a key bias adds one q.b to all of a query's scores, which softmax ignores), so AdamW turns
-each run's own round-off into lr-sized steps, and they differ by ~50% while changing no output."""
+Llama), 1.6e-5 (text Mixtral, whose routed experts vmap through per-member fallbacks), 1.2e-6 (masked-LM
+BERT, whose training masks each member draws from its own stream); the bound is ~30x the largest. The
+separate key biases of the ViT and BERT (k_proj.bias, attention.self.key.bias) are left out: their
+gradient is zero in exact arithmetic (a key bias adds one q.b to all of a query's scores, which softmax
+ignores), so AdamW turns each run's own round-off into lr-sized steps, and they differ by ~50% while
+changing no output."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from glmc.pipeline.run import run_pipeline
 from conftest import compose_config
 
 WEIGHTS_RTOL = 5e-4  # relative to each tensor's largest entry
-NO_GRADIENT = ("k_proj.bias",)  # parameters that no output depends on
+NO_GRADIENT = ("k_proj.bias", "attention.self.key.bias")  # parameters that no output depends on
 
 
 class NoTracker:
@@ -68,8 +70,9 @@ TEXT = ("data=pydoc", "data.limit_train=128", "data.limit_test=32")
         ("debug=fast", "model=gpt2_text", *TEXT),
         ("debug=fast", "model=llama_text", *TEXT),
         ("debug=fast", "model=mixtral_text", *TEXT),
+        ("debug=fast", "model=bert_tiny", "data=pydoc_mlm", "data.limit_train=128", "data.limit_test=32"),
     ],
-    ids=["digits_vit", "text_gpt2", "text_llama", "text_mixtral"],
+    ids=["digits_vit", "text_gpt2", "text_llama", "text_mixtral", "mlm_bert"],
 )
 def test_a_member_is_the_seed_trained_alone(tmp_path, one_thread, overrides):
     cfg = compose_config(*overrides, "logger=none")
@@ -146,7 +149,8 @@ class Killed(Exception):
 def test_an_interrupted_ensemble_resumes_to_the_uninterrupted_weights(tmp_path, one_thread, monkeypatch, caplog):
     from glmc.train.ensemble import EnsembleCheckpoint
 
-    cfg = compose_config("debug=fast", "logger=none", "data.limit_train=96", "train.max_epochs=2")
+    # masked-LM: each member's mask stream travels in the checkpoint too, beside its data order
+    cfg = compose_config("debug=fast", "model=bert_tiny", "data=pydoc_mlm", "data.limit_train=96", "train.max_epochs=2")
     members = [endpoint_seeds(cfg, s) for s in (0, 1)]
     whole = ensemble._fit(cfg, tmp_path, NoTracker(), members, "")
     real, folder = EnsembleCheckpoint.on_train_epoch_end, tmp_path / "training"
@@ -163,6 +167,6 @@ def test_an_interrupted_ensemble_resumes_to_the_uninterrupted_weights(tmp_path, 
     with caplog.at_level(logging.INFO):
         resumed = ensemble._fit(cfg, tmp_path, NoTracker(), members, "", folder)
     assert f"train.ensemble: resuming training from {folder / 'last.ckpt'}" in caplog.text
-    for k in range(2):  # the random state and each member's data order travel in the checkpoint: exactly
+    for k in range(2):  # exactly: the same kernels on the same batches
         want = whole.member_state(k)
         assert all(torch.equal(resumed.member_state(k)[name], want[name]) for name in want), k

@@ -86,13 +86,18 @@ def _fit(
     cfg: Config, run_dir: Path, tracker, member_seeds: list[tuple[int, int]], hint: str, folder: Path | None = None
 ) -> EnsembleModule:
     """The members trained as one model; with `folder`, last.ckpt there after every epoch, resumed from."""
-    models = []
-    for init_seed, _ in member_seeds:  # each built as train_endpoint builds it alone
+    models, streams = [], []
+    for init_seed, data_seed in member_seeds:  # each built as train_endpoint builds it alone
         L.seed_everything(init_seed, workers=True, verbose=False)
         models.append(build_model(cfg.model))
+        if str(cfg.seed_vary) != "both":  # as train_endpoint: what follows draws from the data-order seed
+            L.seed_everything(data_seed, workers=True, verbose=False)
+        streams.append(torch.get_rng_state())  # what its fetches draw from (masked-LM masks), as alone
     with torch.device("meta"):  # the structure the stacked weights are called through (ties included)
         base = build_model(cfg.model)
     module = EnsembleModule(models, base, cfg.train, cfg.data.task)
+    module.fetch_streams[:] = streams
+    module.validate_every = max(1, cfg.train.max_epochs // 5)  # as train_endpoint (no early stopping here)
     first = None
     for _, data_seed in member_seeds:  # each member's own shuffling, over one copy of the splits
         data = DataModule(cfg.data, data_seed)
@@ -108,7 +113,7 @@ def _fit(
         resume = resumable(folder / "last.ckpt")
         if resume is not None:
             log.info("train.ensemble: resuming training from %s", resume)
-        callbacks.append(EnsembleCheckpoint(folder / "last.ckpt", module.train_loaders))
+        callbacks.append(EnsembleCheckpoint(folder / "last.ckpt", module.train_loaders, module.fetch_streams))
     trainer = trainer_factory(cfg.trainer)(
         default_root_dir=str(run_dir),
         logger=tracker.lightning_logger("ensemble", "train"),

@@ -1,6 +1,7 @@
 """Several endpoints of one architecture trained as one batched model (train.ensemble): their parameters
 stacked along a new leading axis (member k at index k), one vmapped forward and backward for all. Each
-member keeps its own initial weights, data order (its own loader, zipped with the others), AdamW state
+member keeps its own initial weights, data order (its own loader, zipped with the others), the random
+stream its fetches draw from (masked-LM masks: torch's global one for a seed alone), AdamW state
 (AdamW is elementwise, so one AdamW over the stacked tensors is K independent ones), warmup_cosine
 schedule and gradient-norm clipping (per member, as torch.nn.utils.clip_grad_norm_ computes it).
 
@@ -10,6 +11,7 @@ the round-off of sums taken in another order)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import lightning as L
@@ -24,17 +26,42 @@ from glmc.train.resume import EpochCheckpoint
 
 
 class ZippedBatches:
-    """The members' own training loaders in step: each batch is theirs stacked along a new first axis."""
+    """The members' own training loaders in step: each batch is theirs stacked along a new first axis.
+    `streams`: each member's CPU random state, what its fetches draw from in place of torch's global one
+    (masked-LM training masks are drawn at every fetch); updated in place, so that it can be checkpointed."""
 
-    def __init__(self, loaders: list[Any]):
-        self.loaders = loaders
+    def __init__(self, loaders: list[Any], streams: list[torch.Tensor], validated=lambda: False):
+        self.loaders, self.streams, self.validated = loaders, streams, validated
 
     def __len__(self) -> int:
         return min(len(loader) for loader in self.loaders)
 
     def __iter__(self):
-        for batches in zip(*self.loaders):
+        # a seed alone iterates its validation loader here, whose shared seed comes from the global generator
+        if self.validated():
+            for k in range(len(self.streams)):
+                self._drawn(k, lambda: torch.empty((), dtype=torch.int64).random_())
+        iterators = [iter(loader) for loader in self.loaders]
+        while True:
+            batches = []
+            for k, iterator in enumerate(iterators):
+                batch = self._drawn(k, functools.partial(next, iterator, None))
+                if batch is None:
+                    return
+                batches.append(batch)
             yield tuple(torch.stack(parts) for parts in zip(*batches))
+
+    def _drawn(self, k: int, draw) -> Any:
+        """`draw()` drawing from member k's stream."""
+        if not self.streams:
+            return draw()
+        outside = torch.get_rng_state()
+        torch.set_rng_state(self.streams[k])
+        try:
+            return draw()
+        finally:
+            self.streams[k] = torch.get_rng_state()
+            torch.set_rng_state(outside)
 
 
 class EnsembleModule(L.LightningModule):
@@ -53,6 +80,8 @@ class EnsembleModule(L.LightningModule):
         object.__setattr__(self, "base", base)  # not a submodule: it holds no weights of its own
         self.members, self.train_cfg, self.task = len(models), train_cfg, task
         self.train_loaders: list[Any] = []
+        self.fetch_streams: list[torch.Tensor] = []  # see ZippedBatches
+        self.validate_every = 0  # after which epochs a seed alone validates (0: never)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Every member's logits of its own inputs: (K, ...) in, (K, ...) out."""
@@ -65,7 +94,12 @@ class EnsembleModule(L.LightningModule):
         return torch.vmap(one, randomness="different")(params, buffers, inputs)
 
     def train_dataloader(self) -> ZippedBatches:
-        return ZippedBatches(self.train_loaders)
+        return ZippedBatches(self.train_loaders, self.fetch_streams, self._validated_before)
+
+    def _validated_before(self) -> bool:
+        """Whether a seed alone validates between the last epoch and this one."""
+        epoch = self.trainer.current_epoch
+        return bool(self.validate_every) and epoch > 0 and epoch % self.validate_every == 0
 
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
@@ -113,20 +147,23 @@ class EnsembleModule(L.LightningModule):
 
 
 class EnsembleCheckpoint(EpochCheckpoint):
-    """EpochCheckpoint of an ensemble: every member's shuffling generator travels in the checkpoint and is
-    set back on resume (the loaders are built before the restore, and draw from it only when iterated)."""
+    """EpochCheckpoint of an ensemble: every member's shuffling generator and fetch stream travel in the
+    checkpoint and are set back on resume (the loaders are built before the restore, and draw from their
+    generators only when iterated)."""
 
-    def __init__(self, path, loaders: list[Any], setting: str = "cache_dir"):
+    def __init__(self, path, loaders: list[Any], streams: list[torch.Tensor], setting: str = "cache_dir"):
         super().__init__(path, None, setting)
-        self.loaders = loaders
+        self.loaders, self.streams = loaders, streams
 
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"loaders": [loader.generator.get_state() for loader in self.loaders]}
+        loaders = [loader.generator.get_state() for loader in self.loaders]
+        return super().state_dict() | {"loaders": loaders, "streams": list(self.streams)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         for loader, state in zip(self.loaders, state_dict.get("loaders") or []):
             loader.generator.set_state(state)
+        self.streams[:] = state_dict.get("streams") or self.streams
 
 
 class _Called:
