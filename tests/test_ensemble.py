@@ -170,3 +170,15 @@ def test_an_interrupted_ensemble_resumes_to_the_uninterrupted_weights(tmp_path, 
     for k in range(2):  # exactly: the same kernels on the same batches
         want = whole.member_state(k)
         assert all(torch.equal(resumed.member_state(k)[name], want[name]) for name in want), k
+
+
+def test_an_interrupted_ensembles_checkpoint_is_named_in_what_training_kept(tmp_path):
+    from glmc.pipeline.endpoints import training_kept
+
+    cfg = compose_config("debug=fast", f"cache_dir={tmp_path}", "seeds=[0,1,2]")
+    beside = EndpointCache(tmp_path).training_dir(cache_key(cfg), 0).parent
+    last = beside / ensemble.ensemble_folder_name([0, 1]) / "last.ckpt"
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"")
+    kept = training_kept(cfg)
+    assert f"of seeds 0, 1 checkpointed in {last}, {last}" in kept and "seed 2 with no finished epoch yet" in kept

@@ -38,7 +38,7 @@ from glmc.models.families import family_named, family_names
 from glmc.pipeline.cache import CorruptEntryError, EndpointCache, endpoint_key
 from glmc.pipeline.endpoint_forms import DEVIATION_LOGITS_BYTES, folder_forms, holds_forms
 from glmc.pipeline.endpoint_record import Endpoint
-from glmc.pipeline.ensemble import train_ensemble
+from glmc.pipeline.ensemble import ensemble_checkpoint, train_ensemble
 from glmc.pipeline.folder_fit import check_pairs, read_folders
 from glmc.pipeline.hf_folders import (
     canonical_of,
@@ -276,6 +276,8 @@ def training_kept(cfg: Config) -> str:
     for index, seed in enumerate(cfg.seeds):
         key = cache_key(endpoint_config(cfg, index))
         last = cache.training_dir(key, seed) / "last.ckpt"
+        if not last.exists():  # trained with other seeds as one model (train.ensemble)
+            last = ensemble_checkpoint(cache.training_dir(key, seed), seed) or last
         if cache.entry(key, seed).is_dir():  # entries are renamed into place only when complete
             cached.setdefault(cache.entry(key, seed).parent, []).append(seed)
         elif last.exists():

@@ -30,6 +30,20 @@ from glmc.train.trainer import trainer_factory
 log = logging.getLogger(__name__)
 
 
+def ensemble_folder_name(seeds: list[int]) -> str:
+    """The folder an ensemble of `seeds` checkpoints into, beside the members' cache entries."""
+    return ".train_ensemble_" + "_".join(map(str, seeds))
+
+
+def ensemble_checkpoint(training_dir: Path, seed: int) -> Path | None:
+    """The last.ckpt of an interrupted ensemble that trains `seed` (beside its `training_dir`), if any."""
+    for folder in sorted(training_dir.parent.glob(".train_ensemble_*")):
+        members = folder.name.removeprefix(".train_ensemble_").split("_")
+        if str(seed) in members and (folder / "last.ckpt").exists():
+            return folder / "last.ckpt"
+    return None
+
+
 def why_not_stacked(cfg: Config) -> str | None:
     """Why the endpoints of `cfg` cannot train as one batched model, or None where they can."""
     reasons = [
@@ -68,7 +82,7 @@ def train_ensemble(cfg: Config, run_dir: Path, tracker, evaluator, seeds_to_trai
         seeds = [seed for _, seed, _ in todo]
         log.info("seeds %s: training together as one batched model (train.ensemble)", seeds)
         # checkpointed after every epoch beside the members' entries; a rerun with these seeds resumes
-        folder = cache.training_dir(todo[0][2], seeds[0]).parent / f".train_ensemble_{'_'.join(map(str, seeds))}"
+        folder = cache.training_dir(todo[0][2], seeds[0]).parent / ensemble_folder_name(seeds)
         module = _fit(cfg, run_dir, tracker, [seeds_of(cfg, seed) for seed in seeds], hint, folder)
         for k, (_, seed, key) in enumerate(todo):
             model = build_model(cfg.model)
