@@ -40,14 +40,6 @@ class NoTracker:
         return False
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _relative_gap(a: dict, b: dict) -> float:
     names = [n for n in b if not n.endswith(NO_GRADIENT)]
     return max(((a[n] - b[n]).abs().max() / b[n].abs().max().clamp(min=1e-12)).item() for n in names)

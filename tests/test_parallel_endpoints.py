@@ -28,14 +28,6 @@ from conftest import compose_config
 RUN = ("debug=fast", "logger=none", "seeds=[0,1,2]", "pairing=first", "matcher.methods=[vanilla,weight]")
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _entries(cache_dir, key, seed):
     entry = EndpointCache(cache_dir).entry(key, seed)
     return load_file(entry / "model.safetensors"), json.loads((entry / "meta.json").read_text())["metrics"]
