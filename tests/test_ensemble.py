@@ -7,11 +7,12 @@ step (whose update divides by sqrt of the second moment, so tiny gradients' diff
 large ones'). Measured over these runs' 8 optimizer steps, the largest gap relative to a tensor's largest
 entry: 2.5e-6 (digits ViT), 1.7e-5 (text GPT-2, in c_attn.bias, which holds the key bias), 0 (text
 Llama), 1.6e-5 (text Mixtral, whose routed experts vmap through per-member fallbacks), 1.2e-6 (masked-LM
-BERT, whose training masks each member draws from its own stream); the bound is ~30x the largest. The
-separate key biases of the ViT and BERT (k_proj.bias, attention.self.key.bias) are left out: their
-gradient is zero in exact arithmetic (a key bias adds one q.b to all of a query's scores, which softmax
-ignores), so AdamW turns each run's own round-off into lr-sized steps, and they differ by ~50% while
-changing no output."""
+BERT, whose training masks each member draws from its own stream), and 6.3e-6 over the up to 16 steps of
+the early-stopping members (digits ViT at lr 0.04, each kept epoch's weights); the bound is ~30x the
+largest. The separate key biases of the ViT and BERT (k_proj.bias, attention.self.key.bias) are left
+out: their gradient is zero in exact arithmetic (a key bias adds one q.b to all of a query's scores,
+which softmax ignores), so AdamW turns each run's own round-off into lr-sized steps, and they differ by
+~50% while changing no output."""
 
 from __future__ import annotations
 
@@ -112,12 +113,12 @@ def test_an_ensemble_run_caches_and_measures_what_one_at_a_time_does(tmp_path, o
 
 
 def test_what_cannot_be_stacked_trains_one_at_a_time_and_says_why(tmp_path, caplog):
-    cfg = compose_config(*RUN, "train.ensemble=true", "train.early_stopping_patience=1")
+    cfg = compose_config(*RUN, "train.ensemble=true", "train.save_steps=2")
     todo = lambda cfg: [(0, 0, {}), (1, 1, {})]  # noqa: E731
     with caplog.at_level(logging.INFO):
         trained = ensemble.train_ensemble(cfg, tmp_path, None, None, todo, endpoint_seeds, "")
     assert trained == set()
-    assert "train.ensemble: training one seed at a time, since train.early_stopping_patience" in caplog.text
+    assert "train.ensemble: training one seed at a time, since train.save_steps" in caplog.text
 
 
 def test_the_benchmark_times_the_ensemble_beside_one_seed_and_the_sequence(capsys, one_thread):
@@ -176,3 +177,67 @@ def test_an_interrupted_ensembles_checkpoint_is_named_in_what_training_kept(tmp_
     last.write_bytes(b"")
     kept = training_kept(cfg)
     assert f"of seeds 0, 1 checkpointed in {last}, {last}" in kept and "seed 2 with no finished epoch yet" in kept
+
+
+# digits at a high learning rate: seed 2 stops after epoch 3, seed 1 after epoch 6, seed 0 runs all 8
+STOPPING = (
+    "debug=fast",
+    "data.limit_train=128",
+    "train.lr=0.04",
+    "train.max_epochs=8",
+    "train.early_stopping_patience=1",
+)
+
+
+def test_members_stop_early_and_keep_their_best_epoch_as_the_seeds_trained_alone(tmp_path, one_thread):
+    from glmc.data.module import DataModule
+    from glmc.eval.evaluator import Evaluator
+    from glmc.pipeline.endpoints import seeds_to_train
+
+    cfg = compose_config(*STOPPING, "logger=none", "seeds=[0,1,2]", "train.ensemble=true", f"cache_dir={tmp_path}")
+    data = DataModule(cfg.data, seed=0)
+    data.setup()
+    evaluator = Evaluator(data.test_dataloader(), task=cfg.data.task, progress=False)
+    trained = ensemble.train_ensemble(cfg, tmp_path, NoTracker(), evaluator, seeds_to_train, endpoint_seeds, "")
+    assert trained == {0, 1, 2}
+    cache, key, epochs = EndpointCache(tmp_path), cache_key(cfg), []
+    for seed in (0, 1, 2):
+        alone, kept = train_endpoint(cfg, seed, tmp_path, logger=False)
+        member = build_model(cfg.model)
+        metrics = cache.load(key, seed, member)["metrics"]
+        print(f"seed {seed}: kept {metrics['kept']}, alone {kept}")
+        assert metrics["kept"]["epoch"] == kept["epoch"]  # the entry records the epoch as a seed alone's does
+        assert metrics["kept"]["val_loss"] == pytest.approx(kept["val_loss"], abs=1e-5)
+        gap = _relative_gap(dict(member.named_parameters()), dict(alone.named_parameters()))
+        print(f"seed {seed}: max relative weight gap {gap:.2e}")
+        assert gap < WEIGHTS_RTOL, seed
+        assert metrics["test_loss"] == pytest.approx(_evaluate(cfg, alone), abs=1e-4)
+        epochs.append(kept["epoch"])
+    assert len(set(epochs)) == 3 and min(epochs) < 8  # stopped apart, and early
+
+
+def test_an_interrupted_ensemble_resumes_each_members_early_stopping(tmp_path, one_thread, monkeypatch):
+    from glmc.train.ensemble import EnsembleCheckpoint
+
+    cfg = compose_config(*STOPPING, "logger=none")
+    members = [endpoint_seeds(cfg, s) for s in (1, 2)]
+    whole = ensemble._fit(cfg, tmp_path, NoTracker(), members, "")
+    assert whole.stopping.stopped == [True, True] and whole.trainer.current_epoch == 6  # ended with seed 1's stop
+    real, folder = EnsembleCheckpoint.on_train_epoch_end, tmp_path / "training"
+
+    def killed_after_epoch_3(self, trainer, pl_module):
+        real(self, trainer, pl_module)
+        if trainer.current_epoch == 2:  # seed 2 has just stopped, seed 1 goes on
+            raise Killed
+
+    monkeypatch.setattr(EnsembleCheckpoint, "on_train_epoch_end", killed_after_epoch_3)
+    with pytest.raises(Killed):
+        ensemble._fit(cfg, tmp_path, NoTracker(), members, "", folder)
+    saved = torch.load(folder / "last.ckpt", weights_only=True)["callbacks"].values()
+    assert [state["stopping"]["stopped"] for state in saved if "stopping" in state] == [[False, True]]
+    monkeypatch.undo()
+    resumed = ensemble._fit(cfg, tmp_path, NoTracker(), members, "", folder)
+    assert resumed.stopping.state_dict()["stopped"] == [True, True] and resumed.trainer.current_epoch == 6
+    for k in range(2):  # exactly: the same kernels on the same batches
+        (want, want_kept), (got, got_kept) = whole.kept_state(k), resumed.kept_state(k)
+        assert got_kept == want_kept and all(torch.equal(got[name], want[name]) for name in want), k

@@ -3,11 +3,17 @@ before the sequential loop, each member then cached exactly as a separately trai
 same metrics), so that the loop loads it and later runs cannot tell how it was trained. The ensemble
 writes last.ckpt after every epoch into .train_ensemble_<seeds> beside the members' entries; a rerun with
 the same seeds resumes from it, and it is removed once the members are cached. Where members cannot be
-stacked, one line says why and the seeds train one at a time."""
+stacked, one line says why and the seeds train one at a time.
+
+With train.early_stopping_patience each member stops and keeps its best epoch's weights on its own, as a
+seed alone does (glmc.train.ensemble.MemberStopping), and its entry records that epoch as a seed alone's
+does. endpoints=spawn: the children of one spawn point not cached yet train together from the parent's
+state (`start`), each with its own data order, as each would alone."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
 import os
@@ -23,6 +29,7 @@ from glmc.data.module import DataModule
 from glmc.models.build import build_model
 from glmc.pipeline.cache import EndpointCache
 from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
+from glmc.train.endpoint import SpawnPoint
 from glmc.train.ensemble import EnsembleCheckpoint, EnsembleModule
 from glmc.train.resume import resumable
 from glmc.train.trainer import trainer_factory
@@ -44,13 +51,14 @@ def ensemble_checkpoint(training_dir: Path, seed: int) -> Path | None:
     return None
 
 
-def why_not_stacked(cfg: Config) -> str | None:
-    """Why the endpoints of `cfg` cannot train as one batched model, or None where they can."""
+def why_not_stacked(cfg: Config, spawned: bool = False) -> str | None:
+    """Why the endpoints of `cfg` cannot train as one batched model, or None where they can; `spawned`:
+    they are children of one spawn point (endpoints=spawn), continued from the parent's state."""
+    source = str(cfg.endpoints.source)
     reasons = [
-        (str(cfg.endpoints.source) != "trained", f"endpoints={cfg.endpoints.source} does not train from scratch"),
+        (source != ("spawn" if spawned else "trained"), f"endpoints={source} does not train from scratch"),
         (bool(cfg.pretrain.enabled), "pretrain.enabled: each endpoint starts from a pretrained encoder"),
         (bool(cfg.endpoint_models), "endpoint_models gives the seeds different models"),
-        (cfg.train.early_stopping_patience is not None, "train.early_stopping_patience stops each seed on its own"),
         (cfg.train.save_steps is not None, "train.save_steps snapshots one seed's training"),
         (cfg.trainer.devices not in (1, "1") or cfg.trainer.num_nodes != 1, "it trains on one device only"),
         (int(os.environ.get("WORLD_SIZE", "1")) > 1, "it trains in one process only"),
@@ -58,17 +66,19 @@ def why_not_stacked(cfg: Config) -> str | None:
     return next((reason for refused, reason in reasons if refused), None)
 
 
-def train_ensemble(cfg: Config, run_dir: Path, tracker, evaluator, seeds_to_train, seeds_of, hint: str) -> set[int]:
+def train_ensemble(
+    cfg: Config, run_dir: Path, tracker, evaluator, seeds_to_train, seeds_of, hint: str, start=None
+) -> set[int]:
     """Train the endpoints `seeds_to_train(cfg)` gives ((index, seed, key) of those not cached) as one
-    model and cache each;
-    returns the seeds it trained. `seeds_of(cfg, seed)`: a seed's (initialisation, data-order) seeds;
-    `hint`: what to change where training diverges."""
+    model and cache each; returns the seeds it trained. `seeds_of(cfg, seed)`: a seed's (initialisation,
+    data-order) seeds; `hint`: what to change where training diverges; `start()`: the SpawnPoint spawned
+    children continue (called only to train), None to train from scratch."""
     if not cfg.train.ensemble:
         return set()
     todo = seeds_to_train(cfg)
     if len(todo) < 2:
         return set()
-    reason = why_not_stacked(cfg)
+    reason = why_not_stacked(cfg, spawned=start is not None)
     if reason is not None:
         log.info("train.ensemble: training one seed at a time, since %s", reason)
         return set()
@@ -77,49 +87,47 @@ def train_ensemble(cfg: Config, run_dir: Path, tracker, evaluator, seeds_to_trai
         for _, seed, key in todo:
             locks.enter_context(cache.lock(key, seed))
         todo = [(i, seed, key) for i, seed, key in todo if not cache.has(key, seed)]  # another run's, meanwhile
-        if len(todo) < 2:
+        point = None if start is None or len(todo) < 2 else start()
+        if len(todo) < 2 or (point is not None and point.step == point.total):  # at the budget: the parent
             return set()
         seeds = [seed for _, seed, _ in todo]
         log.info("seeds %s: training together as one batched model (train.ensemble)", seeds)
         # checkpointed after every epoch beside the members' entries; a rerun with these seeds resumes
         folder = cache.training_dir(todo[0][2], seeds[0]).parent / ensemble_folder_name(seeds)
-        module = _fit(cfg, run_dir, tracker, [seeds_of(cfg, seed) for seed in seeds], hint, folder)
+        module = _fit(cfg, run_dir, tracker, [seeds_of(cfg, seed) for seed in seeds], hint, folder, point)
         for k, (_, seed, key) in enumerate(todo):
-            model = build_model(cfg.model)
-            _load_member(model, module.member_state(k))
-            model.eval()
-            loss, acc = evaluator.evaluate(model)
-            metrics = {"test_loss": loss, "test_accuracy": acc}
-            check_finite_endpoint(model, metrics, f"seed {seed}", hint)
-            cache.save(key, seed, model, metrics)
+            _cache_member(cfg, cache, key, seed, module, k, evaluator, hint)
         shutil.rmtree(folder, ignore_errors=True)  # every member cached: its checkpoints are done with
     return set(seeds)
 
 
+def _cache_member(cfg: Config, cache: EndpointCache, key, seed: int, module: EnsembleModule, k: int, evaluator, hint):
+    """Member k cached as seed `seed` alone is (glmc.pipeline.endpoints.load_or_train): its kept weights,
+    measured, with the epoch they are from where early stopping kept its best."""
+    state, kept = module.kept_state(k)
+    model = build_model(cfg.model)
+    _load_member(model, state)
+    model.eval()
+    loss, acc = evaluator.evaluate(model)
+    metrics = {"test_loss": loss, "test_accuracy": acc, **({"kept": kept} if kept else {})}
+    if kept:
+        log.info("seed %d: kept the weights of epoch %d (val loss %.4f)", seed, kept["epoch"], kept["val_loss"])
+    check_finite_endpoint(model, metrics, f"seed {seed}", hint)
+    cache.save(key, seed, model, metrics)
+
+
 def _fit(
-    cfg: Config, run_dir: Path, tracker, member_seeds: list[tuple[int, int]], hint: str, folder: Path | None = None
+    cfg: Config,
+    run_dir: Path,
+    tracker,
+    member_seeds: list[tuple[int, int]],
+    hint: str,
+    folder: Path | None = None,
+    start: SpawnPoint | None = None,
 ) -> EnsembleModule:
-    """The members trained as one model; with `folder`, last.ckpt there after every epoch, resumed from."""
-    models, streams = [], []
-    for init_seed, data_seed in member_seeds:  # each built as train_endpoint builds it alone
-        L.seed_everything(init_seed, workers=True, verbose=False)
-        models.append(build_model(cfg.model))
-        if str(cfg.seed_vary) != "both":  # as train_endpoint: what follows draws from the data-order seed
-            L.seed_everything(data_seed, workers=True, verbose=False)
-        streams.append(torch.get_rng_state())  # what its fetches draw from (masked-LM masks), as alone
-    with torch.device("meta"):  # the structure the stacked weights are called through (ties included)
-        base = build_model(cfg.model)
-    module = EnsembleModule(models, base, cfg.train, cfg.data.task)
-    module.fetch_streams[:] = streams
-    module.validate_every = max(1, cfg.train.max_epochs // 5)  # as train_endpoint (no early stopping here)
-    first = None
-    for _, data_seed in member_seeds:  # each member's own shuffling, over one copy of the splits
-        data = DataModule(cfg.data, data_seed)
-        if first is None:
-            data.setup()
-            first = data
-        data.train_set, data.val_set, data.test_set = first.train_set, first.val_set, first.test_set
-        module.train_loaders.append(data.train_dataloader())
+    """The members trained as one model; with `folder`, last.ckpt there after every epoch, resumed from;
+    with `start`, each continues that training state (a spawned child) for the rest of its budget."""
+    module = _members(cfg, member_seeds, start)
     L.seed_everything(member_seeds[0][1], workers=True, verbose=False)  # the dropout masks' shared stream
     callbacks: list[Any] = [DivergenceGuard("the ensemble", hint)]
     resume = None
@@ -127,22 +135,59 @@ def _fit(
         resume = resumable(folder / "last.ckpt")
         if resume is not None:
             log.info("train.ensemble: resuming training from %s", resume)
-        callbacks.append(EnsembleCheckpoint(folder / "last.ckpt", module.train_loaders, module.fetch_streams))
+        streams = module.fetch_streams
+        callbacks.append(EnsembleCheckpoint(folder / "last.ckpt", module.train_loaders, streams, module.stopping))
+    patience = cfg.train.early_stopping_patience
     trainer = trainer_factory(cfg.trainer)(
         default_root_dir=str(run_dir),
         logger=tracker.lightning_logger("ensemble", "train"),
-        max_epochs=cfg.train.max_epochs,
+        max_epochs=cfg.train.max_epochs if start is None else -1,
+        max_steps=-1 if start is None else start.total - start.step,
         gradient_clip_val=cfg.train.gradient_clip_val,
         accumulate_grad_batches=cfg.train.accumulate_grad_batches,
         callbacks=callbacks,
         enable_checkpointing=folder is not None,
-        limit_val_batches=0,
         num_sanity_val_steps=0,
+        # validation when a seed alone validates (early stopping: every epoch), so its draws are mirrored
+        check_val_every_n_epoch=1 if patience is not None else max(1, cfg.train.max_epochs // 5),
     )
     # weights_only=True where Lightning accepts it (the checkpoint holds tensors and plain data)
     restricted = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
     trainer.fit(module, ckpt_path=resume, **restricted)
     return module.cpu()
+
+
+def _members(cfg: Config, member_seeds: list[tuple[int, int]], start: SpawnPoint | None) -> EnsembleModule:
+    """The ensemble of the members, each built (or, with `start`, copied from its model) as train_endpoint
+    builds it alone, with its own fetch stream and training loader over one copy of the splits."""
+    models, streams = [], []
+    for init_seed, data_seed in member_seeds:
+        L.seed_everything(init_seed, workers=True, verbose=False)
+        models.append(build_model(cfg.model) if start is None else copy.deepcopy(start.model))
+        if start is not None or str(cfg.seed_vary) != "both":  # what follows draws from the data-order seed
+            L.seed_everything(data_seed, workers=True, verbose=False)
+        streams.append(torch.get_rng_state())  # what its fetches draw from (masked-LM masks), as alone
+    with torch.device("meta"):  # the structure the stacked weights are called through (ties included)
+        base = build_model(cfg.model)
+    module = EnsembleModule(models, base, cfg.train, cfg.data.task, start)
+    module.fetch_streams[:] = streams
+    first = None
+    for _, data_seed in member_seeds:  # each member's own shuffling, over one copy of the splits
+        data = DataModule(cfg.data, data_seed)
+        if first is None:
+            data.setup()
+            first = data
+        data.train_set, data.val_set, data.test_set = first.train_set, first.val_set, first.test_set
+        if start is not None:  # the data order is a function of the step: a child goes on from the parent's
+            data.train_start_step = start.step * cfg.train.accumulate_grad_batches
+        module.train_loaders.append(data.train_dataloader())
+    if cfg.train.early_stopping_patience is not None and not first.has_validation_split:
+        raise ValueError(
+            f"train.early_stopping_patience needs a validation split, and data={cfg.data.name} has none "
+            "(its validation loop watches the test split)"
+        )
+    module.val_loader = first.val_dataloader()
+    return module
 
 
 def _load_member(model: torch.nn.Module, state: dict[str, Any]) -> None:

@@ -81,10 +81,15 @@ def continue_from(point: SpawnPoint, optimizer: torch.optim.Optimizer, scheduler
         step = torch.tensor(float(point.step))
         saved["state"] = {n: {"step": step.clone(), **point.moments(index[p])} for n, p in enumerate(ordered)}
         optimizer.load_state_dict(saved)
-    lrs = [base * factor(point.step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    continue_schedule(point.step, optimizer, scheduler)
+
+
+def continue_schedule(step: int, optimizer: torch.optim.Optimizer, scheduler) -> None:
+    """Set a fresh warmup_cosine schedule and its optimizer's learning rates to where they stood after `step`."""
+    lrs = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
     for group, lr in zip(optimizer.param_groups, lrs):
         group["lr"] = lr
-    scheduler.last_epoch, scheduler._last_lr = point.step, lrs
+    scheduler.last_epoch, scheduler._last_lr = step, lrs
 
 
 class EndpointModule(L.LightningModule):
