@@ -8,11 +8,12 @@ large ones'). Measured over these runs' 8 optimizer steps, the largest gap relat
 entry: 2.5e-6 (digits ViT), 1.7e-5 (text GPT-2, in c_attn.bias, which holds the key bias), 0 (text
 Llama), 1.6e-5 (text Mixtral, whose routed experts vmap through per-member fallbacks), 1.2e-6 (masked-LM
 BERT, whose training masks each member draws from its own stream), and 6.3e-6 over the up to 16 steps of
-the early-stopping members (digits ViT at lr 0.04, each kept epoch's weights); the bound is ~30x the
-largest. The separate key biases of the ViT and BERT (k_proj.bias, attention.self.key.bias) are left
-out: their gradient is zero in exact arithmetic (a key bias adds one q.b to all of a query's scores,
-which softmax ignores), so AdamW turns each run's own round-off into lr-sized steps, and they differ by
-~50% while changing no output."""
+the early-stopping members (digits ViT at lr 0.04, each kept epoch's weights), 1.0e-6 over the 3 steps of
+spawned children (digits ViT, from the parent's state at step 1); the bound is ~30x the largest. The
+separate key biases of the ViT and BERT (k_proj.bias, attention.self.key.bias) are left out: their
+gradient is zero in exact arithmetic (a key bias adds one q.b to all of a query's scores, which softmax
+ignores), so AdamW turns each run's own round-off into lr-sized steps, and they differ by ~50% while
+changing no output."""
 
 from __future__ import annotations
 
@@ -241,3 +242,62 @@ def test_an_interrupted_ensemble_resumes_each_members_early_stopping(tmp_path, o
     for k in range(2):  # exactly: the same kernels on the same batches
         (want, want_kept), (got, got_kept) = whole.kept_state(k), resumed.kept_state(k)
         assert got_kept == want_kept and all(torch.equal(got[name], want[name]) for name in want), k
+
+
+# a budget of 4 optimizer steps (2 epochs of 2 batches); children at step 1 start mid-epoch
+SPAWN = ("debug=fast", "logger=none", "endpoints=spawn", "endpoints.steps=[1]", "seeds=[1,5]", "seed_fixed=5")
+
+
+def test_spawned_children_trained_together_are_those_trained_one_at_a_time(tmp_path, one_thread, caplog):
+    from glmc.data.module import DataModule
+    from glmc.eval.evaluator import Evaluator
+    from glmc.pipeline.children import get_spawned
+
+    children = {}
+    for way, extra in (("alone", ()), ("together", ("train.ensemble=true",))):
+        cfg = compose_config(*SPAWN, "data.limit_train=128", f"cache_dir={tmp_path / way}", *extra)
+        data = DataModule(cfg.data, seed=0)
+        data.setup()
+        evaluator = Evaluator(list(data.test_dataloader()), task=cfg.data.task, progress=False)
+        with caplog.at_level(logging.INFO):
+            children[way] = get_spawned(cfg, tmp_path / way, NoTracker(), evaluator)[1]
+    assert "seeds [1, 5]: training together as one batched model" in caplog.text
+    assert all(not child.cached for child in children["together"].values())  # trained by this run
+    for seed, alone in children["alone"].items():
+        member = children["together"][seed]
+        gap = _relative_gap(dict(member.model.named_parameters()), dict(alone.model.named_parameters()))
+        print(f"child of seed {seed}: max relative weight gap {gap:.2e}")
+        assert gap < WEIGHTS_RTOL, seed
+        assert member.test_loss == pytest.approx(alone.test_loss, abs=1e-4)
+    ones = [dict(children["alone"][s].model.named_parameters()) for s in (1, 5)]
+    assert _relative_gap(*ones) > 1e-3  # their data orders differ: so do the children
+
+
+def test_interrupted_spawned_children_resume_at_their_place_in_the_data_order(tmp_path, one_thread, monkeypatch):
+    from glmc.pipeline.children import spawn_kept, spawn_points
+    from glmc.train.ensemble import EnsembleCheckpoint
+
+    cfg = compose_config(*SPAWN, "data.limit_train=128", f"cache_dir={tmp_path}")
+    key = cache_key(cfg)
+    point = spawn_points(cfg, key, tmp_path, NoTracker())[1]
+    members = [endpoint_seeds(cfg, s) for s in (1, 5)]
+    whole = ensemble._fit(cfg, tmp_path, NoTracker(), members, "", None, point)
+    child = {**key, "spawned_from": {"seed": 5, "step": 1}}  # where train_ensemble checkpoints step 1's children
+    folder = EndpointCache(tmp_path).training_dir(child, 1).parent / ensemble.ensemble_folder_name([1, 5])
+    real = EnsembleCheckpoint.on_train_epoch_end
+
+    def then_killed(self, trainer, pl_module):
+        real(self, trainer, pl_module)
+        raise Killed
+
+    monkeypatch.setattr(EnsembleCheckpoint, "on_train_epoch_end", then_killed)
+    with pytest.raises(Killed):  # after the rest of the parent's epoch: one batch
+        ensemble._fit(cfg, tmp_path, NoTracker(), members, "", folder, point)
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 1
+    assert f"step 1's child of seed 5 checkpointed in {folder / 'last.ckpt'}" in spawn_kept(cfg)
+    monkeypatch.undo()
+    resumed = ensemble._fit(cfg, tmp_path, NoTracker(), members, "", folder, point)
+    assert resumed.trainer.global_step == whole.trainer.global_step == 3  # the parent's budget of 4, less 1
+    for k in range(2):  # exactly: the same kernels on the same batches
+        want = whole.member_state(k)
+        assert all(torch.equal(resumed.member_state(k)[name], want[name]) for name in want), k

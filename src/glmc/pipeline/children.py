@@ -42,7 +42,15 @@ from glmc.models.canonical import CanonicalTransformer, relative_deviation
 from glmc.models.convert import to_canonical
 from glmc.pipeline.cache import EndpointCache
 from glmc.pipeline.endpoint_record import Endpoint
-from glmc.pipeline.endpoints import cache_key, load_or_train, pretrained_model, train_endpoint
+from glmc.pipeline.endpoints import (
+    cache_key,
+    divergence_hint,
+    endpoint_seeds,
+    load_or_train,
+    pretrained_model,
+    train_endpoint,
+)
+from glmc.pipeline.ensemble import ensemble_checkpoint, train_ensemble
 from glmc.pipeline.merges import canonical_pair, own_data_merges, own_statistics
 from glmc.pipeline.outputs import write_results
 from glmc.pipeline.tracking import Tracker
@@ -100,12 +108,18 @@ class Task:
 
 def grow(own: Config, key: dict[str, Any], start, run_dir: Path, tracker, evaluator) -> dict[int, Endpoint]:
     """seed -> child for every seed of `seeds`, cached under `key`: from the cache, or trained now from
-    `start()` (called only to train)."""
+    `start()` (called only to train). With train.ensemble, spawned children not cached yet train together
+    first (glmc.pipeline.ensemble), each as it would alone, and are then loaded from the cache."""
     cache, children = EndpointCache(Path(own.cache_dir)), {}
+    fresh: set[int] = set()
+    if str(own.endpoints.source) == "spawn":
+        todo = lambda cfg: [(i, s, key) for i, s in enumerate(cfg.seeds) if not cache.has(key, s)]  # noqa: E731
+        fresh = train_ensemble(own, run_dir, tracker, evaluator, todo, endpoint_seeds, divergence_hint(own), start)
     for seed in own.seeds:
         with cache.lock(key, seed) as waited:
             model, metrics, cached = load_or_train(own, seed, key, cache, run_dir, tracker, evaluator, waited, start)
         loss, accuracy = metrics["test_loss"], metrics["test_accuracy"]
+        cached = cached and seed not in fresh  # trained together by this run: not a cache hit
         children[seed] = Endpoint(seed, model.eval(), to_canonical(model), loss, accuracy, cached)
     return children
 
@@ -208,7 +222,7 @@ def spawn_kept(cfg: Config) -> str:
         child = {**key, "spawned_from": {"seed": parent, "step": k}}
         folder = cache.entry(child, 0).parent
         cached = [s for s in cfg.seeds if cache.entry(child, s).is_dir()]  # renamed into place when complete
-        checkpoints = {s: cache.training_dir(child, s) / "last.ckpt" for s in cfg.seeds if s not in cached}
+        checkpoints = {s: _child_checkpoint(cache.training_dir(child, s), s) for s in cfg.seeds if s not in cached}
         checkpoints = {s: path for s, path in checkpoints.items() if path.exists()}
         nothing = [s for s in cfg.seeds if s not in cached and s not in checkpoints]
         kept += [f"step {k}'s children of {_named(cached)} cached in {folder}"] if cached else []
@@ -220,6 +234,12 @@ def spawn_kept(cfg: Config) -> str:
                 f"(checkpoints go to {folder}/.train_seed_<n>/last.ckpt)"
             )
     return "; ".join(kept)
+
+
+def _child_checkpoint(training_dir: Path, seed: int) -> Path:
+    """A child's last.ckpt: its own, or that of the ensemble it trains in (train.ensemble), where one exists."""
+    own = training_dir / "last.ckpt"
+    return own if own.exists() else ensemble_checkpoint(training_dir, seed) or own
 
 
 def get_spawned(cfg: Config, run_dir: Path, tracker, evaluator) -> dict[int, dict[int, Endpoint]]:
