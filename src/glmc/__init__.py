@@ -1,6 +1,15 @@
 """glmc: symmetry-aware alignment of Transformers and loss barriers along linear paths."""
 
-from glmc.api import align, evaluate, evaluate_layerwise, evaluate_path, evaluate_plane, fit_curve, to_canonical
+from glmc.api import (
+    align,
+    evaluate,
+    evaluate_layerwise,
+    evaluate_path,
+    evaluate_plane,
+    evaluate_tasks,
+    fit_curve,
+    to_canonical,
+)
 from glmc.eval.evaluator import Evaluator
 from glmc.interpolation import interpolate
 
@@ -22,6 +31,7 @@ __all__ = [
     "evaluate_layerwise",
     "evaluate_path",
     "evaluate_plane",
+    "evaluate_tasks",
     "fit_curve",
     "interpolate",
     "symmetries",

@@ -395,3 +395,52 @@ def _trainer(overrides: dict[str, Any] | None):
     if problems:
         raise ValueError("trainer: " + "; ".join(problems))
     return trainer_factory(cfg)
+
+
+def evaluate_tasks(
+    model_a: torch.nn.Module | Alignment,
+    model_b: torch.nn.Module | None,
+    tasks: Sequence[str],
+    tokenizer: Any,
+    lambdas: Sequence[float] = (0.0, 0.5, 1.0),
+    max_length: int | None = None,
+    limit: int | None = None,
+    circuits: Sequence[str] = (),
+    batch_size: int = 32,
+    task_folder: str | Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """lm-evaluation-harness's `tasks` (names lm-eval knows, glmc's own pydoc_next_chars and
+    pydoc_topic_choice, or task YAML files) at every point of lam * A + (1 - lam) * B (an Alignment as A:
+    its own parameterisation and circuits) and at both ends' own models: each task metric's curve,
+    standard errors and barrier (glmc.eval.tasks), and under "endpoints" A's and B's scores.
+    `tokenizer`: glmc's or a Hugging Face tokenizer; `max_length`: the longest window the models read
+    (else their config's positions); `limit`: examples per task; `task_folder`: where glmc's own tasks
+    are written (else a temporary folder)."""
+    from glmc.data.text import HFTokenizer
+    from glmc.eval.tasks import TaskSuite, path_scores
+
+    path_reference(model_a, model_b)
+    alignment = model_a if isinstance(model_a, Alignment) else Alignment(model_a, model_b, circuits=tuple(circuits))
+    if not hasattr(tokenizer, "decode") or hasattr(tokenizer, "all_special_ids"):  # a Hugging Face tokenizer
+        tokenizer = HFTokenizer(tokenizer)
+    length = max_length or _positions(alignment.reference)
+    folder = Path(task_folder) if task_folder is not None else Path(tempfile.mkdtemp(prefix="glmc_tasks_"))
+    suite = TaskSuite(list(tasks), folder, limit, batch_size)
+    lambdas = _evaluator.checked_lambdas(lambdas)
+    record = path_scores(suite, alignment, lambdas, tokenizer, length, desc="tasks", progress=progress)
+    record["endpoints"] = {
+        "A": suite.score(alignment.reference, tokenizer, length),
+        "B": suite.score(alignment.model, tokenizer, length),
+    }
+    return record
+
+
+def _positions(model: torch.nn.Module) -> int:
+    """How many positions a model reads, from its config."""
+    config = getattr(model, "config", None)
+    for key in ("n_positions", "max_position_embeddings", "max_seq_len", "n_ctx"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError("max_length: the model's config names no number of positions; pass max_length")

@@ -185,6 +185,11 @@ class EvalConfig:
     # `cumulative`: parts 0..l interpolated together as well
     layerwise: str = setting("none", choices=("none", "single", "cumulative"))
     plane: PlaneConfig = field(default_factory=PlaneConfig)
+    # lm-evaluation-harness tasks scored at both ends and every point of each path (glmc.eval.tasks): names
+    # lm-eval knows, glmc's own (pydoc_next_chars, pydoc_topic_choice) or task YAML files
+    tasks: list[str] = field(default_factory=list)
+    task_limit: int | None = None  # at most this many examples per task (a quick look)
+    task_batch_size: int = setting(32, "count")
 
 
 @dataclass
@@ -211,6 +216,9 @@ class MergeConfig:
     batches: int = setting(16, "count")  # training batches for the Fisher diagonals and RegMean's Gram matrices
     regmean_alpha: float = setting(0.9, "share")  # RegMean: off-diagonal Gram entries scaled by alpha
     export: bool = False  # write each pair's midpoint model as a Hugging Face folder where it has HF shape
+    # an exported folder's weight files hold at most this much each (save_pretrained's max_shard_size: past
+    # it, several files and the index file that names them)
+    export_max_shard: str = "2GB"
 
 
 @dataclass

@@ -69,6 +69,9 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.hf(text, add_special_tokens=False)["input_ids"]
 
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids)
+
     def require(self, purpose: str, **tokens: str) -> None:
         """ValueError when a special token `purpose` needs is missing; `tokens`: attribute -> token name."""
         missing = [name for attribute, name in tokens.items() if getattr(self, attribute) is None]

@@ -169,11 +169,16 @@ def to_hf(model: CanonicalTransformer, template: torch.nn.Module) -> torch.nn.Mo
 
 
 def export_hf(
-    model: CanonicalTransformer, template: torch.nn.Module, folder: str | Path, dtype: torch.dtype | None = None
+    model: CanonicalTransformer,
+    template: torch.nn.Module,
+    folder: str | Path,
+    dtype: torch.dtype | None = None,
+    max_shard_size: str | int = "2GB",
 ) -> Path:
     """Write a factored canonical model as a Hugging Face model folder beside a glmc_export.json holding
     its canonical config; `template`: an HF model of the same architecture; `dtype`: the weights' dtype
-    in the folder (else the template's). ValueError for models with no exact HF equivalent."""
+    in the folder (else the template's); `max_shard_size`: save_pretrained's. ValueError for models with no
+    exact HF equivalent."""
     hf = to_hf(model, template)
     if dtype is not None:
         hf = hf.to(dtype)
@@ -182,7 +187,7 @@ def export_hf(
     options = {}
     if "safe_serialization" in inspect.signature(hf.save_pretrained).parameters:  # transformers < 5
         options["safe_serialization"] = True
-    hf.save_pretrained(folder, **options)
+    hf.save_pretrained(folder, max_shard_size=max_shard_size, **options)
     info = {
         "architecture": type(hf).__name__,
         "dtype": str(next(hf.parameters()).dtype).removeprefix("torch."),

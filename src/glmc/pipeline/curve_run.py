@@ -19,6 +19,7 @@ from glmc.eval.evaluator import Evaluator
 from glmc.models.canonical import CanonicalTransformer
 from glmc.pipeline.hf_folders import evaluation_config
 from glmc.pipeline.merges import export_midpoint
+from glmc.pipeline.model_card import model_card
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +75,23 @@ def curve_record(run: Any, name: str, label: str, alignment: Alignment, pair: tu
     run.tracker.log_image(f"curve/{name}_{label}_figure", figure)
     first = pair[0] is run.endpoints[0] and pair[1] is run.endpoints[1]  # merge.export writes the first pair's
     if run.cfg.merge.export and first:
-        record["export"] = export_curve_midpoint(run, curve, circuits, pair, folder / f"hf_curve_{label}")
+        record["export"] = export_curve_midpoint(run, curve, circuits, pair, folder / f"hf_curve_{label}", name, record)
     return record
 
 
-def export_curve_midpoint(run: Any, curve: Any, circuits: tuple, pair: tuple, folder: Path) -> dict[str, Any]:
+def export_curve_midpoint(
+    run: Any, curve: Any, circuits: tuple, pair: tuple, folder: Path, name: str, record: dict[str, Any]
+) -> dict[str, Any]:
     """The curve's midpoint (lam = 0.5) as a Hugging Face folder, as merge.export writes the path's."""
     mid = curve.point(0.5)
     inputs = next(iter(run.data.test_dataloader()))[0][:8]
     source = evaluation_config(run.cfg).data.tokenizer_path
     # the midpoint as both ends of an alignment: its own interpolation at 0.5 is itself, exactly
     as_path = Alignment(mid, mid, circuits=circuits)
-    out = export_midpoint(as_path, pair[0].model, folder, inputs, run.data.tokenizer, source, pair[0].dtype)
+    card = model_card(run.cfg, name, pair, record, what=f"the trained {run.cfg.curve.name} curve's midpoint")
+    shard = run.cfg.merge.export_max_shard
+    a = pair[0]
+    out = export_midpoint(as_path, a.model, folder, inputs, run.data.tokenizer, source, a.dtype, card, shard)
     if not out["exported"]:  # the bends train freely: a LayerNorm model's stream may leave the mean-zero plane
         out["reason"] = f"the curve's midpoint, its bends trained freely: {out['reason']}"
     return out

@@ -20,6 +20,7 @@ EXPORT_FILES = (
     "config.json",
     "generation_config.json",
     "glmc_export.json",
+    "README.md",  # the model card (glmc.pipeline.model_card)
     "model.safetensors.index.json",
     *TOKENIZER_FILES,
     "chat_template.jinja",

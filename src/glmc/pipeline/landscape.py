@@ -1,7 +1,8 @@
 """Where connectivity breaks, per method and pair, beside the straight line: the barrier layer by layer
 (eval.layerwise: glmc.pipeline.layerwise_run), a trained curve between the ends (curve=bezier|chain:
 glmc.pipeline.curve_run) and the loss over the plane through three models (eval.plane.enabled:
-glmc.pipeline.plane_run). Each adds its record to the pair's entry in results.json under its own key."""
+glmc.pipeline.plane_run); and lm-evaluation-harness's task scores along the path (eval.tasks:
+glmc.pipeline.tasks_run). Each adds its record to the pair's entry in results.json under its own key."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ def landscape_records(run: Any, name: str, label: str, alignment: Any, pair: tup
         from glmc.pipeline.plane_run import plane_record
 
         out["plane"] = plane_record(run, name, label, alignment, pair)
+    if cfg.eval.tasks:
+        from glmc.pipeline.tasks_run import task_record
+
+        out["tasks"] = task_record(run, name, label, alignment, pair)
     return out
 
 
@@ -32,3 +37,7 @@ def landscape_outputs(results: dict[str, Any], run_dir: Any, tracker: Any) -> No
         from glmc.pipeline.layerwise_run import write_layerwise
 
         write_layerwise(results, run_dir, tracker)
+    if results.get("tasks"):
+        from glmc.pipeline.tasks_run import write_tasks
+
+        write_tasks(results, run_dir, tracker)

@@ -104,13 +104,16 @@ def export_midpoint(
     tokenizer: Any = None,
     tokenizer_folder: str | None = None,
     dtype: str = "float32",
+    card: str | None = None,
+    max_shard_size: str | int = "2GB",
 ) -> dict:
     """Write the pair's midpoint model as a Hugging Face folder with weights in `dtype` (the endpoints'
     stored dtype: the midpoint is computed in float32 and rounded once, when written) and check that it
     loads back with the same outputs (read back in float32: the relative deviation then holds the
     rounding to `dtype`); for text, the run's tokenizer goes beside it (save_tokenizer), so that the
     folder can be an endpoint again. Methods without an HF-shaped midpoint (circuit interpolation,
-    residual maps that leave the mean-zero stream) are reported with the reason instead of failing the run."""
+    residual maps that leave the mean-zero stream) are reported with the reason instead of failing the run.
+    `card`: the folder's README.md (glmc.pipeline.model_card); `max_shard_size`: the most one weight file holds."""
     from glmc.models.export import export_hf
 
     if dtype not in EXPORT_DTYPES:  # e.g. a float8 checkpoint: written in the dtype it was aligned in
@@ -123,10 +126,10 @@ def export_midpoint(
                     f"interpolated as circuits ({', '.join(alignment.circuits)}): the merged heads have rank "
                     "up to 2 d_head and no Hugging Face shape (set the method's qk=none vo=none to export)"
                 )
-            export_hf(mid, template, folder, dtype=stored)
+            export_hf(mid, template, folder, dtype=stored, max_shard_size=max_shard_size)
         else:  # vanilla: the interpolated original model is already an HF model
             rounded = mid if next(mid.parameters()).dtype == stored else copy.deepcopy(mid).to(stored)
-            rounded.save_pretrained(folder)  # safetensors
+            rounded.save_pretrained(folder, max_shard_size=max_shard_size)  # safetensors
     except ValueError as err:
         log.warning("not exported to %s: %s", folder, err)
         return {"exported": False, "reason": str(err)}
@@ -138,6 +141,9 @@ def export_midpoint(
     out = {"exported": True, "path": str(folder), "dtype": dtype, "relative_deviation": deviation}
     if tokenizer is not None:  # images need none
         out["tokenizer"] = save_tokenizer(tokenizer, Path(folder), tokenizer_folder)
+    if card is not None:
+        atomic_write_text(Path(folder) / "README.md", card)
+        out["card"] = str(Path(folder) / "README.md")
     return out
 
 

@@ -69,10 +69,13 @@ def _write_json(results: dict[str, Any], path: Path) -> None:
 def _write_csv(results: dict[str, Any], path: Path) -> None:
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["method", "lambda", "split", "loss", "accuracy"])
+        tasks = results.get("tasks") or {}  # eval.tasks: each task metric's mean curve over pairs
+        columns = list(dict.fromkeys(c for cells in tasks.values() for c in cells))
+        writer.writerow(["method", "lambda", "split", "loss", "accuracy", *columns])
         for name, m in results["methods"].items():
-            for lam, loss, acc in zip(m["lambdas"], m["test_loss"], m["test_accuracy"]):
-                writer.writerow([name, lam, results.get("split", "test"), loss, acc])
+            for i, (lam, loss, acc) in enumerate(zip(m["lambdas"], m["test_loss"], m["test_accuracy"])):
+                scores = [tasks.get(name, {}).get(c, {}).get("values", [None] * (i + 1))[i] for c in columns]
+                writer.writerow([name, lam, results.get("split", "test"), loss, acc, *scores])
 
 
 def _write_plot(results: dict[str, Any], path: Path) -> None:

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 # what a run writes into its folder besides one folder per method (glmc.pipeline.run, .outputs, .multi,
 # .series, .children)
 RESULT_FILES = ("results.json", "barrier.csv", "barrier.png", "simplex.png", "series.png", "matrix.png", "spawn.png")
+RESULT_FILES += ("tasks.png",)
 KEPT_FOLDERS = ("logs", "wandb", ".hydra")  # logs of earlier runs and Hydra's record stay
 # a series (series/) and a spawn run (spawn/) measure each step into <kind>/step_<n>/<method>/
 STEP_KINDS, STEP_FOLDER = ("series", "spawn"), re.compile(r"step_\d+")

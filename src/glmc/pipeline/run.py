@@ -43,12 +43,14 @@ from glmc.pipeline.hf_folders import evaluation_config, is_pretrained
 from glmc.pipeline.landscape import landscape_outputs, landscape_records
 from glmc.pipeline.matrix import barrier_matrices
 from glmc.pipeline.merges import evaluate_merges, export_midpoint, format_merges
+from glmc.pipeline.model_card import model_card
 from glmc.pipeline.multi import format_multi, model_name, run_multi
 from glmc.pipeline.outputs import format_table, write_results
 from glmc.pipeline.pairing import seed_pairs
 from glmc.pipeline.previous_outputs import remove_previous_outputs
 from glmc.pipeline.run_folder import check_run_dir
 from glmc.pipeline.series import folder_series_configs, run_series, write_connectivity
+from glmc.pipeline.tasks_run import check_tasks, format_tasks, task_summary
 from glmc.pipeline.tracking import Tracker
 from glmc.pipeline.validate import validate_config
 from glmc.safe_files import atomic_write_text
@@ -354,7 +356,11 @@ def pair_paths(
         inputs = next(iter(run.data.test_dataloader()))[0][:8]
         folder, source = run.run_dir / name / f"hf_{label}", evaluation_config(cfg).data.tokenizer_path
         # written in A's stored dtype: the folders' own (mixed dtypes: hf_folders.mixed_dtypes_warning)
-        result["export"] = export_midpoint(alignment, a.model, folder, inputs, run.data.tokenizer, source, a.dtype)
+        card = model_card(cfg, name, pair, result)
+        shard = cfg.merge.export_max_shard
+        result["export"] = export_midpoint(
+            alignment, a.model, folder, inputs, run.data.tokenizer, source, a.dtype, card, shard
+        )
     return result
 
 
@@ -425,7 +431,7 @@ def _print_summary(results: dict[str, Any], multi: dict | None, run_dir: Path, e
         print(format_table(results).split("\n\n")[0] + format_multi(multi))
         print(f"\nwrote {run_dir / 'results.json'}" + (", simplex.png" if len(endpoints) == 3 else ""))
     else:
-        print(format_table(results) + format_merges(results))
+        print(format_table(results) + format_merges(results) + format_tasks(results))
         print(f"\nwrote {run_dir / 'results.json'}, barrier.csv, barrier.png")
 
 
@@ -439,6 +445,7 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
     # a method's own checks of its settings fail here, before any training
     pairs = seed_pairs(endpoint_ids(cfg), cfg.pairing)
     lambdas = lambda_grid(cfg.eval.num_lambdas)
+    check_tasks(cfg)  # every eval.tasks name known to lm-eval (or a file), before any training
     universe = cfg.pairing == "universe"
     matchers = {} if universe else {name: build_matcher(method_config(cfg, name)) for name in cfg.matcher.methods}
     device = resolve_device(cfg.trainer.accelerator)
@@ -481,6 +488,8 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
             multi = run_multi(cfg, run_dir, endpoints, evaluator, run.context(run_dir / "universe", logger))
             stage.clear()
         results = _results(cfg, endpoints, device, methods, multi)
+        if cfg.eval.tasks:
+            results["tasks"] = task_summary(results)
         if given is not cfg:  # a series of folders: the config as given, every step's folders
             results["config"] = OmegaConf.to_container(given, resolve=True)
         results["symmetry"] = symmetry  # the residual class used and whether the family chose it

@@ -1,0 +1,119 @@
+"""Any glmc model behind lm-evaluation-harness's model interface (lm_eval.api.model.TemplateLM): a Hugging
+Face model, or a canonical model that has no Hugging Face form (a path point with circuits), both run
+through the evaluator's own forward (glmc.eval.evaluator.Functional). lm-eval's HFLM needs a tokenizer with
+an end-of-text token and a Hugging Face model; this one needs neither, so the character-level demo models
+are scored by the same task code as any other.
+
+Loglikelihoods follow HFLM's rule: context and continuation are encoded together, the last
+max_length + 1 tokens kept, and the continuation scored from the logits before each of its tokens. Batches
+are padded on the right, which a causal model's earlier positions never see."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from glmc.eval.evaluator import Functional
+
+
+class ModelLM(TemplateLM):
+    """`model` scored by lm-eval's tasks. `tokenizer`: glmc's (encode, decode; eos_id where it has one);
+    `max_length`: the longest window the model reads."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_length: int, batch_size: int = 32, device="cpu"):
+        super().__init__()
+        self.function = Functional(model, torch.device(device))
+        self.tokenizer, self.max_length, self.batch_size = tokenizer, int(max_length), int(batch_size)
+        self.max_gen_toks = 32
+
+    @property
+    def eot_token_id(self) -> int | None:
+        return getattr(self.tokenizer, "eos_id", None)
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        try:
+            return list(self.tokenizer.encode(string))
+        except KeyError as err:  # a character-level tokenizer meets a character its corpus lacks
+            raise ValueError(
+                f"a task's text holds {err.args[0]!r}, which the tokenizer has no id for (it knows the characters "
+                "of its training corpus only); evaluate tasks written in that corpus's characters"
+            ) from None
+
+    def tok_decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    @torch.inference_mode()
+    def _log_probs(self, windows: list[list[int]]) -> list[torch.Tensor]:
+        """Each window's next-token log-probabilities, (len(window), vocabulary), on the CPU."""
+        out: list[torch.Tensor] = [torch.empty(0)] * len(windows)
+        order = sorted(range(len(windows)), key=lambda i: -len(windows[i]))  # like lengths share a batch
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            width = len(windows[chunk[0]])
+            ids = torch.zeros(len(chunk), width, dtype=torch.long)
+            for row, i in enumerate(chunk):
+                ids[row, : len(windows[i])] = torch.tensor(windows[i])
+            f = self.function
+            logits = f.forward(f.tensors, ids.to(next(iter(f.tensors.values())).device)).float()
+            scores = torch.log_softmax(logits, dim=-1).cpu()
+            for row, i in enumerate(chunk):
+                out[i] = scores[row, : len(windows[i])]
+        return out
+
+    def loglikelihood(self, requests, disable_tqdm: bool = True) -> list[tuple[float, bool]]:
+        return super().loglikelihood(requests, disable_tqdm=True)  # the caller reports progress per point
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        windows, continuations = [], []
+        for _, context, continuation in requests:
+            whole = (list(context) + list(continuation))[-(self.max_length + 1) :]
+            windows.append(whole[:-1])
+            continuations.append(list(continuation))
+        results = []
+        for scores, continuation in zip(self._log_probs(windows), continuations):
+            tail = scores[len(scores) - len(continuation) :]
+            target = torch.tensor(continuation)
+            logprob = tail.gather(1, target[:, None]).sum().item()
+            results.append((logprob, bool((tail.argmax(dim=1) == target).all())))
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """The whole text's log-likelihood in windows of max_length; without an end-of-text token to
+        condition the first token on, the text's first token is the condition and is not scored."""
+        totals = []
+        for (string,) in (req.args for req in requests):
+            tokens = self.tok_encode(string)
+            prefix = self.eot_token_id
+            if prefix is None:
+                prefix, tokens = tokens[0], tokens[1:]
+            pairs = [
+                make_disjoint_window(w)
+                for w in get_rolling_token_windows(tokens, prefix, self.max_length, context_len=1)
+            ]
+            scored = self._loglikelihood_tokens([(None, c, t) for c, t in pairs])
+            totals.append(sum(logprob for logprob, _ in scored))
+        return totals
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy decoding until one of the request's `until` strings (or max_gen_toks tokens)."""
+        outputs = []
+        for context, options in (req.args for req in requests):
+            until = options.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            budget = int(options.get("max_gen_toks", self.max_gen_toks))
+            ids = self.tok_encode(context)
+            generated: list[int] = []
+            text = ""
+            for _ in range(budget):
+                window = (ids + generated)[-self.max_length :]
+                generated.append(int(self._log_probs([window])[0][-1].argmax()))
+                text = self.tok_decode(generated)
+                if any(stop in text for stop in until):
+                    break
+            for stop in until:
+                text = text.split(stop)[0]
+            outputs.append(text)
+        return outputs
