@@ -23,9 +23,10 @@ def _endpoint(e: Any) -> str:
     return str(e.name) if getattr(e, "name", None) is not None else f"seed {e.seed}"
 
 
-def model_card(cfg: Any, method: str, pair: tuple, record: dict[str, Any], lam: float = 0.5, what: str = "path") -> str:
-    """README.md text for the point at `lam` (1 = A) of method `method`'s `what` between `pair`;
-    `record`: the pair's record so far (its barrier, test loss, task curves)."""
+def model_card(cfg: Any, method: str, pair: tuple, record: dict[str, Any], lam: float = 0.5, what: str = "") -> str:
+    """README.md text for the point at `lam` (1 = A) of method `method`'s path between `pair` (`what`: what
+    the folder holds where it is not that straight line's point); `record`: the pair's record so far (its
+    barrier, test loss, task curves)."""
     a, b = pair
     names = [_endpoint(a), _endpoint(b)]
     header = ["---", "library_name: transformers", "tags:"]
@@ -38,8 +39,9 @@ def model_card(cfg: Any, method: str, pair: tuple, record: dict[str, Any], lam: 
     lines = [
         f"# {method}: the point at lambda = {lam:g} between {names[0]} (A) and {names[1]} (B)",
         "",
-        f"Made by glmc {glmc_version()}: model B aligned to model A by `{method}`, then "
-        f"{lam:g} * A + {1 - lam:g} * aligned B ({what}).",
+        f"Made by glmc {glmc_version()}: model B aligned to model A by `{method}`; this folder holds "
+        + (what or f"{lam:g} * A + {1 - lam:g} * aligned B, a point of the straight line between them")
+        + ".",
         "",
         f"- model: {cfg.model.name if cfg else 'unknown'}; data: {cfg.data.name if cfg else 'unknown'}",
         f"- endpoints: A = {names[0]}, B = {names[1]}",

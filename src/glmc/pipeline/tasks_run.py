@@ -64,8 +64,9 @@ def task_record(run: Any, name: str, label: str, alignment: Any, pair: tuple) ->
 
 
 def task_summary(results: dict[str, Any]) -> dict[str, Any]:
-    """Method -> "<task>/<metric>" -> the mean curve over the method's pairs, the mean barrier, its standard
-    error over pairs (None for one pair) and the mean of lm-eval's standard errors of the barrier."""
+    """Method -> "<task>/<metric>" -> the mean curve over the method's pairs and lm-eval's mean standard error
+    at each point, the mean barrier, its standard error over pairs (None for one pair) and the mean of
+    lm-eval's standard errors of the barrier."""
     table: dict[str, Any] = {}
     for method, summary in results.get("methods", {}).items():
         records = [p["tasks"] for p in summary.get("pairs") or [summary] if p.get("tasks")]
@@ -80,8 +81,10 @@ def task_summary(results: dict[str, Any]) -> dict[str, Any]:
             runs = cell.pop("runs")
             barriers = [r["barrier"] for r in runs]
             errors = [r["barrier_stderr"] for r in runs if r["barrier_stderr"] is not None]
+            pointwise = [r["stderr"] for r in runs if all(s is not None for s in r["stderr"])]
             cell.update(
                 values=np.mean([r["values"] for r in runs], axis=0).tolist(),
+                stderr=np.mean(pointwise, axis=0).tolist() if len(pointwise) == len(runs) else None,
                 barrier=float(np.mean(barriers)),
                 barrier_se=float(np.std(barriers, ddof=1) / math.sqrt(len(runs))) if len(runs) > 1 else None,
                 barrier_stderr=float(np.mean(errors)) if errors else None,
