@@ -16,11 +16,12 @@ TOKENIZER_FILES = (
     "spiece.model",
     "sentencepiece.bpe.model",
 )
+# an export's model card, README.md, is not among them: the next export replaces it, and a README.md the user
+# put in the folder stays when overwrite=true clears the folder
 EXPORT_FILES = (
     "config.json",
     "generation_config.json",
     "glmc_export.json",
-    "README.md",  # the model card (glmc.pipeline.model_card)
     "model.safetensors.index.json",
     *TOKENIZER_FILES,
     "chat_template.jinja",

@@ -26,7 +26,7 @@ def check_tasks(cfg: Any) -> TaskSuite | None:
     if str(cfg.data.task) != "causal_lm":
         raise ValueError(
             f"eval.tasks scores language models by lm-evaluation-harness, and data.task={cfg.data.task} is not "
-            "causal_lm; run it with a language-model data set (e.g. data=pydoc)"
+            "causal_lm; run it with a language-model data set"
         )
     if cfg.eval.task_limit is not None and int(cfg.eval.task_limit) < 1:
         raise ValueError(f"eval.task_limit={cfg.eval.task_limit}: use at least 1 (or null: every example)")
