@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 from glmc.ranges import finite_number
+from glmc.train.checkpoint_io import checkpoint_plugins
 from glmc.train.process_group import CloseProcessGroup
 from glmc.train.progress_log import ProgressLog
 
@@ -36,6 +37,9 @@ def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
             callbacks.append(ProgressLog())
             # the lines replace the bar, whose redraws would fill a log file with control characters
             overrides["enable_progress_bar"] = False
+        plugins = checkpoint_plugins(trainer_cfg, overrides)  # checkpoints written straight to their files
+        if plugins is not None:
+            overrides["plugins"] = plugins
         return build(**{"enable_model_summary": False, **overrides, "callbacks": callbacks})
 
     return make
