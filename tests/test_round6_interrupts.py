@@ -165,7 +165,7 @@ def test_sigterm_stops_the_side_by_side_workers_at_once(tmp_path, monkeypatch, c
 
 
 def test_a_full_disk_under_learned_matchings_last_ckpt_is_refused_by_name(tmp_path, monkeypatch):
-    import lightning.fabric.plugins.io.torch_io as torch_io
+    import torch
 
     from glmc.data.module import DataModule
     from glmc.eval.evaluator import path_losses
@@ -183,14 +183,14 @@ def test_a_full_disk_under_learned_matchings_last_ckpt_is_refused_by_name(tmp_pa
     data = DataModule(cfg.data, seed=0)
     data.setup()
     a, b = (to_canonical(tiny_vit(seed=s, hidden=16, mlp=32, layers=1)) for s in (0, 1))
-    save = torch_io._atomic_save
+    save = torch.save
 
-    def disk_full_for_last(checkpoint, path):
-        if Path(path).name == "last.ckpt":
+    def disk_full_for_last(checkpoint, path, *args, **kwargs):
+        if "last.ckpt" in Path(path).name:  # last.ckpt, or the temporary file it is written through
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a write() on a full disk: no file name
-        save(checkpoint, path)
+        return save(checkpoint, path, *args, **kwargs)
 
-    monkeypatch.setattr(torch_io, "_atomic_save", disk_full_for_last)
+    monkeypatch.setattr(torch, "save", disk_full_for_last)
     matcher = LearnedMatcher(max_steps=3, checkpoint_every=2, lr=0.05, lambda_scheme="uniform")
     make = trainer_factory(cfg.trainer)
     context = MatchContext(

@@ -9,11 +9,13 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from glmc.pipeline.hydra_targets import hydra_override_problems
 from glmc.pipeline.matplotlib_dir import use_cache_for_matplotlib
+from glmc.pipeline.model_card import model_card
 from glmc.pipeline.previous_outputs import previous_outputs, remove_previous_outputs
 from glmc.pipeline.run import run_pipeline
 from glmc.pipeline.validate import ConfigError
@@ -142,8 +144,10 @@ def test_a_finished_series_keeps_the_users_files_in_its_step_folders(tmp_path):
         "mine/diagnostics_0-1.json",  # not a method's folder
     ]
     _write(run_dir, ours + users)
+    card = "series/step_200/weight/hf_0-1/README.md"  # an export's model card, by its mark; the user's stays
+    _write(run_dir, [card], model_card(None, "weight", (SimpleNamespace(seed=0), SimpleNamespace(seed=1)), {}))
     (run_dir / "results.json").write_text(json.dumps({"series": {"steps": [100]}, "methods": {"weight": {}}}))
-    assert sorted(p.relative_to(run_dir).as_posix() for p in previous_outputs(run_dir)) == sorted(ours)
+    assert sorted(p.relative_to(run_dir).as_posix() for p in previous_outputs(run_dir)) == sorted([*ours, card])
     remove_previous_outputs(run_dir)
     assert _files(run_dir) == sorted(users)
     assert not (run_dir / "series" / "step_200").exists()  # left empty: removed

@@ -16,8 +16,8 @@ TOKENIZER_FILES = (
     "spiece.model",
     "sentencepiece.bpe.model",
 )
-# an export's model card, README.md, is not among them: the next export replaces it, and a README.md the user
-# put in the folder stays when overwrite=true clears the folder
+# an export's model card, README.md, is not among them: overwrite=true removes it only where it is glmc's
+# (glmc.pipeline.previous_outputs), never a README.md the user put there
 EXPORT_FILES = (
     "config.json",
     "generation_config.json",

@@ -11,6 +11,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+# the line after the header that marks a card as glmc's (overwrite=true removes it, never a user's README.md)
+CARD_MARK = "<!-- model card written by glmc -->"
+
 
 def glmc_version() -> str:
     try:
@@ -61,4 +64,4 @@ def model_card(cfg: Any, method: str, pair: tuple, record: dict[str, Any], lam: 
             for metric, entry in metrics.items():
                 here = f"{entry['values'][path_lambdas.index(lam)]:.4f}" if lam in path_lambdas else "-"
                 lines.append(f"| {task} | {metric} | {here} | {entry['barrier']:.4f} |")
-    return "\n".join(header + [""] + lines) + "\n"
+    return "\n".join(header + [CARD_MARK, ""] + lines) + "\n"

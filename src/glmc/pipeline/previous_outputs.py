@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from glmc.pipeline.export_files import EXPORT_FILES
+from glmc.pipeline.model_card import CARD_MARK
 from glmc.settings.methods import METHODS, MULTI_METHODS
 
 log = logging.getLogger(__name__)
@@ -77,11 +78,21 @@ def _matrix_csv(names: set[str]) -> Callable[[str], bool]:
     return lambda name: name.startswith("matrix_") and name.endswith(".csv") and name[7:-4] in stems
 
 
+def _is_glmc_card(path: Path) -> bool:
+    """Whether README.md is the model card an export wrote (its mark in the first lines), not the user's."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return CARD_MARK in f.read(4096)
+    except OSError:
+        return False
+
+
 def _method_outputs(folder: Path) -> Iterator[Path]:
     """What a run wrote into one method folder: diagnostics, the export's files, the checkpoint files."""
     yield from _files(folder, DIAGNOSTICS.fullmatch)
     for export in _folders(folder, EXPORT_FOLDER.fullmatch):
         yield from _files(export, lambda name: name in EXPORT_FILES or SHARD.fullmatch(name) is not None)
+        yield from [card for card in _files(export, "README.md".__eq__) if _is_glmc_card(card)]
     for checkpoints in _folders(folder, CHECKPOINT_FOLDER.fullmatch):
         yield from _files(checkpoints / "checkpoints", CHECKPOINT_FILE.fullmatch)
 
@@ -89,7 +100,8 @@ def _method_outputs(folder: Path) -> Iterator[Path]:
 def previous_outputs(run_dir: Path) -> list[Path]:
     """The files an earlier run wrote into `run_dir`, found by their names: its result files and matrix CSVs,
     and in every method folder (also those of each step under series/ and spawn/) its diagnostics, exports
-    and checkpoints. Never a link, a folder, or a file of another name (the user's own)."""
+    and checkpoints (an export's README.md where it is glmc's model card). Never a link, a folder, or a file of
+    another name (the user's own)."""
     run_dir = Path(run_dir)
     methods = set(METHODS) | set(MULTI_METHODS) | {"universe"} | _saved_method_names(run_dir)
     method = lambda name: name in methods and name not in KEPT_FOLDERS + STEP_KINDS  # noqa: E731
