@@ -19,6 +19,8 @@ straight-through matrix) beside it.
 --device runs both steps on that device (default cpu); the times then wait for its queued kernels.
 --compile runs both steps' forward and loss through torch.compile (the learned step's hard projections,
 SciPy's solver, stay outside the graph); compiling happens in the warm-up and is reported on its own.
+--profile N prints torch.profiler's operator table of each step over N more steps (by self time on the card,
+or the CPU): where a learned step's time goes beyond its products.
 --advance N takes N learned steps before timing: later in a run the latents are further from
 permutations and the solver costs more. The step that solves every hard projection afresh
 (`keep_assignments=False`, the previous path) is timed beside the one that keeps a certified answer.
@@ -82,6 +84,7 @@ def main(
     device: str = "cpu",
     compile: bool = False,
     advance: int = 0,
+    profile: int = 0,
 ) -> None:
     device = torch.device(device)
     maybe_compiled = torch.compile if compile else lambda f: f
@@ -213,6 +216,23 @@ def main(
         f"  learned step through explicit circuits   {1e3 * med['circuit']:8.2f} ms"
         f"  ({med['circuit'] / med['plain']:.2f}x plain)"
     )
+    if profile:
+        print_profile({"plain": plain_step, "learned": learned_step}, profile, device)
+
+
+def print_profile(steps: dict, n: int, device: torch.device, rows: int = 20) -> None:
+    """torch.profiler's table of each step over `n` runs: the operators by their own time on the device
+    (the CPU's where there is no card), with their call counts, where the step's time goes beyond the
+    products (small kernels, copies, launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    for name, step in steps.items():
+        with profile(activities=activities) as prof:
+            timed(step, n, device)
+        print(f"\n  profile of the {name} step, {n} steps, by {key}:")
+        print(prof.key_averages().table(sort_by=key, row_limit=rows))
 
 
 def step_flops(step) -> float:
@@ -262,5 +282,6 @@ if __name__ == "__main__":
     parser.add_argument("--compile", action="store_true", help="both steps' forward and loss through torch.compile")
     parser.add_argument("--advance", type=int, default=0, help="learned steps before timing")
     parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats of every step's timing")
+    parser.add_argument("--profile", type=int, default=0, help="then torch.profiler's table over this many steps")
     known, overrides = parser.parse_known_args()
-    main(overrides, repeats=known.repeats, device=known.device, compile=known.compile, advance=known.advance)
+    main(overrides, known.repeats, 10, known.device, known.compile, known.advance, known.profile)
