@@ -12,7 +12,11 @@
 #   weight_floor_llama   the same for the 1.1B Llama shape, cut to 8 of its 22 layers
 #   step_cost_vit        benchmarks/learned_step_cost.py --device cuda, the digits ViT (run.py's default)
 #   step_cost_gpt2       the same on the paper-size GPT-2 shape (experiment=paper_gpt2_embedded, windows of
-#                        128: device_check.py's STEP_COST); target: learned / plain <= 1.5x
+#                        128: device_check.py's STEP_COST), then torch.profiler's operator table of both steps
+#                        (--profile 5, in its log); target: learned / plain <= 1.5x
+#   ensemble_seeds       benchmarks/parallel_seeds.py --device cuda --ensemble: the same ten seeds as
+#                        parallel_seeds below trained as one batched model (train.ensemble) beside one seed
+#                        and one after another; target: ensemble / one seed <= 2x
 #   endpoint_throughput  benchmarks/endpoint_throughput.py trainer=gpu: tokens/s of endpoint training,
 #                        DataLoader path against batches sliced on the device
 #   parallel_seeds       benchmarks/parallel_seeds.py --device cuda: ten seeds side by side against one seed
@@ -117,11 +121,14 @@ run_part weight_floor_llama 120 "$PY" benchmarks/weight_floor.py --device cuda -
 
 # six steps of three interleaved repeats of ten steps each, SciPy's solver on the host
 run_part step_cost_vit 150 "$PY" benchmarks/learned_step_cost.py --device cuda --repeats 3
-run_part step_cost_gpt2 75 "$PY" benchmarks/learned_step_cost.py --device cuda \
+run_part step_cost_gpt2 100 "$PY" benchmarks/learned_step_cost.py --device cuda --profile 5 \
     experiment=paper_gpt2_embedded data.seq_len=128
 
 run_part endpoint_throughput 60 "$PY" benchmarks/endpoint_throughput.py --steps 100 --warmup 10 --repeats 3 \
     trainer=gpu
+
+run_part ensemble_seeds 150 "$PY" benchmarks/parallel_seeds.py --device cuda --seeds 10 --ensemble \
+    data=pydoc data.tokenizer=char data.seq_len=256 train.max_epochs=2 data.eval_batch_size=32
 
 # the last part gets whatever time the others left; ten workers share the card, each with its own CUDA
 # context and batches (expandable segments: less memory lost to fragmentation); evaluation in batches of
@@ -132,7 +139,7 @@ run_part parallel_seeds "$BUDGET" env PYTORCH_CUDA_ALLOC_CONF=expandable_segment
 
 # --- summary -----------------------------------------------------------------------------------------
 # the lines of each log that carry its figures (the benchmarks' own wording)
-KEY_LINES='GFLOP/s|^ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x|^== (gpt2|pythia|llama)|peak memory|passed|failed|error|skipped|^model |training step|matching step|projections|ratio|per second|^demo_text|^  (loader|sliced) |data path|torch threads|seeds? |side by side|one after another'
+KEY_LINES='GFLOP/s|^ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x|^== (gpt2|pythia|llama)|peak memory|passed|failed|error|skipped|^model |training step|matching step|projections|ratio|per second|^demo_text|^  (loader|sliced) |data path|torch threads|seeds? |side by side|one after another|ensemble'
 {
     echo
     echo "== summary (${SECONDS} s in all; logs in $LOGS)"
