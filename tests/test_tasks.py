@@ -152,3 +152,17 @@ def glmc_version() -> str:
     from glmc.pipeline.model_card import glmc_version as version
 
     return version()
+
+
+def test_run_py_scores_tasks_on_two_users_llama_folders(monkeypatch, capsys, tmp_path):
+    from family_checks import cli_on_two_folders
+
+    tasks = ("eval.tasks=[pydoc_next_chars]", "eval.task_limit=4")
+    results = cli_on_two_folders(monkeypatch, capsys, tmp_path, "llama", extra=tasks)  # their own tokenizer
+    for method in ("vanilla", "weight"):
+        record = results["methods"][method]["pairs"][0]["tasks"]
+        curve = record["tasks"]["pydoc_next_chars"]["acc"]
+        assert curve["values"][-1] == record["endpoints"]["A"]["pydoc_next_chars"]["acc"]["value"]
+    card = (tmp_path / "run" / "vanilla" / "hf_llama_0-llama_1" / "README.md").read_text()
+    assert "base_model:" in card and "llama_0" in card and "| pydoc_next_chars | acc |" in card
+    assert "- model: LlamaForCausalLM; data: pydoc" in card

@@ -5,7 +5,8 @@ an end-of-text token and a Hugging Face model; this one needs neither, so the ch
 are scored by the same task code as any other.
 
 Loglikelihoods follow HFLM's rule: context and continuation are encoded together, the last
-max_length + 1 tokens kept, and the continuation scored from the logits before each of its tokens. Batches
+max_length + 1 tokens kept, and the continuation scored from the logits before each of its tokens (of a
+continuation longer than the window, the tokens the window reaches). Batches
 are padded on the right, which a causal model's earlier positions never see."""
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class ModelLM(TemplateLM):
             continuations.append(list(continuation))
         results = []
         for scores, continuation in zip(self._log_probs(windows), continuations):
-            tail = scores[len(scores) - len(continuation) :]
-            target = torch.tensor(continuation)
+            n = min(len(continuation), len(scores))  # a continuation longer than the window: its last n tokens
+            tail = scores[len(scores) - n :]
+            target = torch.tensor(continuation[len(continuation) - n :])
             logprob = tail.gather(1, target[:, None]).sum().item()
             results.append((logprob, bool((tail.argmax(dim=1) == target).all())))
         return results

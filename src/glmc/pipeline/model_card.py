@@ -26,6 +26,13 @@ def _endpoint(e: Any) -> str:
     return str(e.name) if getattr(e, "name", None) is not None else f"seed {e.seed}"
 
 
+def _architecture(cfg: Any, a: Any) -> str:
+    """model.name, or for a user's folder (endpoints=pretrained) its Hugging Face class."""
+    if getattr(a, "name", None) is not None:
+        return type(a.model).__name__
+    return str(cfg.model.name) if cfg else "unknown"
+
+
 def model_card(cfg: Any, method: str, pair: tuple, record: dict[str, Any], lam: float = 0.5, what: str = "") -> str:
     """README.md text for the point at `lam` (1 = A) of method `method`'s path between `pair` (`what`: what
     the folder holds where it is not that straight line's point); `record`: the pair's record so far (its
@@ -46,7 +53,7 @@ def model_card(cfg: Any, method: str, pair: tuple, record: dict[str, Any], lam: 
         + (what or f"{lam:g} * A + {1 - lam:g} * aligned B, a point of the straight line between them")
         + ".",
         "",
-        f"- model: {cfg.model.name if cfg else 'unknown'}; data: {cfg.data.name if cfg else 'unknown'}",
+        f"- model: {_architecture(cfg, a)}; data: {cfg.data.name if cfg else 'unknown'}",
         f"- endpoints: A = {names[0]}, B = {names[1]}",
         f"- method settings: `{json.dumps(settings, sort_keys=True)}`" if settings else f"- method: {method}",
     ]
