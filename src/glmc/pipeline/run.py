@@ -438,6 +438,7 @@ def _print_summary(results: dict[str, Any], multi: dict | None, run_dir: Path, e
 def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, str]) -> dict[str, Any]:
     quiet_lightning()
     run_dir.mkdir(parents=True, exist_ok=True)
+    check_tasks(cfg)  # every eval.tasks name known to lm-eval (or a file), before any training
     if str(cfg.endpoints.source) == "finetuned":  # children of several tasks, paired within and across tasks
         return run_children(cfg, run_dir, stage)
     given, configs = cfg, folder_series_configs(cfg)[0]  # a series of folders: one config per step
@@ -445,7 +446,6 @@ def _run(cfg: Config, run_dir: Path, stage: dict[str, str], symmetry: dict[str, 
     # a method's own checks of its settings fail here, before any training
     pairs = seed_pairs(endpoint_ids(cfg), cfg.pairing)
     lambdas = lambda_grid(cfg.eval.num_lambdas)
-    check_tasks(cfg)  # every eval.tasks name known to lm-eval (or a file), before any training
     universe = cfg.pairing == "universe"
     matchers = {} if universe else {name: build_matcher(method_config(cfg, name)) for name in cfg.matcher.methods}
     device = resolve_device(cfg.trainer.accelerator)
