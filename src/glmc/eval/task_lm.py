@@ -47,40 +47,45 @@ class ModelLM(TemplateLM):
         return self.tokenizer.decode(list(ids))
 
     @torch.inference_mode()
-    def _log_probs(self, windows: list[list[int]]) -> list[torch.Tensor]:
-        """Each window's next-token log-probabilities, (len(window), vocabulary), on the CPU."""
-        out: list[torch.Tensor] = [torch.empty(0)] * len(windows)
+    def _scored(self, windows: list[list[int]], targets: list[list[int]]) -> list[tuple[float, bool]]:
+        """For each window, the summed log-probability of `targets` (the tokens after its last len(targets)
+        positions) and whether each is the most likely; a batch's distributions are dropped once read, so
+        a large vocabulary's are never held for the whole task."""
+        out: list[tuple[float, bool]] = [(0.0, True)] * len(windows)
         order = sorted(range(len(windows)), key=lambda i: -len(windows[i]))  # like lengths share a batch
+        f = self.function
+        device = next(iter(f.tensors.values())).device
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
-            width = len(windows[chunk[0]])
-            ids = torch.zeros(len(chunk), width, dtype=torch.long)
+            ids = torch.zeros(len(chunk), len(windows[chunk[0]]), dtype=torch.long)
             for row, i in enumerate(chunk):
                 ids[row, : len(windows[i])] = torch.tensor(windows[i])
-            f = self.function
-            logits = f.forward(f.tensors, ids.to(next(iter(f.tensors.values())).device)).float()
-            scores = torch.log_softmax(logits, dim=-1).cpu()
+            logits = f.forward(f.tensors, ids.to(device))
             for row, i in enumerate(chunk):
-                out[i] = scores[row, : len(windows[i])]
+                end, target = len(windows[i]), torch.tensor(targets[i], device=device)
+                tail = torch.log_softmax(logits[row, end - len(target) : end].float(), dim=-1)
+                logprob = tail.gather(1, target[:, None]).sum().item()
+                out[i] = (logprob, bool((tail.argmax(dim=1) == target).all()))
         return out
+
+    @torch.inference_mode()
+    def _next_token(self, window: list[int]) -> int:
+        """The most likely token after `window` (greedy decoding)."""
+        f = self.function
+        ids = torch.tensor([window], device=next(iter(f.tensors.values())).device)
+        return int(f.forward(f.tensors, ids)[0, -1].argmax())
 
     def loglikelihood(self, requests, disable_tqdm: bool = True) -> list[tuple[float, bool]]:
         return super().loglikelihood(requests, disable_tqdm=True)  # the caller reports progress per point
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
-        windows, continuations = [], []
+        windows, targets = [], []
         for _, context, continuation in requests:
             whole = (list(context) + list(continuation))[-(self.max_length + 1) :]
             windows.append(whole[:-1])
-            continuations.append(list(continuation))
-        results = []
-        for scores, continuation in zip(self._log_probs(windows), continuations):
-            n = min(len(continuation), len(scores))  # a continuation longer than the window: its last n tokens
-            tail = scores[len(scores) - n :]
-            target = torch.tensor(continuation[len(continuation) - n :])
-            logprob = tail.gather(1, target[:, None]).sum().item()
-            results.append((logprob, bool((tail.argmax(dim=1) == target).all())))
-        return results
+            # a continuation longer than the window: the tokens the window reaches
+            targets.append(list(continuation)[-len(windows[-1]) :])
+        return self._scored(windows, targets)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """The whole text's log-likelihood in windows of max_length; without an end-of-text token to
@@ -111,7 +116,7 @@ class ModelLM(TemplateLM):
             text = ""
             for _ in range(budget):
                 window = (ids + generated)[-self.max_length :]
-                generated.append(int(self._log_probs([window])[0][-1].argmax()))
+                generated.append(self._next_token(window))
                 text = self.tok_decode(generated)
                 if any(stop in text for stop in until):
                     break
