@@ -4,6 +4,7 @@ with an error that says what does not fit, not one from inside a forward pass.""
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -416,7 +417,7 @@ def evaluate_tasks(
     standard errors and barrier (glmc.eval.tasks), and under "endpoints" A's and B's scores.
     `tokenizer`: glmc's or a Hugging Face tokenizer; `max_length`: the longest window the models read
     (else their config's positions); `limit`: examples per task; `task_folder`: where glmc's own tasks
-    are written (else a temporary folder)."""
+    are written (else a folder of the user's under the temporary directory)."""
     from glmc.data.text import HFTokenizer
     from glmc.eval.tasks import TaskSuite, path_scores
 
@@ -425,7 +426,8 @@ def evaluate_tasks(
     if not hasattr(tokenizer, "decode") or hasattr(tokenizer, "all_special_ids"):  # a Hugging Face tokenizer
         tokenizer = HFTokenizer(tokenizer)
     length = max_length or _positions(alignment.reference)
-    folder = Path(task_folder) if task_folder is not None else Path(tempfile.mkdtemp(prefix="glmc_tasks_"))
+    # glmc's own tasks: one folder per user, rewritten only where the files changed
+    folder = Path(task_folder or Path(tempfile.gettempdir()) / f"glmc-lm-eval-tasks-{os.getuid()}")
     suite = TaskSuite(list(tasks), folder, limit, batch_size)
     lambdas = _evaluator.checked_lambdas(lambdas)
     record = path_scores(suite, alignment, lambdas, tokenizer, length, desc="tasks", progress=progress)
