@@ -92,6 +92,20 @@ def continue_schedule(step: int, optimizer: torch.optim.Optimizer, scheduler) ->
     scheduler.last_epoch, scheduler._last_lr = step, lrs
 
 
+def adamw_with_schedule(cfg: TrainConfig, named: list, fused: bool, total: int):
+    """AdamW over `named` ((name, parameter, its own number of dimensions)), weight decay on the matrices
+    outside NO_DECAY, and the warmup_cosine schedule over `total` steps."""
+    decay, no_decay = [], []
+    for name, p, ndim in named:
+        (no_decay if ndim < 2 or any(k in name for k in NO_DECAY) else decay).append(p)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        **({"fused": True} if fused else {}),
+    )
+    return optimizer, warmup_cosine(optimizer, total, cfg.warmup_fraction)
+
+
 class EndpointModule(L.LightningModule):
     """`start`: a spawned child's training state, continued from (`model` is `start.model`)."""
 
@@ -121,18 +135,9 @@ class EndpointModule(L.LightningModule):
         self.log("val_acc", correct.float() / count, prog_bar=True, batch_size=count)
 
     def configure_optimizers(self):
-        cfg = self.train_cfg
-        decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
-            exempt = p.ndim < 2 or any(k in name for k in NO_DECAY)
-            (no_decay if exempt else decay).append(p)
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr,
-            **({"fused": True} if self._fused_adamw() else {}),
-        )
+        named = [(name, p, p.ndim) for name, p in self.model.named_parameters()]
         total = self.trainer.estimated_stepping_batches if self.start is None else self.start.total
-        scheduler = warmup_cosine(optimizer, total, cfg.warmup_fraction)
+        optimizer, scheduler = adamw_with_schedule(self.train_cfg, named, self._fused_adamw(), total)
         if self.start is not None:
             continue_from(self.start, optimizer, scheduler)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -26,8 +26,13 @@ from torch.func import functional_call, stack_module_state
 
 from glmc.config import TrainConfig
 from glmc.metrics import logits_of, loss_and_correct
-from glmc.schedule import warmup_cosine
-from glmc.train.endpoint import NO_DECAY, SpawnPoint, continue_schedule, fused_clipping_refused, training_loss
+from glmc.train.endpoint import (
+    SpawnPoint,
+    adamw_with_schedule,
+    continue_schedule,
+    fused_clipping_refused,
+    training_loss,
+)
 from glmc.train.resume import EpochCheckpoint
 
 
@@ -210,20 +215,11 @@ class EnsembleModule(L.LightningModule):
             g.mul_(scale.to(g.dtype).view(-1, *([1] * (g.ndim - 1))))
 
     def configure_optimizers(self):
-        cfg = self.train_cfg
-        decay, no_decay = [], []
-        for name, p in zip(self.names, self.stacked):
-            exempt = p.ndim - 1 < 2 or any(k in name for k in NO_DECAY)  # a member's own shape decides
-            (no_decay if exempt else decay).append(p)
+        named = [(name, p, p.ndim - 1) for name, p in zip(self.names, self.stacked)]  # a member's own shape
         on_cuda = all(p.is_cuda for p in self.stacked)
         fused = on_cuda and not fused_clipping_refused(self.trainer.precision_plugin, self.trainer.gradient_clip_val)
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr,
-            **({"fused": True} if fused else {}),
-        )
         total = self.trainer.estimated_stepping_batches if self.start is None else self.start.total
-        scheduler = warmup_cosine(optimizer, total, cfg.warmup_fraction)
+        optimizer, scheduler = adamw_with_schedule(self.train_cfg, named, fused, total)
         if self.start is not None:
             self._continue(optimizer, scheduler)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
