@@ -93,7 +93,6 @@ class TaskSuite:
         self.manager, self.specs = resolve_tasks(list(names), Path(folder))
         self.limit, self.batch_size = limit, batch_size
         self._loaded: dict | None = None
-        self.scored: dict[Any, dict[str, Any]] = {}  # a run's endpoints' own scores, each computed once
 
     def loaded(self) -> dict:
         if self._loaded is None:

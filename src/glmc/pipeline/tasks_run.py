@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,10 @@ from glmc.eval.tasks import TaskSuite, path_scores
 from glmc.eval.tasks_plot import plot_task_curves
 
 log = logging.getLogger(__name__)
+
+# an endpoint model's task scores, by the suite's tasks, limit and window: a model is scored once however
+# many pairs it is in, and another model (the same seed at another step of a series) never reads them
+ENDPOINT_SCORES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def check_tasks(cfg: Any) -> TaskSuite | None:
@@ -49,11 +54,12 @@ def task_record(run: Any, name: str, label: str, alignment: Any, pair: tuple) ->
     tokenizer, length = run.data.tokenizer, int(run.cfg.data.seq_len)
     record = path_scores(suite, alignment, run.lambdas, tokenizer, length, run.device, f"{name} {label} tasks")
     ends = {}
-    for end, endpoint in zip(("A", "B"), pair):  # each endpoint's own model, scored once a run
-        key = ("endpoint", endpoint.name or endpoint.seed)
-        if key not in suite.scored:
-            suite.scored[key] = suite.score(endpoint.model, tokenizer, length, run.device)
-        ends[end] = suite.scored[key]
+    for end, endpoint in zip(("A", "B"), pair):  # each endpoint's own model, scored once while it lives
+        model, key = endpoint.model, (tuple(suite.specs), suite.limit, length)
+        scored = ENDPOINT_SCORES.setdefault(model, {})
+        if key not in scored:
+            scored[key] = suite.score(model, tokenizer, length, run.device)
+        ends[end] = scored[key]
     record["endpoints"] = ends
     folder = Path(run.run_dir) / name
     folder.mkdir(parents=True, exist_ok=True)
