@@ -166,3 +166,26 @@ def test_run_py_scores_tasks_on_two_users_llama_folders(monkeypatch, capsys, tmp
     card = (tmp_path / "run" / "vanilla" / "hf_llama_0-llama_1" / "README.md").read_text()
     assert "base_model:" in card and "llama_0" in card and "| pydoc_next_chars | acc |" in card
     assert "- model: LlamaForCausalLM; data: pydoc" in card
+
+
+def test_an_endpoints_scores_follow_its_model_not_its_seed(char_pair, tmp_path):
+    from types import SimpleNamespace
+
+    from glmc.alignment import Alignment
+    from glmc.pipeline.tasks_run import task_record
+
+    tokenizer, (a, b) = char_pair
+    tasks = ("eval.tasks=[pydoc_next_chars]", "eval.task_limit=12", "data.seq_len=64")
+    cfg = compose_config(*FAST_TEXT, f"cache_dir={tmp_path / 'cache'}", *tasks)
+    run = SimpleNamespace(cfg=cfg, data=SimpleNamespace(tokenizer=tokenizer), lambdas=[0.0, 1.0], device="cpu")
+    run.run_dir = tmp_path / "run"
+    records = []
+    for first, second in ((a, b), (b, a)):  # the same seeds, other models: a series' next step
+        ends = (SimpleNamespace(name=None, seed=0, model=first), SimpleNamespace(name=None, seed=1, model=second))
+        records.append(task_record(run, "vanilla", "0-1", Alignment(first, second), ends))
+    for record in records:
+        curve = record["tasks"]["pydoc_next_chars"]["acc"]["values"]
+        assert curve == [record["endpoints"][end]["pydoc_next_chars"]["acc"]["value"] for end in "BA"]
+    # seed 0's scores in the second record are those computed for its model (b), not the first seed 0's (a)
+    assert records[1]["endpoints"]["A"] is records[0]["endpoints"]["B"]
+    assert records[1]["endpoints"]["B"] is records[0]["endpoints"]["A"]
