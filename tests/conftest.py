@@ -180,6 +180,8 @@ def tiny_overrides(tmp_path):
 LONG_FILES = (
     "test_reproduce.py",
     "test_reliability.py",
+    "test_ensemble.py",
+    "test_tasks.py",
     "test_paper_configs.py",
     "test_cache_key.py",
     "test_model_keys.py",
