@@ -89,7 +89,7 @@ def _first_losses(device_batches: bool | None, steps: int = 4) -> tuple[list[flo
         max_steps=steps, logger=False, enable_checkpointing=False, callbacks=[record], limit_val_batches=0
     )
     trainer.fit(module, datamodule=data)
-    assert not any(group.get("fused") for group in trainer.optimizers[0].param_groups)  # CPU: the default AdamW
+    assert all(group["fused"] for group in trainer.optimizers[0].param_groups)  # the CPU's fused AdamW too
     return record.losses, type(trainer.train_dataloader)
 
 
@@ -127,13 +127,15 @@ def test_on_a_gpu_batches_are_sliced_there_with_fused_adamw_and_float32_weights(
         assert torch.equal(a, c.cpu()) and torch.equal(b, d.cpu())
 
 
-def test_fused_adamw_is_kept_from_clipping_under_every_autocast_precision():
+def test_fused_adamw_runs_on_the_cpu_and_is_kept_from_clipping_under_every_autocast_precision():
     """Lightning's autocast plugin refuses to clip a fused optimizer's gradients under bf16-mixed as
     well as 16-mixed (found on an H100, where trainer=gpu resolves to bf16-mixed)."""
     from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
-    from glmc.train.endpoint import fused_clipping_refused
+    from glmc.train.endpoint import fused_adamw_suits, fused_clipping_refused
 
     assert fused_clipping_refused(MixedPrecision("bf16-mixed", "cpu"), 1.0)
+    assert fused_adamw_suits([torch.zeros(2)], L.LightningModule())  # on the CPU, outside a fit: nothing clips
+    assert not fused_adamw_suits([torch.zeros(2), torch.zeros(2, device="meta")], L.LightningModule())
     assert not fused_clipping_refused(MixedPrecision("bf16-mixed", "cpu"), 0.0)
     assert not fused_clipping_refused(Precision(), 1.0)
