@@ -7,7 +7,7 @@ schedule and gradient-norm clipping (per member, as torch.nn.utils.clip_grad_nor
 
 Dropout draws each member's own masks (vmap randomness="different"), from one shared generator: not
 the masks a separate run draws, so only with dropout 0 does a member equal its separate run (within
-the round-off of sums taken in another order).
+the round-off of sums taken in another order; attention on a CPU is folded, glmc.train.folded_attention).
 
 Validation runs when a seed alone's does (each member's val loss logged as member_<k>/val_loss, computed as
 a seed alone's val_loss is); with early stopping (MemberStopping) each member keeps its lowest-val-loss
@@ -16,6 +16,7 @@ every member has stopped. A spawned child's members (`start`) continue a parent'
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import Any
@@ -30,9 +31,10 @@ from glmc.train.endpoint import (
     SpawnPoint,
     adamw_with_schedule,
     continue_schedule,
-    fused_clipping_refused,
+    fused_adamw_suits,
     training_loss,
 )
+from glmc.train.folded_attention import FoldedAttention
 from glmc.train.resume import EpochCheckpoint
 
 
@@ -159,7 +161,10 @@ class EnsembleModule(L.LightningModule):
         def one(p, b, x):
             return logits_of(_Called(self.base, p, b), x)
 
-        return torch.vmap(one, randomness="different")(params, buffers, inputs)
+        # SDPA's CUDA kernels have batching rules; its CPU kernel is called once for all members, folded
+        folding = FoldedAttention() if inputs.device.type == "cpu" else contextlib.nullcontext()
+        with folding:
+            return torch.vmap(one, randomness="different")(params, buffers, inputs)
 
     def train_dataloader(self) -> ZippedBatches:
         return ZippedBatches(self.train_loaders, self.fetch_streams)
@@ -175,7 +180,10 @@ class EnsembleModule(L.LightningModule):
         stopped = self.stopping.stopped if self.stopping else [False] * self.members
         training = [k for k in range(self.members) if not stopped[k]] or list(range(self.members))
         smoothing = self.train_cfg.label_smoothing
-        loss = sum(training_loss(logits[k], targets[k], self.task, smoothing) for k in training)
+        each = functools.partial(training_loss, task=self.task, label_smoothing=smoothing)
+        if len(training) < self.members:
+            logits, targets = logits[training], targets[training]
+        loss = torch.vmap(each)(logits, targets).sum()  # one batched loss, not a kernel per member
         self.log("train_loss", loss / len(training), prog_bar=True, on_step=True, on_epoch=False, sync_dist=False)
         return loss
 
@@ -216,8 +224,7 @@ class EnsembleModule(L.LightningModule):
 
     def configure_optimizers(self):
         named = [(name, p, p.ndim - 1) for name, p in zip(self.names, self.stacked)]  # a member's own shape
-        on_cuda = all(p.is_cuda for p in self.stacked)
-        fused = on_cuda and not fused_clipping_refused(self.trainer.precision_plugin, self.trainer.gradient_clip_val)
+        fused = fused_adamw_suits(self.stacked, self)
         total = self.trainer.estimated_stepping_batches if self.start is None else self.start.total
         optimizer, scheduler = adamw_with_schedule(self.train_cfg, named, fused, total)
         if self.start is not None:
