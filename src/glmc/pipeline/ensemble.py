@@ -26,13 +26,14 @@ import torch
 
 from glmc.config import Config
 from glmc.data.module import DataModule
+from glmc.host_memory import large_blocks_from_heap
 from glmc.models.build import build_model
 from glmc.pipeline.cache import EndpointCache
 from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
 from glmc.train.endpoint import SpawnPoint
 from glmc.train.ensemble import EnsembleCheckpoint, EnsembleModule
 from glmc.train.resume import resumable
-from glmc.train.trainer import trainer_factory
+from glmc.train.trainer import resolve_device, trainer_factory
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,9 @@ def _fit(
     )
     # weights_only=True where Lightning accepts it (the checkpoint holds tensors and plain data)
     restricted = {"weights_only": True} if "weights_only" in inspect.signature(trainer.fit).parameters else {}
-    trainer.fit(module, ckpt_path=resume, **restricted)
+    on_cpu = resolve_device(str(cfg.trainer.accelerator)).type == "cpu"
+    with large_blocks_from_heap() if on_cpu else contextlib.nullcontext():  # K members' activations at once
+        trainer.fit(module, ckpt_path=resume, **restricted)
     return module.cpu()
 
 
