@@ -2,7 +2,7 @@
 or with --ensemble as one batched model (train.ensemble), beside one seed alone, measured in one run on one
 machine.
 
-  .venv/bin/python benchmarks/parallel_seeds.py [--seeds K] [--parallel N | --ensemble] [--device cpu|cuda]
+  .venv/bin/python benchmarks/parallel_seeds.py [--seeds K] [--parallel N | --ensemble] [--device cpu|cuda] [--full]
       [hydra overrides]
 
 Each time is the endpoint stage as run.py runs it (glmc.pipeline.endpoints.get_endpoints: train, cache,
@@ -13,7 +13,8 @@ side-by-side time includes starting the worker processes. Printed: the three tim
 
 Defaults by device:
   cpu   K=4, the default digits ViT (width 256) on a slice of the data (CPU_OVERRIDES); this process's torch
-        threads are shared out among the workers (threads // N each)
+        threads are shared out among the workers (threads // N each). --full: the default run's whole
+        training instead (run.py with no experiment: all of digits' training images, 40 epochs)
   cuda  K=10, paper 001's Tiny Shakespeare GPT-2 at the paper's size (experiment=shakespeare_gpt2: 6 layers,
         width 256, windows of 256 GPT-2 tokens, batch 32, float32) for one epoch of 100 batches
         (GPU_OVERRIDES); add where the corpus and the tokenizer are:
@@ -44,6 +45,7 @@ from glmc.train.trainer import quiet_lightning, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_OVERRIDES = ("debug=fast_full_size", "data.limit_train=512", "train.max_epochs=2", "logger=none")
+FULL_OVERRIDES = ("logger=none", "trainer.enable_progress_bar=false")
 GPU_OVERRIDES = (
     "experiment=shakespeare_gpt2",
     "train.max_epochs=1",
@@ -91,12 +93,18 @@ def machine(device: str) -> str:
 
 
 def main(
-    overrides: list[str], seeds: int | None, parallel: int | None, device: str, ensemble: bool = False
+    overrides: list[str],
+    seeds: int | None,
+    parallel: int | None,
+    device: str,
+    ensemble: bool = False,
+    full: bool = False,
 ) -> dict[str, float]:
     quiet_lightning()
     k = seeds or (10 if device == "cuda" else 4)
     n = 1 if ensemble else parallel or k
-    cfg = compose_config([*(GPU_OVERRIDES if device == "cuda" else CPU_OVERRIDES), *overrides])
+    defaults = GPU_OVERRIDES if device == "cuda" else FULL_OVERRIDES if full else CPU_OVERRIDES
+    cfg = compose_config([*defaults, *overrides])
     with open_dict(cfg):
         cfg.seeds = list(range(k))
         cfg.pairing = "all"
@@ -127,6 +135,7 @@ if __name__ == "__main__":
     parser.add_argument("--parallel", type=int, default=None, help="endpoints at once (default: K)")
     parser.add_argument("--ensemble", action="store_true", help="the K seeds as one batched model (train.ensemble)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--full", action="store_true", help="cpu: the default run's whole training, not a slice")
     args, rest = parser.parse_known_args()
     logging.basicConfig(level=logging.WARNING)
-    main(rest, args.seeds, args.parallel, args.device, args.ensemble)
+    main(rest, args.seeds, args.parallel, args.device, args.ensemble, args.full)
