@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 from glmc.train.folded_attention import FoldedAttention
 
+pytestmark = pytest.mark.numeric  # attention computed two ways, compared bit for bit
+
 MEMBERS, BATCH, HEADS, TOKENS, FEATURES = 3, 2, 4, 5, 8
 
 
