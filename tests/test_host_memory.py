@@ -52,3 +52,17 @@ def test_large_blocks_come_from_the_heap_only_inside():
         assert _mapped_bytes_while_holding()[1] == 0
     asked, mapped = _mapped_bytes_while_holding()
     assert mapped >= asked  # glibc's default is back
+
+
+@pytest.mark.skipif(host_memory._glibc("mallinfo2") is None, reason="glibc 2.33+ only: the C library tuned")
+def test_freed_heap_top_is_kept_inside_and_handed_back_after():
+    mallinfo2 = host_memory._glibc("mallinfo2")
+    mallinfo2.restype = _MallInfo2
+    with host_memory.large_blocks_from_heap():
+        before = mallinfo2()
+        block = torch.empty(before.fordblks + BLOCK, dtype=torch.uint8)
+        grown = mallinfo2().arena
+        assert grown >= before.arena + BLOCK  # from the heap: it grew by the block
+        del block
+        assert mallinfo2().arena == grown  # freed at the top, not trimmed: the next step's block is mapped already
+    assert mallinfo2().arena <= grown - BLOCK  # handed back on leaving
