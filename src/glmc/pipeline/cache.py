@@ -60,7 +60,8 @@ KEY_VERSION = 2  # bumped when the key's layout changes, so that older entries a
 # of data.root and data.path (glmc.data.fingerprint).
 NOT_WEIGHTS = {
     "data": ("root", "download", "eval_batch_size", "limit_test", "tokenizer_path", "path"),
-    "trainer": ("_target_", "enable_progress_bar", "log_every_n_steps"),
+    # flush_denormals enters as what it does where it applies (glmc.pipeline.endpoints.cache_key)
+    "trainer": ("_target_", "enable_progress_bar", "log_every_n_steps", "flush_denormals"),
     # how many endpoints train at once, each as it would alone (ensemble: within round-off); snapshots saved
     # beside the endpoint
     "train": ("parallel_endpoints", "ensemble", "save_steps"),

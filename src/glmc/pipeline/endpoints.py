@@ -57,7 +57,13 @@ from glmc.train.divergence import DivergenceGuard, check_finite_endpoint
 from glmc.train.endpoint import EndpointModule, SpawnPoint
 from glmc.train.resume import EpochCheckpoint, resumable
 from glmc.train.snapshots import Snapshots, snapshot_dir
-from glmc.train.trainer import quiet_lightning, resolve_device, trained_precision, trainer_factory
+from glmc.train.trainer import (
+    flushes_denormals,
+    quiet_lightning,
+    resolve_device,
+    trained_precision,
+    trainer_factory,
+)
 from glmc.train.warm_start import load_encoder
 
 log = logging.getLogger(__name__)
@@ -102,6 +108,8 @@ def cache_key(cfg: Config) -> dict[str, Any]:
                     model.pop(key, None)
     trainer = as_dict(cfg.trainer)
     trainer["precision"] = trained_precision(cfg.trainer)  # auto: keyed by what it trains in here
+    if flushes_denormals(cfg.trainer):  # entries trained keeping subnormals keep their keys
+        trainer["subnormals"] = "flushed"
     key = endpoint_key(model, as_dict(cfg.data), train, trainer, sources)
     if str(cfg.seed_vary) != "both":  # the seed the entry's does not vary (seed_vary=both: keys as before)
         key["seeds"] = {"vary": str(cfg.seed_vary), "fixed": cfg.seed_fixed}

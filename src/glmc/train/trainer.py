@@ -11,28 +11,36 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from glmc.ranges import finite_number
 from glmc.train.checkpoint_io import checkpoint_plugins
+from glmc.train.denormals import FlushDenormals, flushes_here
 from glmc.train.process_group import CloseProcessGroup
 from glmc.train.progress_log import ProgressLog
 
 
 def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
     """A factory of Trainers with the group's settings (precision resolved); callers' arguments take precedence
-    and their callbacks join new instances of `trainer.callbacks`, CloseProcessGroup and, where standard
-    output is not a terminal, ProgressLog in place of the bar."""
+    and their callbacks join new instances of `trainer.callbacks`, CloseProcessGroup, FlushDenormals where
+    the trainer flushes subnormals (`flushes_denormals`) and, where standard output is not a terminal,
+    ProgressLog in place of the bar."""
     from hydra.utils import instantiate
 
     precision = resolve_precision(trainer_cfg.get("precision", "32-true"), trainer_cfg.get("accelerator", "auto"))
     configured = trainer_cfg.get("callbacks") or []  # trainer.callbacks: built anew for every Trainer
-    build = instantiate(trainer_cfg, _partial_=True, precision=precision, callbacks=None)
+    flushing = flushes_denormals(trainer_cfg)
+    as_dict = isinstance(trainer_cfg, DictConfig)
+    lightning_cfg = OmegaConf.to_container(trainer_cfg, resolve=True) if as_dict else dict(trainer_cfg)
+    lightning_cfg.pop("flush_denormals", None)  # glmc's, not a Trainer argument
+    build = instantiate(lightning_cfg, _partial_=True, precision=precision, callbacks=None)
     progress_lines = trainer_cfg.get("enable_progress_bar", True) and not _is_terminal(sys.stdout)
 
     def make(**overrides) -> L.Trainer:
         own = list(instantiate(configured)) if configured else []
         callbacks = [*own, *(overrides.pop("callbacks", None) or []), CloseProcessGroup()]
+        if flushing:
+            callbacks.append(FlushDenormals())
         if progress_lines and overrides.get("enable_progress_bar", True):
             callbacks.append(ProgressLog())
             # the lines replace the bar, whose redraws would fill a log file with control characters
@@ -43,6 +51,18 @@ def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
         return build(**{"enable_model_summary": False, **overrides, "callbacks": callbacks})
 
     return make
+
+
+def flushes_denormals(trainer_cfg: DictConfig | Any) -> bool:
+    """Whether a Trainer of `trainer_cfg` trains with subnormals flushed to zero (glmc.train.denormals): on
+    the CPU, where trainer.flush_denormals asks for it (the default) and this process can do it."""
+    if not trainer_cfg.get("flush_denormals", True):
+        return False
+    try:
+        on_cpu = resolve_device(str(trainer_cfg.get("accelerator", "auto"))).type == "cpu"
+    except ValueError:  # a refused accelerator: refused where the Trainer is built
+        return False
+    return on_cpu and flushes_here()
 
 
 def quiet_lightning() -> None:
