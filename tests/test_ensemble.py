@@ -4,13 +4,13 @@ round-off, and are cached as they are; where members cannot be stacked a line sa
 Tolerance: a member's forward and backward run as vmapped (batched) kernels, whose products are summed in
 another order than one model's; the round-off (~1e-7 relative per operation) is amplified by every AdamW
 step (whose update divides by sqrt of the second moment, so tiny gradients' differences weigh as much as
-large ones). Attention on a CPU is the members' own SDPA calls bit for bit (glmc.train.folded_attention).
-Measured over these runs' 8 optimizer steps, the largest gap relative to a tensor's largest entry: 2.5e-6
-(digits ViT), 2.9e-5 (text GPT-2, in c_attn.bias, which holds the key bias), 0 (text Llama), 1.9e-7 (text
-Mixtral), 1.4e-6 (masked-LM BERT, whose training masks each member draws from its own stream), and 5.6e-6
-over the up to 16 steps of the early-stopping members (digits ViT at lr 0.04, each kept epoch's weights),
-5.4e-7 over the 3 steps of spawned children (digits ViT, from the parent's state at step 1); the bound is
-~17x the largest. The
+large ones). Attention on a CPU and experts everywhere are the members' own calls bit for bit
+(glmc.train.folded_attention, glmc.train.folded_experts). Measured over these runs' 8 optimizer steps,
+the largest gap relative to a tensor's largest entry: 1.7e-6 (digits ViT), 1.9e-5 (text GPT-2, in
+c_attn.bias, which holds the key bias), 0 (text Llama), 0 (text Mixtral), 1.9e-6 (masked-LM BERT, whose
+training masks each member draws from its own stream), and 4.5e-6 over the up to 16 steps of the
+early-stopping members (digits ViT at lr 0.04, each kept epoch's weights), 5.9e-7 over the 3 steps of
+spawned children (digits ViT, from the parent's state at step 1); the bound is ~26x the largest. The
 separate key biases of the ViT and BERT (k_proj.bias, attention.self.key.bias) are left out: their
 gradient is zero in exact arithmetic (a key bias adds one q.b to all of a query's scores, which softmax
 ignores), so AdamW turns each run's own round-off into lr-sized steps, and they differ by ~50% while

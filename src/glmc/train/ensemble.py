@@ -7,7 +7,8 @@ schedule and gradient-norm clipping (per member, as torch.nn.utils.clip_grad_nor
 
 Dropout draws each member's own masks (vmap randomness="different"), from one shared generator: not
 the masks a separate run draws, so only with dropout 0 does a member equal its separate run (within
-the round-off of sums taken in another order; attention on a CPU is folded, glmc.train.folded_attention).
+the round-off of sums taken in another order; attention on a CPU and experts everywhere are folded,
+glmc.train.folded_attention and glmc.train.folded_experts).
 
 Validation runs when a seed alone's does (each member's val loss logged as member_<k>/val_loss, computed as
 a seed alone's val_loss is); with early stopping (MemberStopping) each member keeps its lowest-val-loss
@@ -35,6 +36,7 @@ from glmc.train.endpoint import (
     training_loss,
 )
 from glmc.train.folded_attention import FoldedAttention
+from glmc.train.folded_experts import FoldedExperts
 from glmc.train.resume import EpochCheckpoint
 
 
@@ -161,9 +163,10 @@ class EnsembleModule(L.LightningModule):
         def one(p, b, x):
             return logits_of(_Called(self.base, p, b), x)
 
-        # SDPA's CUDA kernels have batching rules; its CPU kernel is called once for all members, folded
-        folding = FoldedAttention() if inputs.device.type == "cpu" else contextlib.nullcontext()
-        with folding:
+        with contextlib.ExitStack() as folding:
+            folding.enter_context(FoldedExperts())  # grouped expert products have no batching rule anywhere
+            if inputs.device.type == "cpu":  # SDPA's CUDA kernels have batching rules, its CPU kernel none
+                folding.enter_context(FoldedAttention())
             return torch.vmap(one, randomness="different")(params, buffers, inputs)
 
     def train_dataloader(self) -> ZippedBatches:
