@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from glmc.train.folded_call import FoldedCall
+
 FOLDED_RANK = 4  # (batch, heads, tokens, features): the layout every family's attention passes
 
 
@@ -22,22 +24,12 @@ def _fold(t: torch.Tensor, dim: int | None, members: int, rows: int) -> torch.Te
     return t.expand(members, rows, *t.shape[2:]).reshape(members * rows, *t.shape[2:])
 
 
-class _Folded(torch.autograd.Function):
-    """Only called under vmap, where `vmap` below replaces forward; autograd records the folded call."""
-
+class _Folded(FoldedCall):
     @staticmethod
     def forward(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
         )
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError("folded attention is differentiated through its folded call, under vmap only")
 
     @staticmethod
     def vmap(info, in_dims, q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):

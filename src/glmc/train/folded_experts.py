@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from glmc.train.folded_call import FoldedCall
+
 GROUPED = tuple(f for f in (getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None)) if f is not None)
 
 
@@ -23,20 +25,10 @@ def _in_front(t: torch.Tensor, dim: int | None, members: int) -> torch.Tensor:
     return t.movedim(dim, 0) if dim is not None else t.expand(members, *t.shape)
 
 
-class _Folded(torch.autograd.Function):
-    """Only called under vmap, where `vmap` below replaces forward; autograd records the folded call."""
-
+class _Folded(FoldedCall):
     @staticmethod
     def forward(rows, weight, offs):
         return torch._grouped_mm(rows, weight, offs=offs)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError("folded experts are differentiated through their folded call, under vmap only")
 
     @staticmethod
     def vmap(info, in_dims, rows, weight, offs):
