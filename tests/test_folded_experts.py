@@ -1,6 +1,7 @@
 """Grouped expert products folded under vmap (glmc.train.folded_experts): each member's output and
 gradients are bit for bit those of its own grouped call, with the weights as stored or transposed as the
-experts pass them and with an expert that gets no rows, and one kernel call serves the members' forward."""
+experts pass them and with an expert that gets no rows, and one kernel call serves the members' forward (in
+an ensemble of Mixtrals, as many calls as one model makes)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from glmc.models.build import build_model
+from glmc.train.ensemble import EnsembleModule
 from glmc.train.folded_experts import FoldedExperts
+
+from conftest import compose_config
 
 pytestmark = pytest.mark.numeric  # expert products computed two ways, compared bit for bit
 
@@ -60,3 +65,23 @@ def test_other_grouped_products_pass_through():
     a, b = torch.randn(EXPERTS, ROWS, IN, generator=g), torch.randn(EXPERTS, IN, OUT, generator=g)
     with FoldedExperts():
         assert torch.equal(F.grouped_mm(a, b), torch.bmm(a, b))  # 3-D x 3-D: no offsets, not an experts' call
+
+
+def test_an_ensemble_of_mixtrals_calls_the_experts_kernel_as_one_model_does():
+
+    cfg = compose_config("debug=fast", "model=mixtral_text", "data=pydoc")
+    torch.manual_seed(0)
+    models = [build_model(cfg.model) for _ in range(MEMBERS)]
+    with torch.device("meta"):
+        base = build_model(cfg.model)
+    ensemble = EnsembleModule(models, base, cfg.train, cfg.data.task)
+    tokens = torch.randint(0, cfg.model.vocab_size, (MEMBERS, 2, 16))
+
+    def kernel_calls(run) -> int:
+        with torch.profiler.profile() as prof:
+            run()
+        return sum(e.count for e in prof.key_averages() if e.key == "aten::_grouped_mm")
+
+    alone = kernel_calls(lambda: models[0](tokens[0]).logits.sum().backward())
+    assert alone > 0
+    assert kernel_calls(lambda: ensemble(tokens).sum().backward()) == alone  # not once per member
