@@ -149,7 +149,7 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     limit_train_batches: float | None = None
     # on the CPU, subnormal floats flushed to zero while a model trains: it ran the default run's training
-    # 1.5x as fast (glmc.train.denormals); part of the cache key where it applies
+    # 1.4-1.5x as fast (glmc.train.denormals); part of the cache key where it applies
     flush_denormals: bool = True
 
 
