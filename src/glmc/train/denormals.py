@@ -2,10 +2,11 @@
 
 As training goes on, a float32 model's activations pick up subnormal values (below 1.2e-38; its weights,
 gradients and AdamW moments held none in our runs), e.g. a GELU's far negative tail and its derivative's
-exp(-x^2/2), and x86 cores take a microcode assist for every operation that reads or writes one. Training the default digits ViT on two
-cores, a step went from 33 ms in its first epochs to 56 ms by epoch 20 (8 stacked members: 230 to 390 ms);
-with subnormals flushed it stays at 32 ms (230 ms). A subnormal is smaller than any float32 a loss, weight
-or gradient of these models is made of, so flushing changes a result by round-off, not by what it learns.
+exp(-x^2/2), and x86 cores take a microcode assist for every operation that reads or writes one. Training
+the default digits ViT on two cores, a step went from 33 ms in its first epochs to 56 ms by epoch 20 (8
+stacked members: 230 to 390 ms); with subnormals flushed it stays at 32 ms (230 ms). A subnormal is smaller
+than any float32 a loss, weight or gradient of these models is made of, so flushing changes a result by
+round-off, not by what it learns.
 
 The setting lives in each thread's control register (MXCSR), and a thread of an OpenMP team keeps its own:
 set in the Python thread alone, the team's other threads, which compute half of every parallel kernel on
