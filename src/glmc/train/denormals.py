@@ -29,7 +29,7 @@ _REGION_BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 @functools.cache
-def _openmp_runtime():
+def _gomp_parallel():
     """GOMP_parallel of the OpenMP runtime torch's CPU kernels run on, or None. Looked up through torch's
     own library, which finds the runtime it was linked with: another package may have loaded a copy of its
     own (scikit-learn ships one), whose threads torch never uses."""
@@ -47,7 +47,7 @@ def _openmp_runtime():
 @functools.cache
 def flushes_here() -> bool:
     """Whether this process can flush subnormals in every thread torch's CPU kernels run on."""
-    if _openmp_runtime() is None:
+    if _gomp_parallel() is None:
         return False
     return bool(torch.set_flush_denormal(False))  # True where the CPU has the flag (the call leaves it off)
 
@@ -59,7 +59,7 @@ def flush_denormals_everywhere(on: bool) -> bool:
         return False
     outcomes: list[bool] = []
     body = _REGION_BODY(lambda _: outcomes.append(bool(torch.set_flush_denormal(on))))
-    _openmp_runtime()(body, None, max(1, torch.get_num_threads()), 0)
+    _gomp_parallel()(body, None, max(1, torch.get_num_threads()), 0)
     torch.set_flush_denormal(on)  # the calling thread too, whichever thread the team's first one was
     return all(outcomes)
 
