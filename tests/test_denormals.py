@@ -12,12 +12,11 @@ import sklearn.datasets  # noqa: F401  loads scikit-learn's own OpenMP runtime, 
 import torch
 
 from glmc.pipeline.endpoints import cache_key
-from glmc.train.denormals import flush_denormals_everywhere, flushes_here
+from glmc.train.denormals import SUBNORMAL_BITS, flush_denormals_everywhere, flushes_here, flushing_now
 from glmc.train.trainer import trainer_factory
 
 from conftest import compose_config
 
-SUBNORMAL_BITS = 0x00400000  # a float32 below the smallest normal number (1.2e-38): 5.9e-39
 LINUX_X86 = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")
 
 
@@ -69,15 +68,31 @@ class _Probe(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-@pytest.mark.skipif(not LINUX_X86, reason="the flag is set through torch's OpenMP runtime on Linux x86 here")
-@pytest.mark.parametrize("flush", [True, False])
-def test_a_cpu_trainer_flushes_while_it_fits_only(two_threads, flush):
+def _fit_probe(flush: bool) -> list[float]:
     cfg = compose_config("logger=none", f"trainer.flush_denormals={flush}").trainer
     probe = _Probe()
     trainer = trainer_factory(cfg)(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     trainer.fit(probe)
-    assert probe.flushed_in_step == [1.0 if flush else 0.0]
+    return probe.flushed_in_step
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the flag is set through torch's OpenMP runtime on Linux x86 here")
+@pytest.mark.parametrize("flush", [True, False])
+def test_a_cpu_trainer_flushes_while_it_fits_only(two_threads, flush):
+    assert _fit_probe(flush) == [1.0 if flush else 0.0]
     assert _flushed_share() == 0.0  # off again after the fit
+    assert not flushing_now()
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the flag is set through torch's OpenMP runtime on Linux x86 here")
+def test_a_process_that_flushed_before_a_fit_still_flushes_after_it(two_threads):
+    assert flush_denormals_everywhere(True)  # the user's own choice, for the whole process
+    assert flushing_now()
+    flushes_here.cache_clear()
+    assert flushes_here()  # its probe of the CPU leaves the flag as it found it
+    assert flushing_now() and _flushed_share() == 1.0
+    assert _fit_probe(True) == [1.0]
+    assert _flushed_share() == 1.0 and flushing_now()
 
 
 def test_the_cache_key_says_whether_subnormals_were_flushed():

@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 _REGION_BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+SUBNORMAL_BITS = 0x00400000  # a float32 below the smallest normal number (1.2e-38): 5.9e-39
 
 
 @functools.cache
@@ -49,7 +50,13 @@ def flushes_here() -> bool:
     """Whether this process can flush subnormals in every thread torch's CPU kernels run on."""
     if _gomp_parallel() is None:
         return False
-    return bool(torch.set_flush_denormal(False))  # True where the CPU has the flag (the call leaves it off)
+    return bool(torch.set_flush_denormal(flushing_now()))  # True where the CPU has the flag; left as it was
+
+
+def flushing_now() -> bool:
+    """Whether the calling thread flushes subnormals now (read from one product, so nothing is changed)."""
+    subnormal = torch.tensor([SUBNORMAL_BITS], dtype=torch.int32).view(torch.float32)  # no conversion to flush
+    return bool(subnormal.mul(1.0).item() == 0.0)
 
 
 def flush_denormals_everywhere(on: bool) -> bool:
@@ -65,12 +72,15 @@ def flush_denormals_everywhere(on: bool) -> bool:
 
 
 class FlushDenormals(Callback):
-    """Subnormals flushed on the CPU from the fit's start to its end, failed or not (see the module)."""
+    """Subnormals flushed on the CPU from the fit's start to its end, failed or not (see the module); after it,
+    as the process had them before (a process that flushed already goes on flushing)."""
 
     def __init__(self):
         self.flushing = False
+        self.flushed_before = False  # a process that flushed already (its own choice) flushes after the fit too
 
     def on_fit_start(self, trainer, pl_module) -> None:
+        self.flushed_before = flushing_now()
         self.flushing = flush_denormals_everywhere(True)
 
     def on_fit_end(self, trainer, pl_module) -> None:
@@ -84,5 +94,5 @@ class FlushDenormals(Callback):
 
     def _restore(self) -> None:
         if self.flushing:
-            flush_denormals_everywhere(False)
+            flush_denormals_everywhere(self.flushed_before)
             self.flushing = False
