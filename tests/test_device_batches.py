@@ -4,6 +4,8 @@ training loader stays the DataLoader unless asked."""
 
 from __future__ import annotations
 
+import itertools
+
 import lightning as L
 import pytest
 import torch
@@ -14,8 +16,11 @@ from glmc.data.device_batches import DeviceBatches, token_windows
 from glmc.data.module import DataModule
 from glmc.data.text import TokenWindows
 from glmc.models.build import build_model
+from glmc.pipeline import ensemble
+from glmc.pipeline.endpoints import cache_key, endpoint_seeds
 from glmc.train.divergence import DivergenceError, DivergenceGuard
 from glmc.train.endpoint import EndpointModule
+from glmc.train.ensemble import _order_state
 from glmc.train.trainer import trainer_factory
 
 from conftest import compose_config
@@ -32,9 +37,15 @@ def _data(*overrides: str, device_batches: bool | None = None, **state) -> DataM
     return data
 
 
+def _as_lightning_takes(loader):
+    """An epoch of `loader` as Lightning's fit loop takes it: its length's worth of batches, never run past
+    its end (which would draw the shuffling sampler's next permutation)."""
+    return itertools.islice(loader, len(loader))
+
+
 def _same_epochs(loader, sliced, epochs: int = 2) -> None:
     for _ in range(epochs):  # the generator carries on into the next epoch alike
-        pairs = list(zip(loader, sliced, strict=True))
+        pairs = list(zip(_as_lightning_takes(loader), _as_lightning_takes(sliced), strict=True))
         assert pairs and all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in pairs)
         if loader.generator is not None:
             assert torch.equal(loader.generator.get_state(), sliced.generator.get_state())
@@ -94,10 +105,12 @@ def _first_losses(device_batches: bool | None, steps: int = 4) -> tuple[list[flo
 
 
 def test_cpu_training_keeps_the_loader_and_the_sliced_path_its_losses():
-    losses, kind = _first_losses(None)
+    epoch = len(_data().train_dataloader())
+    losses, kind = _first_losses(None, steps=2 * epoch + 2)
     assert kind is DataLoader  # on CPU, as before
-    sliced, kind = _first_losses(True)
-    assert kind is DeviceBatches and sliced == losses and len(losses) == 4
+    sliced, kind = _first_losses(True, steps=2 * epoch + 2)
+    assert kind is DeviceBatches and len(losses) == 2 * epoch + 2
+    assert sliced == losses  # in later epochs too: the same order
 
 
 def test_divergence_on_a_device_is_named_at_its_first_step_when_read():
@@ -139,3 +152,45 @@ def test_fused_adamw_runs_on_the_cpu_and_is_kept_from_clipping_under_every_autoc
     assert not fused_adamw_suits([torch.zeros(2), torch.zeros(2, device="meta")], L.LightningModule())
     assert not fused_clipping_refused(MixedPrecision("bf16-mixed", "cpu"), 0.0)
     assert not fused_clipping_refused(Precision(), 1.0)
+
+
+def test_without_a_trainer_the_training_device_decides_and_starts_no_workers():
+    """An ensemble's members (glmc.pipeline.ensemble) are told the device; their loaders start no workers of
+    their own (the ensemble stacks their batches) and a step-positioned order shows its place."""
+    cuda = _data(training_device=torch.device("cuda"))
+    assert cuda._batch_device() == torch.device("cuda")  # batches sliced there, as a seed alone's
+    assert cuda._loader_options(train=True) == {"num_workers": cuda.cfg.num_workers}
+    assert _data(training_device=torch.device("cpu"))._batch_device() is None  # the DataLoader, as before
+    positioned = _data(device_batches=True, train_start_step=5).train_dataloader()
+    assert positioned.generator is None and positioned.sampler.next_step == 5
+
+
+def test_an_ensembles_members_slice_one_copy_of_the_windows_into_their_loaders_batches(monkeypatch):
+    cfg = compose_config("debug=fast", "model=gpt2_text", "data=pydoc", "data.limit_train=128", "logger=none")
+    seeds = [endpoint_seeds(cfg, s) for s in (0, 1)]
+    loaded = ensemble._members(cfg, seeds, None)
+    monkeypatch.setattr(DataModule, "_batch_device", lambda self: torch.device("cpu"))  # as on a GPU
+    sliced = ensemble._members(cfg, seeds, None)
+    assert all(isinstance(loader, DataLoader) for loader in loaded.train_loaders)
+    first, second = sliced.train_loaders
+    assert isinstance(first, DeviceBatches) and second.windows is first.windows
+    for _ in range(2):  # each member's order, and the stream its fetches draw from, carry on alike
+        epochs = (_as_lightning_takes(module.train_dataloader()) for module in (loaded, sliced))
+        pairs = list(zip(*epochs, strict=True))
+        assert pairs and all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in pairs)
+        assert all(map(torch.equal, loaded.fetch_streams, sliced.fetch_streams))
+        for a, b in zip(loaded.train_loaders, sliced.train_loaders):
+            assert torch.equal(_order_state(a), _order_state(b))
+
+
+def test_the_cache_key_says_where_batches_are_sliced_on_a_gpu(monkeypatch):
+    """Entries trained on sliced batches before they kept the loader's order past the first epoch are not
+    taken for the ones trained now; every other key stays as it was."""
+    causal = compose_config(*TEXT, "logger=none")
+    assert "batches" not in cache_key(causal)["trainer"]  # on the CPU: the loader, as before
+    monkeypatch.setattr("glmc.train.trainer.resolve_device", lambda accelerator: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert cache_key(causal)["trainer"]["batches"] == "sliced_in_loader_order"
+    assert "batches" not in cache_key(compose_config("logger=none"))["trainer"]  # images: a DataLoader
+    two = compose_config(*TEXT, "logger=none", "trainer.devices=2")
+    assert "batches" not in cache_key(two)["trainer"]  # one process per device: a DataLoader each

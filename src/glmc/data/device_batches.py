@@ -6,6 +6,7 @@ drop_last, generator), so a seed gives the same batches, and the same generator 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import torch
@@ -49,6 +50,11 @@ class DeviceBatches:
         return self.positions.generator
 
     @property
+    def sampler(self):
+        """The positions loader's sampler (a step-positioned order's, glmc.data.step_sampler, keeps its place)."""
+        return self.positions.sampler
+
+    @property
     def batch_size(self) -> int | None:
         return self.positions.batch_size
 
@@ -56,8 +62,11 @@ class DeviceBatches:
         return len(self.positions)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        # drawn at the first batch (an iterator made and dropped draws nothing), moved in one copy
-        chunks = list(self.positions)
+        # drawn at the first batch (an iterator made and dropped draws nothing), moved in one copy. Only its
+        # length's worth, as Lightning takes a loader's batches: exhausting the positions would draw once more
+        # (a shuffling sampler draws its next permutation when run past its end), and every later epoch's
+        # order would then differ from the loader's
+        chunks = list(itertools.islice(self.positions, len(self.positions)))
         if not chunks:
             return
         order = torch.cat(chunks).to(self.windows.device, non_blocking=True)

@@ -74,6 +74,10 @@ class DataModule(L.LightningDataModule):
         self.train_start_step: int | None = None
         # batches sliced on the device: None on one CUDA device, True on any one-process trainer, False never
         self.device_batches: bool | None = None
+        # where training runs when no trainer is attached: an ensemble's members, whose loaders its trainer
+        # iterates (glmc.pipeline.ensemble); and the windows already there, which they share
+        self.training_device: torch.device | None = None
+        self.device_windows: torch.Tensor | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
@@ -93,7 +97,9 @@ class DataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader | DeviceBatches:
         device = self._batch_device()
-        windows = None if device is None else token_windows(self.train_set)
+        windows = None if device is None else self.device_windows
+        if device is not None and windows is None:
+            windows = token_windows(self.train_set)
         if windows is not None:  # the positions drawn as the windows' own loader draws them
             return DeviceBatches(windows, self._train_loader(Positions(len(self.train_set)), {}), device)
         return self._train_loader(self.train_set, self._loader_options(train=True))
@@ -112,9 +118,10 @@ class DataModule(L.LightningDataModule):
         )
 
     def _training_device(self) -> tuple[torch.device | None, int]:
-        """The device and number of processes of the trainer this module is attached to (None, 1 without one)."""
+        """The device and number of processes of the trainer this module is attached to; without one,
+        (training_device, 1)."""
         if self.trainer is None:
-            return None, 1
+            return self.training_device, 1
         return self.trainer.strategy.root_device, self.trainer.world_size
 
     def _batch_device(self) -> torch.device | None:
@@ -127,10 +134,10 @@ class DataModule(L.LightningDataModule):
         return device if device is not None and device.type == "cuda" else None
 
     def _loader_options(self, train: bool) -> dict[str, Any]:
-        """data.num_workers; on CUDA also pinned batches, and workers where none are set and a fetch draws
-        nothing at random."""
+        """data.num_workers; on a CUDA trainer's own loader also pinned batches, and workers where none are set
+        and a fetch draws nothing at random (not for an ensemble's members: it stacks their batches)."""
         options: dict[str, Any] = {"num_workers": self.cfg.num_workers}
-        device, _ = self._training_device()
+        device = None if self.trainer is None else self._training_device()[0]
         if device is None or device.type != "cuda":
             return options
         options["pin_memory"] = True

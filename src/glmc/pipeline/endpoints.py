@@ -61,6 +61,7 @@ from glmc.train.trainer import (
     flushes_denormals,
     quiet_lightning,
     resolve_device,
+    slices_batches_on_device,
     trained_precision,
     trainer_factory,
 )
@@ -110,6 +111,8 @@ def cache_key(cfg: Config) -> dict[str, Any]:
     trainer["precision"] = trained_precision(cfg.trainer)  # auto: keyed by what it trains in here
     if flushes_denormals(cfg.trainer):  # entries trained keeping subnormals keep their keys
         trainer["subnormals"] = "flushed"
+    if slices_batches_on_device(cfg.trainer, str(cfg.data.task)):  # in the loader's order in every epoch
+        trainer["batches"] = "sliced_in_loader_order"
     key = endpoint_key(model, as_dict(cfg.data), train, trainer, sources)
     if str(cfg.seed_vary) != "both":  # the seed the entry's does not vary (seed_vary=both: keys as before)
         key["seeds"] = {"vary": str(cfg.seed_vary), "fixed": cfg.seed_fixed}

@@ -174,7 +174,7 @@ def _members(cfg: Config, member_seeds: list[tuple[int, int]], start: SpawnPoint
         base = build_model(cfg.model)
     module = EnsembleModule(models, base, cfg.train, cfg.data.task, start)
     module.fetch_streams[:] = streams
-    first = None
+    first, device = None, resolve_device(str(cfg.trainer.accelerator))
     for _, data_seed in member_seeds:  # each member's own shuffling, over one copy of the splits
         data = DataModule(cfg.data, data_seed)
         if first is None:
@@ -183,6 +183,9 @@ def _members(cfg: Config, member_seeds: list[tuple[int, int]], start: SpawnPoint
         data.train_set, data.val_set, data.test_set = first.train_set, first.val_set, first.test_set
         if start is not None:  # the data order is a function of the step: a child goes on from the parent's
             data.train_start_step = start.step * cfg.train.accumulate_grad_batches
+        # batched where a seed alone's are (text windows sliced on a GPU), from one copy of the windows there
+        data.training_device = device
+        data.device_windows = getattr(module.train_loaders[0], "windows", None) if module.train_loaders else None
         module.train_loaders.append(data.train_dataloader())
     if cfg.train.early_stopping_patience is not None and not first.has_validation_split:
         raise ValueError(

@@ -53,6 +53,21 @@ def trainer_factory(trainer_cfg: DictConfig | Any) -> Callable[..., L.Trainer]:
     return make
 
 
+def slices_batches_on_device(trainer_cfg: DictConfig | Any, task: str) -> bool:
+    """Whether a seed's training batches are sliced from its windows on the device (a causal LM on one CUDA
+    device: glmc.data.device_batches). The endpoint cache key says so: before such batches were taken as
+    Lightning takes a loader's, every epoch after the first followed another order than the loader's."""
+    if task != "causal_lm":
+        return False
+    try:
+        device = resolve_device(str(trainer_cfg.get("accelerator", "auto")))
+    except ValueError:  # a refused accelerator: refused where the Trainer is built
+        return False
+    devices = str(trainer_cfg.get("devices", "auto"))
+    one = devices == "1" or (devices == "auto" and torch.cuda.device_count() == 1)
+    return device.type == "cuda" and one and int(trainer_cfg.get("num_nodes", 1)) == 1
+
+
 def flushes_denormals(trainer_cfg: DictConfig | Any) -> bool:
     """Whether a Trainer of `trainer_cfg` trains with subnormals flushed to zero (glmc.train.denormals): on
     the CPU, where trainer.flush_denormals asks for it (the default) and this process can do it."""
