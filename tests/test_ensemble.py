@@ -191,17 +191,25 @@ STOPPING = (
 )
 
 
-def test_members_stop_early_and_keep_their_best_epoch_as_the_seeds_trained_alone(tmp_path, one_thread):
+def test_members_stop_early_and_keep_their_best_epoch_as_the_seeds_trained_alone(tmp_path, one_thread, monkeypatch):
     from glmc.data.module import DataModule
     from glmc.eval.evaluator import Evaluator
     from glmc.pipeline.endpoints import seeds_to_train
+    from glmc.train.ensemble import EnsembleModule
 
     cfg = compose_config(*STOPPING, "logger=none", "seeds=[0,1,2]", "train.ensemble=true", f"cache_dir={tmp_path}")
     data = DataModule(cfg.data, seed=0)
     data.setup()
     evaluator = Evaluator(data.test_dataloader(), task=cfg.data.task, progress=False)
+    computed, real = [], EnsembleModule._members_logits
+    monkeypatch.setattr(
+        EnsembleModule,
+        "_members_logits",
+        lambda self, x, members: computed.append(len(members)) or real(self, x, members),
+    )
     trained = ensemble.train_ensemble(cfg, tmp_path, NoTracker(), evaluator, seeds_to_train, endpoint_seeds, "")
     assert trained == {0, 1, 2}
+    assert computed[0] == 3 and computed[-1] == 1 and computed == sorted(computed, reverse=True)  # stopped: left out
     cache, key, epochs = EndpointCache(tmp_path), cache_key(cfg), []
     for seed in (0, 1, 2):
         alone, kept = train_endpoint(cfg, seed, tmp_path, logger=False)

@@ -12,8 +12,9 @@ glmc.train.folded_attention and glmc.train.folded_experts).
 
 Validation runs when a seed alone's does (each member's val loss logged as member_<k>/val_loss, computed as
 a seed alone's val_loss is); with early stopping (MemberStopping) each member keeps its lowest-val-loss
-epoch's state and stops counting after `patience` validations without improvement, and the fit ends when
-every member has stopped. A spawned child's members (`start`) continue a parent's training state."""
+epoch's state and stops counting after `patience` validations without improvement (from then on it is left
+out of the stacked forward, backward and validation), and the fit ends when every member has stopped. A
+spawned child's members (`start`) continue a parent's training state."""
 
 from __future__ import annotations
 
@@ -154,10 +155,14 @@ class EnsembleModule(L.LightningModule):
         if train_cfg.early_stopping_patience is not None:
             self.stopping = MemberStopping(len(models), train_cfg.early_stopping_patience)
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Every member's logits of its own inputs: (K, ...) in, (K, ...) out."""
+    def forward(self, inputs: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+        """Every member's logits of its own inputs: (K, ...) in, (K, ...) out; with `members` (indices), those
+        members' only, inputs (len(members), ...)."""
         buffers = {name: getattr(self, f"buffer_{i}") for i, name in enumerate(self.buffer_names)}
         params = dict(zip(self.names, self.stacked))
+        if members is not None:  # the others are not computed (their gradients come out zero)
+            params = {name: p.index_select(0, members) for name, p in params.items()}
+            buffers = {name: b.index_select(0, members) for name, b in buffers.items()}
         self.base.train(self.training)  # dropout as this module's mode says (Lightning sets it, not the base's)
 
         def one(p, b, x):
@@ -175,17 +180,27 @@ class EnsembleModule(L.LightningModule):
     def val_dataloader(self) -> Any:
         return self.val_loader
 
+    def active_members(self) -> list[int]:
+        """The members still training: a stopped one's kept state is taken, and it is no longer computed (nor
+        may its further training end the others'); all of them where none is left."""
+        stopped = self.stopping.stopped if self.stopping else [False] * self.members
+        return [k for k in range(self.members) if not stopped[k]] or list(range(self.members))
+
+    def _members_logits(self, inputs: torch.Tensor, members: list[int]) -> torch.Tensor:
+        if len(members) == self.members:
+            return self(inputs)
+        index = torch.tensor(members, device=inputs.device)
+        return self(inputs.index_select(0, index), index)
+
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
-        logits = self(inputs)
-        # the sum of the members' mean losses: each member's gradient is its own loss's; a stopped member's
-        # no longer counts (its kept state is taken, and its further training must not end the others')
-        stopped = self.stopping.stopped if self.stopping else [False] * self.members
-        training = [k for k in range(self.members) if not stopped[k]] or list(range(self.members))
+        training = self.active_members()
+        logits = self._members_logits(inputs, training)
+        # the sum of the members' mean losses: each member's gradient is its own loss's
         smoothing = self.train_cfg.label_smoothing
         each = functools.partial(training_loss, task=self.task, label_smoothing=smoothing)
         if len(training) < self.members:
-            logits, targets = logits[training], targets[training]
+            targets = targets[training]
         loss = torch.vmap(each)(logits, targets).sum()  # one batched loss, not a kernel per member
         self.log("train_loss", loss / len(training), prog_bar=True, on_step=True, on_epoch=False, sync_dist=False)
         return loss
@@ -198,16 +213,17 @@ class EnsembleModule(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         inputs, targets = batch
-        logits = self(inputs.expand(self.members, *inputs.shape))
-        for k in range(self.members):  # as EndpointModule.validation_step logs a seed alone's val_loss
-            loss, _, count = loss_and_correct(logits[k], targets, self.task)
+        validating = self.active_members()  # a stopped member's validations no longer count
+        logits = self._members_logits(inputs.expand(self.members, *inputs.shape), validating)
+        for row, k in enumerate(validating):  # as EndpointModule.validation_step logs a seed alone's val_loss
+            loss, _, count = loss_and_correct(logits[row], targets, self.task)
             count = int(count)
             self.log(f"member_{k}/val_loss", loss / count, batch_size=count)
 
     def on_validation_end(self) -> None:
         if self.stopping is None or self.trainer.sanity_checking:
             return
-        for k in range(self.members):
+        for k in self.active_members():
             loss = float(self.trainer.callback_metrics[f"member_{k}/val_loss"])
             self.stopping.record(k, loss, self.trainer.current_epoch + 1, functools.partial(self.member_state, k))
         if all(self.stopping.stopped):
