@@ -7,10 +7,12 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import compose_config
 
+pytestmark = pytest.mark.numeric  # one step taken stacked and one after another: floats computed two ways
 BOUND = 5e-4  # relative to the tensor's largest entry
 
 
