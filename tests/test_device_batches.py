@@ -5,6 +5,7 @@ training loader stays the DataLoader unless asked."""
 from __future__ import annotations
 
 import itertools
+import types
 
 import lightning as L
 import pytest
@@ -194,3 +195,16 @@ def test_the_cache_key_says_where_batches_are_sliced_on_a_gpu(monkeypatch):
     assert "batches" not in cache_key(compose_config("logger=none"))["trainer"]  # images: a DataLoader
     two = compose_config(*TEXT, "logger=none", "trainer.devices=2")
     assert "batches" not in cache_key(two)["trainer"]  # one process per device: a DataLoader each
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_an_ensembles_members_train_on_batches_sliced_there(tmp_path):
+    cfg = compose_config("debug=fast", "model=gpt2_text", "data=pydoc", "data.limit_train=128", "trainer=gpu")
+    seeds = [endpoint_seeds(cfg, s) for s in (0, 1)]
+    no_tracker = types.SimpleNamespace(lightning_logger=lambda *args: False)
+    module = ensemble._fit(cfg, tmp_path, no_tracker, seeds, "")
+    first, second = module.train_loaders
+    assert isinstance(first, DeviceBatches) and first.windows.is_cuda and second.windows is first.windows
+    inputs, _ = next(iter(module.train_dataloader()))
+    assert inputs.is_cuda and inputs.shape[0] == 2
+    assert all(torch.isfinite(p).all() for p in module.stacked)
