@@ -195,6 +195,8 @@ def test_the_cache_key_says_where_batches_are_sliced_on_a_gpu(monkeypatch):
     assert "batches" not in cache_key(compose_config("logger=none"))["trainer"]  # images: a DataLoader
     two = compose_config(*TEXT, "logger=none", "trainer.devices=2")
     assert "batches" not in cache_key(two)["trainer"]  # one process per device: a DataLoader each
+    named = compose_config(*TEXT, "logger=none", "trainer.devices=[0]")  # one device by its index
+    assert cache_key(named)["trainer"]["batches"] == "sliced_in_loader_order"
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from glmc.ranges import finite_number
 from glmc.train.checkpoint_io import checkpoint_plugins
@@ -63,8 +63,11 @@ def slices_batches_on_device(trainer_cfg: DictConfig | Any, task: str) -> bool:
         device = resolve_device(str(trainer_cfg.get("accelerator", "auto")))
     except ValueError:  # a refused accelerator: refused where the Trainer is built
         return False
-    devices = str(trainer_cfg.get("devices", "auto"))
-    one = devices == "1" or (devices == "auto" and torch.cuda.device_count() == 1)
+    devices = trainer_cfg.get("devices", "auto")
+    if isinstance(devices, (list, tuple, ListConfig)):  # the devices' indices
+        one = len(devices) == 1
+    else:
+        one = str(devices) == "1" or (str(devices) in ("auto", "-1") and torch.cuda.device_count() == 1)
     return device.type == "cuda" and one and int(trainer_cfg.get("num_nodes", 1)) == 1
 
 
