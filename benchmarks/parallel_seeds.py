@@ -2,14 +2,15 @@
 or with --ensemble as one batched model (train.ensemble), beside one seed alone, measured in one run on one
 machine.
 
-  .venv/bin/python benchmarks/parallel_seeds.py [--seeds K] [--parallel N | --ensemble] [--device cpu|cuda] [--full]
+  .venv/bin/python benchmarks/parallel_seeds.py [--seeds K] [--parallel N] [--ensemble] [--device cpu|cuda] [--full]
       [hydra overrides]
 
 Each time is the endpoint stage as run.py runs it (glmc.pipeline.endpoints.get_endpoints: train, cache,
 load and convert every seed, with the run's test evaluator) on an empty endpoint cache of its own, so the
 side-by-side time includes starting the worker processes. Printed: the three times, "K seeds side by side
 / one seed" (the target on one GPU: ten seeds at most 3x one seed) and "sequential / side by side"; with
---ensemble, "ensemble / one seed" and "sequential / ensemble".
+--ensemble, "ensemble / one seed" and "sequential / ensemble" (and with --parallel N too, the seeds side by side,
+N at once, timed in the same run).
 
 Defaults by device:
   cpu   K=4, the default digits ViT (width 256) on a slice of the data (CPU_OVERRIDES); this process's torch
@@ -110,10 +111,13 @@ def main(
         cfg.pairing = "all"
         cfg.train.parallel_endpoints = n
     validate_config(cfg)  # refusals (e.g. a missing corpus) before any timing
+    beside = None
     with tempfile.TemporaryDirectory() as tmp:
         one = stage_seconds(copy.deepcopy(cfg), [0], 1, Path(tmp) / "one")
         sequential = stage_seconds(copy.deepcopy(cfg), list(range(k)), 1, Path(tmp) / "sequential")
         side = stage_seconds(copy.deepcopy(cfg), list(range(k)), n, Path(tmp) / "side_by_side", ensemble)
+        if ensemble and parallel:  # the ensemble beside the same seeds side by side, in one run
+            beside = stage_seconds(copy.deepcopy(cfg), list(range(k)), parallel, Path(tmp) / "beside")
     threads = torch.get_num_threads()
     print(f"{machine(device)}, {threads} torch threads in this process, {cfg.model.name} on {cfg.data.name}")
     print(f"one seed:                         {one:8.1f} s")
@@ -122,7 +126,12 @@ def main(
         print(f"{k} seeds as one batched model:    {side:8.1f} s")
         print(f"ensemble / one seed {side / one:.2f}")
         print(f"sequential / ensemble {sequential / side:.2f}")
-        return {"one": one, "sequential": sequential, "ensemble": side}
+        times = {"one": one, "sequential": sequential, "ensemble": side}
+        if beside is not None:
+            print(f"{k} seeds side by side ({parallel} at once): {beside:8.1f} s")
+            print(f"sequential / side by side {sequential / beside:.2f}")
+            times["side_by_side"] = beside
+        return times
     print(f"{k} seeds side by side ({n} at once): {side:8.1f} s")
     print(f"{k} seeds side by side / one seed:  {side / one:8.2f}x")
     print(f"sequential / side by side:        {sequential / side:8.2f}x")
