@@ -38,6 +38,7 @@ from glmc.train.endpoint import (
 )
 from glmc.train.folded_attention import FoldedAttention
 from glmc.train.folded_experts import FoldedExperts
+from glmc.train.folded_linear import FoldedLinear
 from glmc.train.resume import EpochCheckpoint
 
 
@@ -172,6 +173,7 @@ class EnsembleModule(L.LightningModule):
             folding.enter_context(FoldedExperts())  # grouped expert products have no batching rule anywhere
             if inputs.device.type == "cpu":  # SDPA's CUDA kernels have batching rules, its CPU kernel none
                 folding.enter_context(FoldedAttention())
+                folding.enter_context(FoldedLinear())  # bias in the product, gradients in the weights' layout
             return torch.vmap(one, randomness="different")(params, buffers, inputs)
 
     def train_dataloader(self) -> ZippedBatches:
