@@ -7,8 +7,8 @@ schedule and gradient-norm clipping (per member, as torch.nn.utils.clip_grad_nor
 
 Dropout draws each member's own masks (vmap randomness="different"), from one shared generator: not
 the masks a separate run draws, so only with dropout 0 does a member equal its separate run (within
-the round-off of sums taken in another order; attention on a CPU and experts everywhere are folded,
-glmc.train.folded_attention and glmc.train.folded_experts).
+the round-off of sums taken in another order; attention and linear layers on a CPU and experts everywhere
+are folded: glmc.train.folded_attention, glmc.train.folded_linear and glmc.train.folded_experts).
 
 Validation runs when a seed alone's does (each member's val loss logged as member_<k>/val_loss, computed as
 a seed alone's val_loss is); with early stopping (MemberStopping) each member keeps its lowest-val-loss
