@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
-from glmc.train.folded_call import FoldedCall
+from glmc.train.folded_call import FoldedCall, FoldingMode
 
 FOLDED_RANK = 4  # (batch, heads, tokens, features): the layout every family's attention passes
 
@@ -52,9 +51,5 @@ def _attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
     return _Folded.apply(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
-class FoldedAttention(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            return _attention(*args, **kwargs)
-        return func(*args, **kwargs)
+class FoldedAttention(FoldingMode):
+    routes = {F.scaled_dot_product_attention: _attention}

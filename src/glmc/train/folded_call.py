@@ -1,10 +1,12 @@
 """The shape of a kernel call folded under vmap (glmc.train.folded_attention, glmc.train.folded_experts): an
 autograd.Function applied only inside vmap, whose `vmap` rule makes one call of the real kernel over all
-members; autograd records that call and differentiates it, so the Function needs no backward of its own."""
+members; autograd records that call and differentiates it, so the Function needs no backward of its own. A
+FoldingMode routes the model's calls to the folds while the ensemble's vmapped call runs."""
 
 from __future__ import annotations
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 
 class FoldedCall(torch.autograd.Function):
@@ -17,3 +19,13 @@ class FoldedCall(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         raise RuntimeError("a folded call is differentiated through the call its vmap rule makes, under vmap only")
+
+
+class FoldingMode(TorchFunctionMode):
+    """While entered, routes each function in `routes` (function -> its folded version) through its fold;
+    every other call passes through."""
+
+    routes: dict = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return self.routes.get(func, func)(*args, **(kwargs or {}))

@@ -11,11 +11,12 @@ differentiates the folded call) through the fold while it is entered; everything
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
-from glmc.train.folded_call import FoldedCall
+from glmc.train.folded_call import FoldedCall, FoldingMode
 
 GROUPED = tuple(f for f in (getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None)) if f is not None)
 
@@ -50,9 +51,5 @@ def _grouped(mat_a, mat_b, *, offs=None, bias=None, out_dtype=None, func=torch._
     return _Folded.apply(mat_a, mat_b, offs)
 
 
-class FoldedExperts(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in GROUPED:
-            return _grouped(*args, func=func, **kwargs)
-        return func(*args, **kwargs)
+class FoldedExperts(FoldingMode):
+    routes = {f: functools.partial(_grouped, func=f) for f in GROUPED}

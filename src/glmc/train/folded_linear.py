@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
-from glmc.train.folded_call import FoldedCall
+from glmc.train.folded_call import FoldedCall, FoldingMode
 
 
 def _in_front(t: torch.Tensor, dim: int | None, members: int) -> torch.Tensor:
@@ -78,9 +77,5 @@ def _linear(input, weight, bias=None):  # F.linear's own argument names, for key
     return _Folded.apply(input, weight, bias)
 
 
-class FoldedLinear(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear:
-            return _linear(*args, **kwargs)
-        return func(*args, **kwargs)
+class FoldedLinear(FoldingMode):
+    routes = {F.linear: _linear}
