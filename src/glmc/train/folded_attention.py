@@ -11,14 +11,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from glmc.train.folded_call import FoldedCall, FoldingMode
+from glmc.train.folded_call import FoldedCall, FoldingMode, in_front
 
 FOLDED_RANK = 4  # (batch, heads, tokens, features): the layout every family's attention passes
 
 
 def _fold(t: torch.Tensor, dim: int | None, members: int, rows: int) -> torch.Tensor:
     """`t` with the member axis (`dim`; None: one tensor for all) in front, merged with its batch rows."""
-    t = t.movedim(dim, 0) if dim is not None else t.expand(members, *t.shape)
+    t = in_front(t, dim, members)
     t = t.reshape(members, *([1] * (1 + FOLDED_RANK - t.ndim)), *t.shape[1:])  # a broadcast mask's missing axes
     return t.expand(members, rows, *t.shape[2:]).reshape(members * rows, *t.shape[2:])
 

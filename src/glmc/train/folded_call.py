@@ -9,6 +9,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 
+def in_front(t: torch.Tensor, dim: int | None, members: int) -> torch.Tensor:
+    """`t` with the member axis (`dim`, as a vmap rule's in_dims give it; None: one tensor for all) in front."""
+    return t.movedim(dim, 0) if dim is not None else t.expand(members, *t.shape)
+
+
 class FoldedCall(torch.autograd.Function):
     """Subclasses give `forward` (the kernel call one member would make) and `vmap` (the folded call)."""
 

@@ -16,14 +16,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from glmc.train.folded_call import FoldedCall, FoldingMode
+from glmc.train.folded_call import FoldedCall, FoldingMode, in_front
 
 GROUPED = tuple(f for f in (getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None)) if f is not None)
-
-
-def _in_front(t: torch.Tensor, dim: int | None, members: int) -> torch.Tensor:
-    """`t` with the member axis (`dim`; None: one tensor for all) in front."""
-    return t.movedim(dim, 0) if dim is not None else t.expand(members, *t.shape)
 
 
 class _Folded(FoldedCall):
@@ -34,7 +29,7 @@ class _Folded(FoldedCall):
     @staticmethod
     def vmap(info, in_dims, rows, weight, offs):
         members = info.batch_size
-        rows, weight, offs = (_in_front(t, d, members) for t, d in zip((rows, weight, offs), in_dims))
+        rows, weight, offs = (in_front(t, d, members) for t, d in zip((rows, weight, offs), in_dims))
         count = rows.shape[1]  # a member's rows: its groups end at offs[k][-1] == count
         shift = torch.arange(members, device=offs.device, dtype=offs.dtype).mul_(count).unsqueeze(1)
         out = torch._grouped_mm(

@@ -12,12 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from glmc.train.folded_call import FoldedCall, FoldingMode
-
-
-def _in_front(t: torch.Tensor, dim: int | None, members: int) -> torch.Tensor:
-    """`t` with the member axis (`dim`; None: one tensor for all) in front."""
-    return t.movedim(dim, 0) if dim is not None else t.expand(members, *t.shape)
+from glmc.train.folded_call import FoldedCall, FoldingMode, in_front
 
 
 class _StackedLinear(torch.autograd.Function):
@@ -50,14 +45,14 @@ class _Folded(FoldedCall):
     @staticmethod
     def vmap(info, in_dims, x, weight, bias):
         members = info.batch_size
-        x = _in_front(x, in_dims[0], members)
+        x = in_front(x, in_dims[0], members)
         if in_dims[1] is None:  # one weight for all members: a plain linear over their rows
-            bias = None if bias is None else _in_front(bias, in_dims[2], members).unsqueeze(-2)
+            bias = None if bias is None else in_front(bias, in_dims[2], members).unsqueeze(-2)
             out = F.linear(x.reshape(members, -1, x.shape[-1]), weight)
             out = out if bias is None else out + bias
             return out.view(*x.shape[:-1], out.shape[-1]), 0
-        weight = _in_front(weight, in_dims[1], members)
-        bias = None if bias is None else _in_front(bias, in_dims[2], members)
+        weight = in_front(weight, in_dims[1], members)
+        bias = None if bias is None else in_front(bias, in_dims[2], members)
         out = _StackedLinear.apply(x.reshape(members, -1, x.shape[-1]), weight, bias)
         return out.view(*x.shape[:-1], out.shape[-1]), 0
 
