@@ -1,4 +1,4 @@
-"""The shape of a kernel call folded under vmap (glmc.train.folded_attention, glmc.train.folded_experts): an
+"""The shape of a kernel call folded under vmap (glmc.train.folded_attention, folded_linear, folded_experts): an
 autograd.Function applied only inside vmap, whose `vmap` rule makes one call of the real kernel over all
 members; autograd records that call and differentiates it, so the Function needs no backward of its own. A
 FoldingMode routes the model's calls to the folds while the ensemble's vmapped call runs."""
